@@ -1,0 +1,305 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors returned by the package. Every error is wrapped with context, so
+// compare with [errors.Is].
+var (
+	// ErrExceedsLimit is returned by AllowN and WaitN when n is more than the
+	// limit can ever allow at once (more than Rate for the windows, more than
+	// Burst for the buckets).
+	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
+	// ErrInvalidLimit is returned by the constructors for a Limit or option
+	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
+	ErrInvalidLimit = errors.New("redlimit: invalid limit")
+	// ErrInvalidArgument is returned for a call argument that cannot work: an
+	// empty key or a negative n.
+	ErrInvalidArgument = errors.New("redlimit: invalid argument")
+	// ErrClosed is returned by every call made after Close.
+	ErrClosed = errors.New("redlimit: limiter closed")
+	// ErrUnavailable is wrapped by the errors returned while Redis is down and
+	// the fallback policy is FallbackError.
+	ErrUnavailable = errors.New("redlimit: redis unavailable")
+)
+
+// Limit is a rate: Rate events per Period. The zero value is not a valid
+// Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.
+type Limit struct {
+	Rate   int           // events allowed per Period
+	Period time.Duration // window length, or the time in which Rate tokens refill
+	Burst  int           // bucket capacity for TokenBucket and LeakyBucket; 0 means Rate
+}
+
+// PerSecond returns a Limit of rate events per second.
+func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a Limit of rate events per minute.
+func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// PerHour returns a Limit of rate events per hour.
+func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
+
+// String returns the limit as "rate/period", with the burst when it is set,
+// for example "10/1s" or "10/1s burst 20".
+func (l Limit) String() string {
+	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
+	if l.Burst != 0 && l.Burst != l.Rate {
+		s += " burst " + strconv.Itoa(l.Burst)
+	}
+	return s
+}
+
+// Limits on the values a Limit may hold. They keep every number the scripts
+// compute exact, or at worst rounded, in a Lua double.
+const (
+	// MaxRate is the largest Rate (and Burst) accepted: 2^40, about 1.1e12.
+	MaxRate = 1 << 40
+	// MaxPeriod is the largest Period accepted: 100 years.
+	MaxPeriod = 100 * 365 * 24 * time.Hour
+	// MinPeriod is the smallest Period accepted.
+	MinPeriod = time.Millisecond
+)
+
+// Result is the answer to one decision. For example, for a token bucket of
+// PerSecond(10) that is empty, AllowN(ctx, key, 1) returns Allowed false,
+// Remaining 0, RetryAfter 100ms and ResetAfter 1s.
+type Result struct {
+	Allowed    bool          // the n events may happen (LeakyBucket: after Delay)
+	Limit      Limit         // the limit that decided, with Burst filled in
+	Remaining  int           // events that could still be allowed right now, >= 0
+	RetryAfter time.Duration // when denied: how long until the same n can be allowed; 0 when allowed
+	ResetAfter time.Duration // how long until the key is back at its full allowance, with no more traffic
+	Delay      time.Duration // LeakyBucket: wait this long before acting, to keep the leak rate; else 0
+	Degraded   bool          // decided without Redis (see FallbackPolicy); false otherwise
+	Shadowed   bool          // shadow mode (WithShadow): the limit would have denied, but Allowed is true
+}
+
+// Limiter decides, per key, whether events may happen. All implementations
+// in this package are safe for concurrent use, and also implement
+// io.Closer (Close stops the fallback monitor).
+type Limiter interface {
+	// Allow is shorthand for AllowN(ctx, key, 1).
+	Allow(ctx context.Context, key string) (Result, error)
+	// AllowN reports whether n events may happen now for key, and consumes
+	// them if so. A denial is not an error: err is non-nil only when no
+	// decision could be made (bad arguments, Redis failing with the
+	// FallbackError policy, ctx done). n = 0 consumes nothing and reports
+	// the current state.
+	AllowN(ctx context.Context, key string, n int) (Result, error)
+	// Wait is shorthand for WaitN(ctx, key, 1).
+	Wait(ctx context.Context, key string) error
+	// WaitN blocks until n events may happen for key, consumes them and
+	// returns nil; or returns an error wrapping context.DeadlineExceeded at
+	// once when the wait needed is longer than ctx allows.
+	WaitN(ctx context.Context, key string, n int) error
+	// Reset forgets all state of key (in Redis and in this process).
+	Reset(ctx context.Context, key string) error
+}
+
+// Strategy names a rate-limiting algorithm. See the package documentation
+// for how to choose one.
+type Strategy int
+
+// The strategies.
+const (
+	FixedWindow Strategy = iota + 1
+	SlidingLog
+	SlidingCounter
+	TokenBucket
+	LeakyBucket
+)
+
+var strategyNames = [...]string{
+	FixedWindow:    "fixed-window",
+	SlidingLog:     "sliding-log",
+	SlidingCounter: "sliding-counter",
+	TokenBucket:    "token-bucket",
+	LeakyBucket:    "leaky-bucket",
+}
+
+// Strategies lists every strategy, in the order of their values.
+func Strategies() []Strategy {
+	return []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
+}
+
+// String returns the strategy's name: "fixed-window", "sliding-log",
+// "sliding-counter", "token-bucket" or "leaky-bucket".
+func (s Strategy) String() string {
+	if s >= FixedWindow && s <= LeakyBucket {
+		return strategyNames[s]
+	}
+	return "Strategy(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseStrategy returns the strategy named s, as written by String.
+func ParseStrategy(s string) (Strategy, error) {
+	for _, st := range Strategies() {
+		if st.String() == s {
+			return st, nil
+		}
+	}
+	return 0, fmt.Errorf("redlimit: unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
+}
+
+// New returns a limiter of strategy s. It is the same as calling the
+// strategy's own constructor, such as [NewTokenBucket].
+func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Limiter, error) {
+	switch s {
+	case FixedWindow:
+		return NewFixedWindow(rdb, limit, opts...)
+	case SlidingLog:
+		return NewSlidingLog(rdb, limit, opts...)
+	case SlidingCounter:
+		return NewSlidingCounter(rdb, limit, opts...)
+	case TokenBucket:
+		return NewTokenBucket(rdb, limit, opts...)
+	case LeakyBucket:
+		return NewLeakyBucket(rdb, limit, opts...)
+	}
+	return nil, fmt.Errorf("redlimit: %v: %w", s, ErrInvalidLimit)
+}
+
+// validate checks a limit against the rules every strategy shares and
+// returns it with Burst filled in.
+func (l Limit) validate(maxRate int) (Limit, error) {
+	bad := func(format string, args ...any) (Limit, error) {
+		return l, fmt.Errorf("redlimit: limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case l.Rate < 1:
+		return bad("Rate must be at least 1")
+	case l.Rate > maxRate:
+		return bad("Rate must be at most %d", maxRate)
+	case l.Period < MinPeriod:
+		return bad("Period must be at least %v", MinPeriod)
+	case l.Period > MaxPeriod:
+		return bad("Period must be at most %v", MaxPeriod)
+	case l.Period%time.Microsecond != 0:
+		return bad("Period must be a whole number of microseconds")
+	case l.Burst < 0:
+		return bad("Burst must not be negative")
+	case l.Burst > MaxRate:
+		return bad("Burst must be at most %d", MaxRate)
+	}
+	if l.Burst == 0 {
+		l.Burst = l.Rate
+	}
+	return l, nil
+}
+
+// interval is the time one event is worth: Period/Rate.
+func (l Limit) interval() time.Duration {
+	return time.Duration(math.Ceil(float64(l.Period) / float64(l.Rate)))
+}
+
+// checkKey rejects keys that cannot be limited.
+func checkKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("redlimit: empty key: %w", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// escapeKey makes a user key safe to put inside a hash tag: '%', '{' and '}'
+// are percent-encoded, so the tag ends at the first '}' and two different
+// keys never give the same Redis key.
+func escapeKey(key string) string {
+	if !strings.ContainsAny(key, "%{}") {
+		return key
+	}
+	var b strings.Builder
+	b.Grow(len(key) + 8)
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// Option configures a limiter. Options are applied in order, so a later one
+// wins.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config holds every option, with its default set in defaultConfig.
+type config struct {
+	prefix       string
+	fallback     FallbackPolicy
+	pingInterval time.Duration
+	share        float64
+	localKeys    int
+	onTransition func(Transition)
+	block        time.Duration
+	denyCache    int
+	shadow       bool
+	observer     func(Decision)
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:       "redlimit",
+		fallback:     FallbackLocal,
+		pingInterval: 100 * time.Millisecond,
+		share:        1,
+		localKeys:    100_000,
+		denyCache:    0,
+	}
+}
+
+func (c *config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("redlimit: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case c.prefix == "":
+		return bad("empty prefix")
+	case strings.ContainsAny(c.prefix, "{}"):
+		return bad("prefix %q must not contain '{' or '}' (they would move keys to another cluster slot)", c.prefix)
+	case c.fallback < FallbackLocal || c.fallback > FallbackError:
+		return bad("unknown fallback policy %d", c.fallback)
+	case c.pingInterval <= 0:
+		return bad("ping interval %v must be positive", c.pingInterval)
+	case !(c.share > 0 && c.share <= 1):
+		return bad("fallback share %v must be in (0, 1]", c.share)
+	case c.localKeys < 1:
+		return bad("fallback key cap %d must be at least 1", c.localKeys)
+	case c.block < 0 || (c.block > 0 && c.block < time.Millisecond):
+		return bad("block %v must be 0 or at least 1ms", c.block)
+	case c.block > MaxPeriod:
+		return bad("block %v must be at most %v", c.block, MaxPeriod)
+	case c.denyCache < 0:
+		return bad("deny cache size %d must not be negative", c.denyCache)
+	}
+	return nil
+}
+
+// WithPrefix sets the prefix of every Redis key the limiter writes. The
+// default is "redlimit". It must not be empty or contain '{' or '}'.
+// Keys look like "<prefix>:{<key>}:<strategy><period in µs>", with '%', '{'
+// and '}' in key percent-encoded.
+func WithPrefix(prefix string) Option {
+	return optionFunc(func(c *config) { c.prefix = prefix })
+}

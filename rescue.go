@@ -1,0 +1,372 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+)
+
+// FallbackPolicy says what a limiter answers while Redis is unavailable.
+//
+// Redis is marked unavailable by the first call that fails for a reason that
+// says so: a refused, reset or closed connection, EOF, an i/o or pool
+// timeout, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM or
+// BUSY reply. From then on calls do not touch Redis: they are answered at
+// in-process speed, with Result.Degraded set, and a monitor goroutine probes
+// Redis every ping interval (see [WithPingInterval]) by running a small
+// script that reads TIME and writes a key in the failing key's slot (so a
+// read-only replica, a full memory or a down cluster slot does not count as
+// back). After two probes in a row succeed, calls go to Redis again.
+//
+// What is not an outage never switches to the fallback: a denial is an
+// answer, the caller's own context ending returns its error, and any other
+// error (a script or argument error is a bug) is returned as it is.
+type FallbackPolicy int
+
+// The fallback policies.
+const (
+	// FallbackLocal answers from an in-process golang.org/x/time/rate
+	// limiter per key, with the strategy's rate and burst scaled by the
+	// fallback share (see [WithFallbackShare]). It is the default.
+	//
+	// The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a
+	// token bucket of Rate/Period per second with burst Rate; TokenBucket
+	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
+	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
+	// Burst queued). State in Redis is not copied in or out: the local
+	// limiters start full, and Redis resumes from what it had.
+	FallbackLocal FallbackPolicy = iota + 1
+	// FallbackAllow allows every call (fail open).
+	FallbackAllow
+	// FallbackDeny denies every call (fail closed), with RetryAfter set to
+	// the ping interval.
+	FallbackDeny
+	// FallbackError returns an error wrapping ErrUnavailable and the cause.
+	FallbackError
+)
+
+// String returns the policy's name: "local", "allow", "deny" or "error".
+func (p FallbackPolicy) String() string {
+	switch p {
+	case FallbackLocal:
+		return "local"
+	case FallbackAllow:
+		return "allow"
+	case FallbackDeny:
+		return "deny"
+	case FallbackError:
+		return "error"
+	}
+	return fmt.Sprintf("FallbackPolicy(%d)", int(p))
+}
+
+// Transition tells that a limiter switched to its fallback (Down) or back to
+// Redis. See [WithOnTransition].
+type Transition struct {
+	Strategy Strategy
+	Down     bool          // true: Redis marked unavailable; false: back on Redis
+	Err      error         // Down: the error that marked Redis unavailable
+	Outage   time.Duration // back on Redis: how long it was marked unavailable
+}
+
+// WithFallback sets what the limiter answers while Redis is unavailable.
+// The default is FallbackLocal.
+func WithFallback(p FallbackPolicy) Option {
+	return optionFunc(func(c *config) { c.fallback = p })
+}
+
+// WithPingInterval sets how often the monitor probes Redis while it is
+// marked unavailable. The default is 100ms. Two probes in a row must succeed
+// before calls go back to Redis.
+func WithPingInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.pingInterval = d })
+}
+
+// WithFallbackShare scales the in-process fallback limits to this
+// instance's share of the global limit, in (0, 1]. With N instances behind
+// one Redis, 1/N makes the fleet admit about the global limit during an
+// outage, instead of N times it. The default is 1.
+//
+// The trade-off: with 1/N, keys whose traffic reaches only some instances
+// (sticky sessions, one client's connection) get less than the global limit
+// while Redis is down. For login attempts, password resets and other
+// security limits, prefer a share of 1/N (or FallbackDeny): over-admission
+// there is the risk; for API quotas, 1 keeps users unaffected.
+func WithFallbackShare(share float64) Option {
+	return optionFunc(func(c *config) { c.share = share })
+}
+
+// WithFallbackKeys bounds the number of keys the in-process fallback keeps
+// limiters for; beyond it the least recently used are dropped (and start
+// full if they come back). The default is 100,000 keys, about 20 MB at most.
+func WithFallbackKeys(max int) Option {
+	return optionFunc(func(c *config) { c.localKeys = max })
+}
+
+// WithOnTransition sets a function called when the limiter switches to its
+// fallback and when it switches back to Redis. It is called once per switch
+// (never per call), from the goroutine that noticed, and must not block.
+// Use it to log or count outages.
+func WithOnTransition(f func(Transition)) Option {
+	return optionFunc(func(c *config) { c.onTransition = f })
+}
+
+// rescue holds a limiter's fallback state.
+type rescue struct {
+	l      *RateLimiter
+	down   atomic.Bool
+	locals *lru[*rate.Limiter]
+	probe  *redis.Script
+
+	mu       sync.Mutex
+	cause    error     // the error that marked Redis down
+	since    time.Time // when it was marked down
+	probeKey string    // a key in the slot that failed
+	running  bool      // the monitor goroutine runs
+	closed   bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// probeScript checks what a decision needs: the server's clock, and a write
+// (which a replica, a full memory, a loading or a down slot refuses).
+var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1], '1', 'PX', 1000) return 1`)
+
+const probeSuffix = ":p"
+
+func newRescue(l *RateLimiter) *rescue {
+	return &rescue{
+		l:      l,
+		locals: newLRU[*rate.Limiter](l.cfg.localKeys),
+		probe:  probeScript,
+		stop:   make(chan struct{}),
+	}
+}
+
+func (r *rescue) isDown() bool { return r.down.Load() }
+
+// markDown marks Redis unavailable because of err, met on state's key, and
+// starts the monitor.
+func (r *rescue) markDown(err error, state string) {
+	r.mu.Lock()
+	if r.closed || r.down.Load() {
+		r.mu.Unlock()
+		return
+	}
+	r.down.Store(true)
+	r.cause = err
+	r.since = time.Now()
+	r.probeKey = state + probeSuffix
+	r.running = true
+	r.wg.Add(1)
+	go r.monitor()
+	r.mu.Unlock()
+	r.notify(Transition{Strategy: r.l.alg.strategy, Down: true, Err: err})
+}
+
+func (r *rescue) notify(t Transition) {
+	if f := r.l.cfg.onTransition; f != nil {
+		f(t)
+	}
+}
+
+// monitor probes Redis until two probes in a row succeed, then switches back.
+func (r *rescue) monitor() {
+	defer r.wg.Done()
+	every := r.l.cfg.pingInterval
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	r.mu.Lock()
+	key := r.probeKey
+	r.mu.Unlock()
+	ok := 0
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), max(every, 100*time.Millisecond))
+		err := r.probe.Run(ctx, r.l.rdb, []string{key}).Err()
+		cancel()
+		if err != nil {
+			ok = 0
+			// A failed-over cluster slot stays routed to the dead master
+			// until the client reloads its view of the cluster, which
+			// go-redis does only every ClusterStateReloadInterval (60s by
+			// default). Ask for a reload (go-redis runs at most one at a
+			// time, 200ms apart).
+			if cc, isCluster := r.l.rdb.(*redis.ClusterClient); isCluster {
+				cc.ReloadState(context.Background())
+			}
+			continue
+		}
+		if ok++; ok < 2 {
+			continue
+		}
+		r.mu.Lock()
+		outage := time.Since(r.since)
+		r.running = false
+		r.down.Store(false)
+		r.mu.Unlock()
+		r.notify(Transition{Strategy: r.l.alg.strategy, Outage: outage})
+		return
+	}
+}
+
+// close stops the monitor and waits for it.
+func (r *rescue) close() {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.stop)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// forget drops key's in-process limiter.
+func (r *rescue) forget(key string) { r.locals.remove(key) }
+
+// decide answers without Redis, by the fallback policy.
+func (r *rescue) decide(key string, n int, maxDelay time.Duration) (Result, reason, error) {
+	l := r.l
+	switch l.cfg.fallback {
+	case FallbackAllow:
+		return Result{Allowed: true, Limit: l.limit, Remaining: l.maxN(), Degraded: true}, reasonAllowed, nil
+	case FallbackDeny:
+		wait := l.cfg.pingInterval
+		return Result{Limit: l.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
+	case FallbackError:
+		r.mu.Lock()
+		cause := r.cause
+		r.mu.Unlock()
+		return Result{}, 0, fmt.Errorf("redlimit: %v %q: %w: %w", l.alg.strategy, key, ErrUnavailable, cause)
+	}
+	lim := r.locals.getOrAdd(key, r.newLocal)
+	now := time.Now()
+	if l.alg.queue {
+		return r.reserve(lim, now, n, maxDelay)
+	}
+	res := Result{Limit: l.limit, Degraded: true}
+	every := float64(lim.Limit())
+	if lim.AllowN(now, n) {
+		tokens := lim.TokensAt(now)
+		res.Allowed = true
+		res.Remaining = int(max(tokens, 0))
+		res.ResetAfter = seconds((float64(lim.Burst()) - tokens) / every)
+		return res, reasonAllowed, nil
+	}
+	tokens := lim.TokensAt(now)
+	res.Remaining = int(max(tokens, 0))
+	res.ResetAfter = seconds((float64(lim.Burst()) - tokens) / every)
+	if n > lim.Burst() {
+		// This instance's share of the limit can never admit n at once.
+		res.RetryAfter = l.cfg.pingInterval
+	} else {
+		res.RetryAfter = seconds((float64(n) - tokens) / every)
+	}
+	return res, reasonLimit, nil
+}
+
+// reserve is the leaky bucket's stand-in: lim has burst 1, so consecutive
+// reservations are spaced by T, and at most the queue's capacity may wait.
+func (r *rescue) reserve(lim *rate.Limiter, now time.Time, n int, maxDelay time.Duration) (Result, reason, error) {
+	l := r.l
+	res := Result{Limit: l.limit, Degraded: true}
+	capacity := r.scaled(l.limit.Burst)
+	interval := seconds(1 / float64(lim.Limit()))
+	if n == 0 {
+		// Report: one reservation, cancelled at once.
+		rv := lim.ReserveN(now, 1)
+		d := rv.DelayFrom(now)
+		rv.CancelAt(now)
+		res.Allowed = true
+		res.Delay = d
+		res.ResetAfter = d
+		res.Remaining = max(capacity-int(d/interval), 0)
+		return res, reasonAllowed, nil
+	}
+	first := lim.ReserveN(now, 1)
+	last := first
+	var rest []*rate.Reservation
+	for i := 1; i < n; i++ {
+		last = lim.ReserveN(now, 1)
+		rest = append(rest, last)
+	}
+	delay, lastDelay := first.DelayFrom(now), last.DelayFrom(now)
+	over := lastDelay - time.Duration(capacity-1)*interval
+	why := reasonAllowed
+	switch {
+	case over > 0 || n > capacity:
+		why = reasonLimit
+		res.RetryAfter = max(over, interval)
+	case maxDelay >= 0 && delay > maxDelay:
+		why = reasonMaxDelay
+		res.RetryAfter = delay - maxDelay
+	}
+	if why != reasonAllowed {
+		for i := len(rest) - 1; i >= 0; i-- {
+			rest[i].CancelAt(now)
+		}
+		first.CancelAt(now)
+		res.ResetAfter = delay
+		res.Remaining = max(capacity-int(delay/interval), 0)
+		return res, why, nil
+	}
+	res.Allowed = true
+	res.Delay = delay
+	res.ResetAfter = lastDelay + interval
+	res.Remaining = max(capacity-int(lastDelay/interval)-1, 0)
+	return res, reasonAllowed, nil
+}
+
+// newLocal makes the in-process stand-in for one key.
+func (r *rescue) newLocal() *rate.Limiter {
+	l := r.l.limit
+	every := rate.Limit(float64(l.Rate) / l.Period.Seconds() * r.l.cfg.share)
+	if r.l.alg.queue {
+		return rate.NewLimiter(every, 1)
+	}
+	return rate.NewLimiter(every, r.scaled(r.l.maxN()))
+}
+
+// scaled applies the fallback share to a capacity, keeping at least 1.
+func (r *rescue) scaled(capacity int) int {
+	return max(int(math.Floor(float64(capacity)*r.l.cfg.share)), 1)
+}
+
+func seconds(s float64) time.Duration {
+	if s <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(s * float64(time.Second)))
+}
+
+// isUnavailable reports whether err says that Redis cannot answer now, as
+// opposed to an answer or a bug.
+func isUnavailable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
+		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.As(err, &netErr):
+		return true
+	}
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
+		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
+		redis.IsMasterDownError(err) || redis.IsOOMError(err) ||
+		redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY")
+}

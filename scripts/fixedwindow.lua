@@ -1,0 +1,51 @@
+-- fixedwindow.lua: at most rate events in each window of period, windows
+-- aligned to multiples of period since the Unix epoch (Redis server time).
+--
+-- KEYS[1]  string: the number of events admitted in the current window. It
+--          expires at the end of that window (PEXPIREAT, rounded up to the
+--          millisecond), so an existing key whose expiry is the current
+--          window's end holds the current count.
+-- ARGV     see common.lua; burst and max delay are ignored.
+-- Reply    see common.lua. Retry after and reset after: until the window ends.
+--
+-- Denials write nothing. A key left over from the previous window (it can
+-- live up to 2 ms past its window's end, since expiry is in whole ms) is
+-- recognised by its expiry time and counted as 0. If the server clock went
+-- backwards, the key expires later than the current window: its count is
+-- kept until then, so a clock step never admits more.
+
+local start = now - (now % period)
+local window_end = start + period
+local end_ms = math.ceil(window_end / 1000)
+
+local count = 0
+local v = redis.call('GET', KEYS[1])
+if v then
+  local exp = redis.call('PEXPIRETIME', KEYS[1])
+  if exp >= end_ms then
+    count = tonumber(v)
+    if exp > end_ms then window_end = exp * 1000 end
+  elseif exp < 0 then
+    count = tonumber(v)
+  end
+end
+
+local remaining = rate - count
+if n > remaining then
+  return deny(remaining, window_end - now, window_end - now)
+end
+
+if n > 0 then
+  if count > 0 then
+    redis.call('INCRBY', KEYS[1], n)
+  else
+    redis.call('SET', KEYS[1], n)
+  end
+  if count == 0 or redis.call('PEXPIRETIME', KEYS[1]) < 0 then
+    redis.call('PEXPIREAT', KEYS[1], math.ceil(window_end / 1000))
+  end
+end
+
+local reset = 0
+if count + n > 0 then reset = window_end - now end
+return allow(remaining - n, reset, 0)

@@ -1,0 +1,26 @@
+package redlimit
+
+import "github.com/redis/go-redis/v9"
+
+// MaxSlidingLogRate is the largest Rate a SlidingLog limiter accepts: it
+// keeps one sorted-set member (about 60 bytes in Redis) per admitted event,
+// so a key at its limit holds Rate of them.
+const MaxSlidingLogRate = 100_000
+
+var slidingLog = &algorithm{
+	strategy: SlidingLog,
+	code:     "sl",
+	script:   loadScript("slidinglog.lua"),
+	maxRate:  MaxSlidingLogRate,
+}
+
+// NewSlidingLog returns a limiter that allows at most limit.Rate events in
+// any interval of length limit.Period: exact, with no window edge. Burst is
+// ignored, and Rate is at most [MaxSlidingLogRate].
+//
+// It keeps a Redis sorted set per key with one member per admitted event,
+// so its memory grows with Rate; prefer SlidingCounter when Rate is large.
+// Denials write nothing.
+func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
+	return newRateLimiter(slidingLog, rdb, limit, opts)
+}
