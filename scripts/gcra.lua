@@ -24,7 +24,8 @@ local function gcra(with_delay)
   if with_delay then delay = base - now end
 
   if n > avail + 1e-6 then
-    local retry = math.ceil((n - avail) * T)
+    -- Computed in time units, which are exact when T is a whole number of µs.
+    local retry = math.ceil((base - now) + (n - burst) * T - 1e-3)
     if (avail + retry / T) + 1e-6 < n then retry = retry + 1 end
     return deny(avail, retry, base - now)
   end

@@ -1,0 +1,62 @@
+package redlimit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFixedWindowTable(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, FixedWindow, PerSecond(3))
+	ms := time.Millisecond
+	run(t, b, lim, "k", []step{
+		{n: 1, allowed: true, remaining: 2, reset: time.Second},
+		{advance: 100 * ms, n: 1, allowed: true, remaining: 1, reset: 900 * ms},
+		{n: 0, allowed: true, remaining: 1, reset: 900 * ms},
+		{n: 1, allowed: true, remaining: 0, reset: 900 * ms},
+		{n: 1, allowed: false, remaining: 0, retry: 900 * ms, reset: 900 * ms},
+		{advance: 899 * ms, n: 1, allowed: false, remaining: 0, retry: ms, reset: ms},
+		// The next window starts at t0+1s: the count starts again.
+		{advance: ms, n: 2, allowed: true, remaining: 1, reset: time.Second},
+		{advance: 500 * ms, n: 2, allowed: false, remaining: 1, retry: 500 * ms, reset: 500 * ms},
+		{n: 1, allowed: true, remaining: 0, reset: 500 * ms},
+		// Windows are aligned to the epoch, not to the first event.
+		{advance: 10*time.Second + 250*ms, n: 3, allowed: true, remaining: 0, reset: 250 * ms},
+		{advance: 250 * ms, n: 0, allowed: true, remaining: 3},
+	})
+}
+
+// The key of the previous window can outlive it by up to 2ms on real Redis
+// (expiry is in whole ms); it must count as 0, not as the current window.
+func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 2, Period: 1500 * time.Microsecond})
+	ctx := t.Context()
+	key := lim.stateKey("k")
+	if _, err := lim.AllowN(ctx, "k", 2); err != nil {
+		t.Fatal(err)
+	}
+	// Put the key back as if it had not expired yet, with the expiry of the
+	// first window (t0 + 1.5ms, rounded up to 2ms).
+	b.advance(1500 * time.Microsecond) // t0+1.5ms: the second window
+	if err := b.rdb.Set(ctx, key, 2, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lim.Allow(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Allowed || res.Remaining != 1 {
+		t.Fatalf("after the window edge: %+v, want allowed with 1 remaining", res)
+	}
+	exp, err := b.rdb.PExpireTime(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := exp, 3*time.Millisecond; got != want+time.Duration(t0.UnixMilli())*time.Millisecond {
+		t.Fatalf("PEXPIRETIME = %v ms, want the second window's end, t0+%v", exp, want)
+	}
+}

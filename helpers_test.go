@@ -1,0 +1,159 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// t0 is aligned to every period the tests use, so windows start at t0.
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// backend is a Redis the shared tests run against.
+type backend struct {
+	name string
+	rdb  redis.UniversalClient
+	// advance moves the server clock forward by d (miniredis: exactly and
+	// instantly; real Redis: by sleeping).
+	advance func(d time.Duration)
+	// setClock moves the server clock to t0+d; nil when the clock cannot be
+	// set (real Redis).
+	setClock func(d time.Duration)
+	// exact tells whether time stands still between calls, so that
+	// RetryAfter and ResetAfter can be compared exactly.
+	exact bool
+}
+
+// miniBackend starts a miniredis whose TIME and TTLs follow a controlled
+// clock that starts at t0.
+func miniBackend(t testing.TB) (*backend, *miniredis.Miniredis) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	now := t0
+	m.SetTime(now)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return &backend{
+		name:     "miniredis",
+		rdb:      rdb,
+		advance:  func(d time.Duration) { now = now.Add(d); m.SetTime(now) },
+		setClock: func(d time.Duration) { now = t0.Add(d); m.SetTime(now) },
+		exact:    true,
+	}, m
+}
+
+// newLimiter builds a limiter and closes it at the end of the test.
+func newLimiter(t testing.TB, rdb redis.UniversalClient, s Strategy, l Limit, opts ...Option) *RateLimiter {
+	t.Helper()
+	lim, err := New(rdb, s, l, opts...)
+	if err != nil {
+		t.Fatalf("New(%v, %v): %v", s, l, err)
+	}
+	rl := lim.(*RateLimiter)
+	t.Cleanup(func() { rl.Close() })
+	return rl
+}
+
+// step is one call in a table: move the clock, ask for n, check the result.
+type step struct {
+	advance   time.Duration
+	n         int
+	allowed   bool
+	remaining int
+	retry     time.Duration
+	reset     time.Duration
+	delay     time.Duration
+}
+
+// run plays steps against lim on b, checking every field of every result.
+func run(t *testing.T, b *backend, lim Limiter, key string, steps []step) {
+	t.Helper()
+	ctx := context.Background()
+	var at time.Duration
+	for i, s := range steps {
+		if s.advance > 0 {
+			b.advance(s.advance)
+			at += s.advance
+		}
+		res, err := lim.AllowN(ctx, key, s.n)
+		if err != nil {
+			t.Fatalf("step %d (t=%v, n=%d): %v", i, at, s.n, err)
+		}
+		got := fmt.Sprintf("allowed=%v remaining=%d retry=%v reset=%v delay=%v",
+			res.Allowed, res.Remaining, res.RetryAfter, res.ResetAfter, res.Delay)
+		want := fmt.Sprintf("allowed=%v remaining=%d retry=%v reset=%v delay=%v",
+			s.allowed, s.remaining, s.retry, s.reset, s.delay)
+		if got != want {
+			t.Errorf("step %d (t=%v, n=%d):\n got %s\nwant %s", i, at, s.n, got, want)
+		}
+		if res.Degraded {
+			t.Errorf("step %d: Degraded result from a healthy Redis", i)
+		}
+	}
+}
+
+// snapshot returns a printable copy of a key's value and expiry time, to
+// check that a call wrote nothing.
+func snapshot(t *testing.T, rdb redis.UniversalClient, key string) string {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := rdb.Type(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("TYPE %s: %v", key, err)
+	}
+	var val string
+	switch typ {
+	case "none":
+		return "none"
+	case "string":
+		val, err = rdb.Get(ctx, key).Result()
+	case "hash":
+		var m map[string]string
+		m, err = rdb.HGetAll(ctx, key).Result()
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k+"="+m[k])
+		}
+		sort.Strings(keys)
+		val = strings.Join(keys, ",")
+	case "zset":
+		var z []redis.Z
+		z, err = rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		val = fmt.Sprint(z)
+	default:
+		t.Fatalf("key %s has unexpected type %s", key, typ)
+	}
+	if err != nil {
+		t.Fatalf("read %s: %v", key, err)
+	}
+	exp, err := rdb.PExpireTime(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("PEXPIRETIME %s: %v", key, err)
+	}
+	return fmt.Sprintf("%s %s expires %v", typ, val, exp)
+}
+
+// capacity is the most events a fresh key admits at once.
+func capacity(l Limit, s Strategy) int {
+	if s == TokenBucket || s == LeakyBucket {
+		if l.Burst > 0 {
+			return l.Burst
+		}
+	}
+	return l.Rate
+}
+
+func mustErrorIs(t *testing.T, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("err = %v, want one wrapping %v", err, target)
+	}
+}

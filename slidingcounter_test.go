@@ -1,0 +1,27 @@
+package redlimit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSlidingCounterTable(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, SlidingCounter, PerSecond(10))
+	ms, us := time.Millisecond, time.Microsecond
+	run(t, b, lim, "k", []step{
+		{n: 6, allowed: true, remaining: 4, reset: 2 * time.Second},
+		// Half-way through the next window, the 6 weigh 3.
+		{advance: 1500 * ms, n: 0, allowed: true, remaining: 7, reset: 500 * ms},
+		{n: 7, allowed: true, remaining: 0, reset: 1500 * ms},
+		// Room for 1 when 6×(1s-e) <= 2s, that is at e = 666667µs.
+		{n: 1, allowed: false, remaining: 0, retry: 166667 * us, reset: 1500 * ms},
+		// 4 more do not fit this window (7+4 > 10): in the next one the 7
+		// must weigh at most 6, at e = 142858µs.
+		{n: 4, allowed: false, remaining: 0, retry: 642858 * us, reset: 1500 * ms},
+		{advance: 166666 * us, n: 1, allowed: false, remaining: 0, retry: us, reset: 1333334 * us},
+		{advance: us, n: 1, allowed: true, remaining: 0, reset: 1333333 * us},
+		// Two windows later, nothing weighs.
+		{advance: 3 * time.Second, n: 10, allowed: true, remaining: 0, reset: 1333333 * us},
+	})
+}

@@ -1,0 +1,44 @@
+package redlimit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestTokenBucketTable(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 10, Period: time.Second, Burst: 5})
+	ms := time.Millisecond
+	run(t, b, lim, "k", []step{
+		{n: 0, allowed: true, remaining: 5},
+		{n: 5, allowed: true, remaining: 0, reset: 500 * ms},
+		{n: 1, allowed: false, remaining: 0, retry: 100 * ms, reset: 500 * ms},
+		{advance: 100 * ms, n: 1, allowed: true, remaining: 0, reset: 500 * ms},
+		// 2.5 tokens after 250ms.
+		{advance: 250 * ms, n: 3, allowed: false, remaining: 2, retry: 50 * ms, reset: 250 * ms},
+		{n: 2, allowed: true, remaining: 0, reset: 450 * ms},
+		// Full again, never more than the burst.
+		{advance: time.Hour, n: 0, allowed: true, remaining: 5},
+		{n: 5, allowed: true, remaining: 0, reset: 500 * ms},
+	})
+}
+
+// A period that Rate does not divide: 3 per second, T = 333333.33µs.
+func TestTokenBucketFractionalInterval(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(3))
+	ctx := t.Context()
+	for i := range 3 {
+		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 2-i {
+			t.Fatalf("Allow %d: %+v, %v", i, res, err)
+		}
+	}
+	res, err := lim.Allow(ctx, "k")
+	if err != nil || res.Allowed || res.RetryAfter != 333334*time.Microsecond {
+		t.Fatalf("4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
+	}
+	b.advance(time.Second)
+	if res, err := lim.AllowN(ctx, "k", 0); err != nil || res.Remaining != 3 {
+		t.Fatalf("after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)
+	}
+}
