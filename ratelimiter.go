@@ -300,4 +300,3 @@ func (l *RateLimiter) parse(reply []any) (Result, reason, error) {
 	}
 	return res, reason(v[5]), nil
 }
-

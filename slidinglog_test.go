@@ -11,7 +11,7 @@ func TestSlidingLogTable(t *testing.T) {
 	ms := time.Millisecond
 	run(t, b, lim, "k", []step{
 		{n: 0, allowed: true, remaining: 3},
-		{n: 1, allowed: true, remaining: 2, reset: time.Second},                 // event at 0
+		{n: 1, allowed: true, remaining: 2, reset: time.Second},                    // event at 0
 		{advance: 100 * ms, n: 1, allowed: true, remaining: 1, reset: time.Second}, // at 100ms
 		{advance: 100 * ms, n: 1, allowed: true, remaining: 0, reset: time.Second}, // at 200ms
 		// The event at 0 leaves at 1s.

@@ -1,0 +1,460 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// suiteLimit is the limit the shared suite uses for s: small, with a short
+// period so that real Redis can wait it out, and a burst for the buckets.
+func suiteLimit(s Strategy) Limit {
+	l := Limit{Rate: 4, Period: 200 * time.Millisecond}
+	if s == TokenBucket || s == LeakyBucket {
+		l.Burst = 3
+	}
+	return l
+}
+
+// testBehaviour runs the scenarios every strategy must pass, on the Redis
+// that newBackend gives (miniredis, real Redis, a real cluster).
+func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Run("exhaust and recover", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+				c := capacity(l, s)
+				ctx := context.Background()
+				var last Result
+				for i := range c {
+					res, err := lim.Allow(ctx, "k")
+					if err != nil || !res.Allowed {
+						t.Fatalf("Allow %d of %d: %+v, %v", i+1, c, res, err)
+					}
+					if got, want := res.Remaining, c-i-1; got != want && s != SlidingCounter {
+						t.Errorf("Allow %d: Remaining = %d, want %d", i+1, got, want)
+					}
+					last = res
+				}
+				if last.ResetAfter <= 0 || last.ResetAfter > 2*l.Period {
+					t.Errorf("ResetAfter = %v after using the whole allowance, want in (0, %v]", last.ResetAfter, 2*l.Period)
+				}
+				res, err := lim.Allow(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Allowed || res.Remaining != 0 || res.RetryAfter <= 0 || res.RetryAfter > 2*l.Period || res.Delay != 0 {
+					t.Fatalf("over the limit: %+v, want denied, 0 remaining, RetryAfter in (0, %v]", res, 2*l.Period)
+				}
+				b.advance(res.RetryAfter)
+				res2, err := lim.Allow(ctx, "k")
+				if err != nil || !res2.Allowed {
+					t.Fatalf("after RetryAfter %v: %+v, %v; want allowed", res.RetryAfter, res2, err)
+				}
+			})
+			t.Run("n=0 reports without consuming", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				lim := newLimiter(t, b.rdb, s, suiteLimit(s), WithPrefix(prefixFor(t)))
+				ctx := context.Background()
+				key := lim.stateKey("k")
+				res, err := lim.AllowN(ctx, "k", 0)
+				if err != nil || !res.Allowed || res.Remaining != capacity(lim.limit, s) || res.ResetAfter != 0 {
+					t.Fatalf("n=0 on a fresh key: %+v, %v", res, err)
+				}
+				if got := snapshot(t, b.rdb, key); got != "none" {
+					t.Fatalf("n=0 wrote %s", got)
+				}
+				if _, err := lim.Allow(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				before := snapshot(t, b.rdb, key)
+				if _, err := lim.AllowN(ctx, "k", 0); err != nil {
+					t.Fatal(err)
+				}
+				if after := snapshot(t, b.rdb, key); after != before {
+					t.Fatalf("n=0 changed the state:\nbefore %s\nafter  %s", before, after)
+				}
+			})
+			t.Run("denials write nothing", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				l.Period = time.Hour // no refill while the test runs
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+				ctx := context.Background()
+				if _, err := lim.AllowN(ctx, "k", capacity(l, s)); err != nil {
+					t.Fatal(err)
+				}
+				before := snapshot(t, b.rdb, lim.stateKey("k"))
+				for range 3 {
+					if res, err := lim.Allow(ctx, "k"); err != nil || res.Allowed {
+						t.Fatalf("over the limit: %+v, %v", res, err)
+					}
+				}
+				if after := snapshot(t, b.rdb, lim.stateKey("k")); after != before {
+					t.Fatalf("a denial changed the state:\nbefore %s\nafter  %s", before, after)
+				}
+			})
+			t.Run("bad arguments", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				lim := newLimiter(t, b.rdb, s, suiteLimit(s), WithPrefix(prefixFor(t)))
+				ctx := context.Background()
+				_, err := lim.AllowN(ctx, "k", -1)
+				mustErrorIs(t, err, ErrInvalidArgument)
+				_, err = lim.AllowN(ctx, "k", capacity(lim.limit, s)+1)
+				mustErrorIs(t, err, ErrExceedsLimit)
+				mustErrorIs(t, lim.WaitN(ctx, "k", capacity(lim.limit, s)+1), ErrExceedsLimit)
+				_, err = lim.Allow(ctx, "")
+				mustErrorIs(t, err, ErrInvalidArgument)
+				mustErrorIs(t, lim.Reset(ctx, ""), ErrInvalidArgument)
+				// Nothing was consumed by the bad calls.
+				if res, err := lim.AllowN(ctx, "k", capacity(lim.limit, s)); err != nil || !res.Allowed {
+					t.Fatalf("the whole allowance after bad calls: %+v, %v", res, err)
+				}
+			})
+			t.Run("reset", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				l.Period = time.Hour
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)), WithBlock(time.Hour))
+				ctx := context.Background()
+				c := capacity(l, s)
+				if _, err := lim.AllowN(ctx, "k", c); err != nil {
+					t.Fatal(err)
+				}
+				if res, _ := lim.Allow(ctx, "k"); res.Allowed {
+					t.Fatal("allowed over the limit")
+				}
+				if err := lim.Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				res, err := lim.Allow(ctx, "k")
+				if err != nil || !res.Allowed || res.Remaining != c-1 {
+					t.Fatalf("after Reset: %+v, %v; want allowed, %d remaining", res, err, c-1)
+				}
+			})
+			t.Run("keys of every shape", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				l.Period = time.Hour
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+				ctx := context.Background()
+				c := capacity(l, s)
+				seen := map[string]string{}
+				for _, key := range oddKeys() {
+					rk := lim.stateKey(key)
+					if other, dup := seen[rk]; dup {
+						t.Fatalf("keys %q and %q share Redis key %q", key, other, rk)
+					}
+					seen[rk] = key
+					if res, err := lim.AllowN(ctx, key, c); err != nil || !res.Allowed {
+						t.Fatalf("key %.40q: %+v, %v", key, res, err)
+					}
+				}
+				// Each key used its whole allowance and none took from another.
+				for _, key := range oddKeys() {
+					if res, err := lim.Allow(ctx, key); err != nil || res.Allowed {
+						t.Fatalf("key %.40q over its limit: %+v, %v", key, res, err)
+					}
+				}
+				n, err := countKeys(b.rdb, prefixFor(t)+":*")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n != len(oddKeys()) {
+					t.Fatalf("%d Redis keys for %d limited keys", n, len(oddKeys()))
+				}
+			})
+			t.Run("TTL of every key written", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)), WithBlock(300*time.Millisecond))
+				ctx := context.Background()
+				if _, err := lim.AllowN(ctx, "k", capacity(l, s)); err != nil {
+					t.Fatal(err)
+				}
+				// How long the state matters, at most.
+				most := map[Strategy]time.Duration{
+					FixedWindow:    l.Period,                             // until the window ends
+					SlidingLog:     l.Period,                             // until the newest event leaves
+					SlidingCounter: 2 * l.Period,                         // until the next window ends
+					TokenBucket:    time.Duration(l.Burst) * l.interval(), // until full
+					LeakyBucket:    time.Duration(l.Burst) * l.interval(), // until empty
+				}[s]
+				checkTTL(t, b.rdb, lim.stateKey("k"), most)
+				if res, err := lim.Allow(ctx, "k"); err != nil || res.Allowed {
+					t.Fatalf("over the limit: %+v, %v", res, err)
+				}
+				checkTTL(t, b.rdb, lim.stateKey("k")+blockSuffix, 300*time.Millisecond)
+			})
+			t.Run("SCRIPT FLUSH is invisible", func(t *testing.T) {
+				t.Parallel()
+				b := newBackend(t)
+				l := suiteLimit(s)
+				l.Period = time.Hour
+				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+				ctx := context.Background()
+				for i := range capacity(l, s) {
+					if err := scriptFlush(ctx, b.rdb); err != nil {
+						t.Fatal(err)
+					}
+					if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed || res.Degraded {
+						t.Fatalf("Allow %d after SCRIPT FLUSH: %+v, %v", i, res, err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// oddKeys are user keys that could break a naive key scheme.
+func oddKeys() []string {
+	return []string{
+		"user42", "}", "{", "{}", "{a}b", "}{x}", "a}b", "%7Ba%7Db", "%", "%%",
+		"a b\nc", "\x00", "\xff\xfe\xfd", "名前", strings.Repeat("k", 10<<10),
+	}
+}
+
+// checkTTL fails unless key exists with a TTL in (0, most] (plus 1ms, as
+// expiry is in whole milliseconds).
+func checkTTL(t *testing.T, rdb redis.UniversalClient, key string, most time.Duration) {
+	t.Helper()
+	ttl, err := rdb.PTTL(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl <= 0 || ttl > most+time.Millisecond {
+		t.Errorf("PTTL %s = %v, want in (0, %v]", key, ttl, most)
+	}
+}
+
+func countKeys(rdb redis.UniversalClient, pattern string) (int, error) {
+	ctx := context.Background()
+	n := 0
+	count := func(ctx context.Context, c *redis.Client) error {
+		keys, err := c.Keys(ctx, pattern).Result()
+		n += len(keys)
+		return err
+	}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		var mu = make(chan struct{}, 1)
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu <- struct{}{}
+			defer func() { <-mu }()
+			return count(ctx, m)
+		})
+		return n, err
+	case *redis.Client:
+		return n, count(ctx, c)
+	}
+	return 0, errors.New("unknown client type")
+}
+
+func scriptFlush(ctx context.Context, rdb redis.UniversalClient) error {
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		})
+	}
+	return rdb.ScriptFlush(ctx).Err()
+}
+
+// prefixFor gives each test its own key prefix, so tests can share a Redis.
+func prefixFor(t *testing.T) string {
+	return "t:" + strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(t.Name())
+}
+
+func TestBehaviourMiniredis(t *testing.T) {
+	testBehaviour(t, func(t *testing.T) *backend {
+		b, _ := miniBackend(t)
+		return b
+	})
+}
+
+func TestConstructorValidation(t *testing.T) {
+	b, _ := miniBackend(t)
+	tests := []struct {
+		name  string
+		s     Strategy
+		limit Limit
+		opts  []Option
+		ok    bool
+	}{
+		{"per second", TokenBucket, PerSecond(10), nil, true},
+		{"large values", TokenBucket, Limit{Rate: 1e9, Period: 10 * 365 * 24 * time.Hour, Burst: 1e9}, nil, true},
+		{"large fixed window", FixedWindow, Limit{Rate: 1e9, Period: 10 * 365 * 24 * time.Hour}, nil, true},
+		{"large sliding counter", SlidingCounter, Limit{Rate: 1e9, Period: 10 * 365 * 24 * time.Hour}, nil, true},
+		{"large leaky bucket", LeakyBucket, Limit{Rate: 1e9, Period: 10 * 365 * 24 * time.Hour}, nil, true},
+		{"sliding log at its maximum", SlidingLog, Limit{Rate: MaxSlidingLogRate, Period: time.Hour}, nil, true},
+		{"sliding log above its maximum", SlidingLog, Limit{Rate: MaxSlidingLogRate + 1, Period: time.Hour}, nil, false},
+		{"zero limit", FixedWindow, Limit{}, nil, false},
+		{"rate 0", FixedWindow, Limit{Rate: 0, Period: time.Second}, nil, false},
+		{"negative rate", FixedWindow, Limit{Rate: -1, Period: time.Second}, nil, false},
+		{"rate too large", TokenBucket, Limit{Rate: MaxRate + 1, Period: time.Second}, nil, false},
+		{"period below 1ms", FixedWindow, Limit{Rate: 1, Period: 999 * time.Microsecond}, nil, false},
+		{"period not whole µs", FixedWindow, Limit{Rate: 1, Period: time.Second + 1}, nil, false},
+		{"period too long", FixedWindow, Limit{Rate: 1, Period: MaxPeriod + time.Hour}, nil, false},
+		{"negative burst", TokenBucket, Limit{Rate: 1, Period: time.Second, Burst: -1}, nil, false},
+		{"burst too large", TokenBucket, Limit{Rate: 1, Period: time.Second, Burst: MaxRate + 1}, nil, false},
+		{"unknown strategy", Strategy(9), PerSecond(1), nil, false},
+		{"empty prefix", TokenBucket, PerSecond(1), []Option{WithPrefix("")}, false},
+		{"prefix with {", TokenBucket, PerSecond(1), []Option{WithPrefix("a{b")}, false},
+		{"prefix with }", TokenBucket, PerSecond(1), []Option{WithPrefix("a}b")}, false},
+		{"fallback share 0", TokenBucket, PerSecond(1), []Option{WithFallbackShare(0)}, false},
+		{"fallback share 2", TokenBucket, PerSecond(1), []Option{WithFallbackShare(2)}, false},
+		{"unknown policy", TokenBucket, PerSecond(1), []Option{WithFallback(FallbackPolicy(7))}, false},
+		{"ping interval 0", TokenBucket, PerSecond(1), []Option{WithPingInterval(0)}, false},
+		{"fallback keys 0", TokenBucket, PerSecond(1), []Option{WithFallbackKeys(0)}, false},
+		{"block negative", TokenBucket, PerSecond(1), []Option{WithBlock(-time.Second)}, false},
+		{"deny cache negative", TokenBucket, PerSecond(1), []Option{WithDenyCache(-1)}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lim, err := New(b.rdb, tt.s, tt.limit, tt.opts...)
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				defer lim.(*RateLimiter).Close()
+				// A valid limit never fails at call time.
+				res, err := lim.Allow(context.Background(), "k")
+				if err != nil || !res.Allowed {
+					t.Fatalf("Allow: %+v, %v", res, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("New(%v) accepted an invalid configuration", tt.limit)
+			}
+			mustErrorIs(t, err, ErrInvalidLimit)
+			if !strings.HasPrefix(err.Error(), "redlimit: ") {
+				t.Errorf("error %q lacks the package prefix", err)
+			}
+		})
+	}
+	if _, err := NewTokenBucket(nil, PerSecond(1)); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("nil client: err = %v", err)
+	}
+}
+
+func TestStrategyNames(t *testing.T) {
+	for _, s := range Strategies() {
+		got, err := ParseStrategy(s.String())
+		if err != nil || got != s {
+			t.Errorf("ParseStrategy(%q) = %v, %v", s.String(), got, err)
+		}
+	}
+	want := "fixed-window sliding-log sliding-counter token-bucket leaky-bucket"
+	var names []string
+	for _, s := range Strategies() {
+		names = append(names, s.String())
+	}
+	if got := strings.Join(names, " "); got != want {
+		t.Errorf("names = %q, want %q", got, want)
+	}
+	if _, err := ParseStrategy("gcra"); err == nil {
+		t.Error("ParseStrategy accepted an unknown name")
+	}
+	if got := Strategy(0).String(); got != "Strategy(0)" {
+		t.Errorf("Strategy(0).String() = %q", got)
+	}
+	if got := (Limit{Rate: 10, Period: time.Second, Burst: 20}).String(); got != "10/1s burst 20" {
+		t.Errorf("Limit.String() = %q", got)
+	}
+}
+
+// Limiters with different strategies or periods never share state; limiters
+// that differ only in Rate or Burst do, so a limit can change during a
+// rolling deploy.
+func TestStateSharing(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := context.Background()
+	perSecond := newLimiter(t, b.rdb, TokenBucket, PerSecond(2))
+	perHour := newLimiter(t, b.rdb, TokenBucket, PerHour(2))
+	window := newLimiter(t, b.rdb, FixedWindow, PerSecond(2))
+	if _, err := perSecond.AllowN(ctx, "user", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []*RateLimiter{perHour, window} {
+		if res, err := other.AllowN(ctx, "user", 2); err != nil || !res.Allowed {
+			t.Errorf("%v %v was affected by another limiter: %+v, %v", other.Strategy(), other.Limit(), res, err)
+		}
+	}
+	// A new Rate and Burst for the same strategy and period: same state.
+	raised := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 2, Period: time.Second, Burst: 4})
+	res, err := raised.AllowN(ctx, "user", 0)
+	if err != nil || res.Remaining != 2 {
+		t.Errorf("raised burst sees %+v, %v; want the 2 tokens used by the old limit counted (2 left)", res, err)
+	}
+}
+
+// The server clock going backwards (after a failover, or an NTP step) must
+// not make state negative or admit more than the limit; a jump forward
+// refills to the limit, never past it.
+func TestClockSteps(t *testing.T) {
+	for _, s := range Strategies() {
+		for _, back := range []time.Duration{time.Second, time.Hour} {
+			t.Run(s.String()+"/back "+back.String(), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				l := Limit{Rate: 5, Period: time.Second, Burst: 5}
+				lim := newLimiter(t, b.rdb, s, l)
+				ctx := context.Background()
+				b.setClock(2*time.Hour + 500*time.Millisecond)
+				if res, err := lim.AllowN(ctx, "k", 5); err != nil || !res.Allowed {
+					t.Fatalf("AllowN(5): %+v, %v", res, err)
+				}
+				b.setClock(2*time.Hour + 500*time.Millisecond - back)
+				admitted := 0
+				for i := range 10 {
+					res, err := lim.Allow(ctx, "k")
+					if err != nil {
+						t.Fatalf("Allow %d after the clock went back: %v", i, err)
+					}
+					if res.Remaining < 0 || res.RetryAfter < 0 || res.ResetAfter < 0 || res.Delay < 0 {
+						t.Fatalf("negative state: %+v", res)
+					}
+					if res.Allowed {
+						admitted++
+					}
+					b.advance(50 * time.Millisecond)
+				}
+				if admitted > 0 {
+					t.Fatalf("admitted %d more within the same real second after the clock went back %v", admitted, back)
+				}
+			})
+		}
+		t.Run(s.String()+"/forward", func(t *testing.T) {
+			b, _ := miniBackend(t)
+			l := Limit{Rate: 5, Period: time.Second, Burst: 5}
+			lim := newLimiter(t, b.rdb, s, l)
+			ctx := context.Background()
+			if _, err := lim.AllowN(ctx, "k", 5); err != nil {
+				t.Fatal(err)
+			}
+			b.advance(time.Hour)
+			res, err := lim.AllowN(ctx, "k", 0)
+			if err != nil || res.Remaining != 5 {
+				t.Fatalf("an hour later: %+v, %v; want exactly 5 remaining", res, err)
+			}
+			if _, err := lim.AllowN(ctx, "k", 5); err != nil {
+				t.Fatal(err)
+			}
+			if res, _ := lim.Allow(ctx, "k"); res.Allowed {
+				t.Fatal("admitted a 6th event in the same instant")
+			}
+		})
+	}
+}
