@@ -187,9 +187,9 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				}
 				// How long the state matters, at most.
 				most := map[Strategy]time.Duration{
-					FixedWindow:    l.Period,                             // until the window ends
-					SlidingLog:     l.Period,                             // until the newest event leaves
-					SlidingCounter: 2 * l.Period,                         // until the next window ends
+					FixedWindow:    l.Period,                              // until the window ends
+					SlidingLog:     l.Period,                              // until the newest event leaves
+					SlidingCounter: 2 * l.Period,                          // until the next window ends
 					TokenBucket:    time.Duration(l.Burst) * l.interval(), // until full
 					LeakyBucket:    time.Duration(l.Burst) * l.interval(), // until empty
 				}[s]
