@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The one test command (see README.md). It runs every module's tests with
+# -race, the examples, and the micro-benchmarks once each (to keep them
+# working, not to judge speed). Tests that need redis-server start their own
+# on free loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
+# skipping, when redis-server is not installed.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+modules=(. grpclimit cmd/redlimit bench)
+
+echo "== gofmt, go vet"
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change: $unformatted" >&2
+  exit 1
+fi
+for m in "${modules[@]}"; do
+  [ -f "$m/go.mod" ] || continue
+  (cd "$m" && go vet ./...)
+done
+
+echo "== examples"
+# Every example runs to completion on an embedded miniredis; the servers
+# among them have a -selftest flag that sends requests to themselves and exits.
+run_example() {
+  local dir=$1; shift
+  [ -d "examples/$dir" ] || return 0
+  echo "-- examples/$dir $*"
+  (cd "examples/$dir" && timeout 120 go run . "$@" >/dev/null) || { echo "example $dir failed" >&2; exit 1; }
+}
+run_example quickstart
+run_example httpserver -selftest
+run_example worker
+run_example tiers
+run_example cluster
+run_example prometheus -selftest
+
+echo "== micro-benchmarks, once each"
+go test -run '^$' -bench . -benchtime=1x ./... >/dev/null
+
+echo "== tests"
+for m in "${modules[@]}"; do
+  [ -f "$m/go.mod" ] || continue
+  (cd "$m" && go test -race -count=1 -timeout 20m ./...)
+done
