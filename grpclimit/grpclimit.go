@@ -1,0 +1,325 @@
+// Package grpclimit rate-limits gRPC servers with a [redlimit.Limiter].
+//
+// [UnaryServerInterceptor] and [StreamServerInterceptor] ask the limiter
+// once per call, before the handler runs. A stream counts as one call when
+// it opens; its messages are not counted. The key of a call comes from a
+// [KeyFunc]: by default [PeerKey], the client's IP address; [MetadataKey]
+// reads it from request metadata such as "x-api-key"; [WithKeyFunc] takes
+// any function, and [WithPerMethod] gives every method its own limit.
+//
+//	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(10))
+//	if err != nil {
+//		return err
+//	}
+//	defer lim.Close()
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim)),
+//		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim)),
+//	)
+//
+// # Status codes
+//
+// Calls that the interceptors stop fail with these codes:
+//
+//   - Denied by the limit: codes.ResourceExhausted, with a google.rpc.RetryInfo
+//     detail (errdetails.RetryInfo) whose retry_delay is
+//     [redlimit.Result.RetryAfter]. Clients read it with status.Convert(err)
+//     and Status.Details.
+//   - No key: codes.InvalidArgument when the KeyFunc's error wraps
+//     [ErrNoKey] (the call lacks what identifies its client, such as the
+//     metadata that [MetadataKey] wants) or the key is "", with the error as
+//     message. Any other KeyFunc error is a server fault: codes.Internal,
+//     with a fixed message; see [WithOnError] to log it. A KeyFunc that
+//     needs another code returns a gRPC status error (status.Error), whose
+//     code and message are used as is: codes.Unauthenticated for an unknown
+//     API key, say.
+//   - The limiter failed (an error from AllowN, such as Redis down with
+//     redlimit.FallbackError): codes.Unavailable, with a fixed message that
+//     does not reveal the cause; see [WithOnError] to log it. It is never
+//     codes.ResourceExhausted, so clients can tell "slow down" from
+//     "broken", and retry policies that retry Unavailable do so.
+//   - The call's context ended first (while deciding, or during a
+//     LeakyBucket Delay): codes.Canceled or codes.DeadlineExceeded.
+//
+// A call that is allowed, including one allowed in shadow mode or decided
+// by the fallback while Redis is down, goes on to the handler. When the
+// limiter asks for a Delay (LeakyBucket), the interceptor sleeps that long
+// before calling the handler. The sleep is bounded only by the call's
+// context: a call whose context ends first fails as above, and its slot in
+// the bucket stays taken. Give calls a deadline to bound the wait.
+//
+// # Response headers
+//
+// Unless [WithoutHeaders] is given, every call that reaches a decision,
+// allowed or denied, gets response header metadata: [HeaderLimit],
+// [HeaderRemaining] and [HeaderReset], and on a denial [HeaderRetryAfter].
+// Clients read them with the grpc.Header call option (unary) or
+// ClientStream.Header.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redlimit/redlimit"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Names of the response header metadata set on every decided call (see
+// [WithoutHeaders]). gRPC metadata keys are lowercase. The values are
+// decimal integers, after the IETF RateLimit header fields and HTTP's
+// Retry-After.
+const (
+	// HeaderLimit is the limit's Rate: the events allowed per period. For a
+	// bucket whose Burst is larger than Rate, HeaderRemaining can exceed it.
+	HeaderLimit = "ratelimit-limit"
+	// HeaderRemaining is Result.Remaining: the calls that could still be
+	// allowed now for the same key.
+	HeaderRemaining = "ratelimit-remaining"
+	// HeaderReset is Result.ResetAfter in whole seconds, rounded up: when
+	// the key is back at its full allowance without more traffic.
+	HeaderReset = "ratelimit-reset"
+	// HeaderRetryAfter is Result.RetryAfter in whole seconds, rounded up and
+	// at least 1; set on denials only. The RetryInfo detail of the status
+	// has the exact value.
+	HeaderRetryAfter = "retry-after"
+)
+
+// ErrNoKey is wrapped by the errors of the KeyFuncs of this package when a
+// call has no key: no peer address, or no metadata of the wanted name. Wrap
+// it in your own KeyFunc's errors for the same outcome: such calls fail
+// with codes.InvalidArgument. The interceptors also wrap it when a KeyFunc
+// returns an empty key.
+var ErrNoKey = errors.New("grpclimit: no rate-limit key")
+
+// Option configures an interceptor. Options are applied in order, so a
+// later one wins.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config holds every option, with its default set in defaultConfig.
+type config struct {
+	keyFunc   KeyFunc
+	perMethod bool
+	headers   bool
+	skip      func(ctx context.Context, fullMethod string) bool
+	onError   func(ctx context.Context, fullMethod string, err error)
+}
+
+func defaultConfig() config {
+	return config{
+		keyFunc: PeerKey,
+		headers: true,
+	}
+}
+
+// WithKeyFunc sets how the key of a call is found. The default is
+// [PeerKey]; nil restores it. See [KeyFunc] for how its errors become
+// status codes.
+func WithKeyFunc(f KeyFunc) Option {
+	return optionFunc(func(c *config) {
+		if f == nil {
+			f = PeerKey
+		}
+		c.keyFunc = f
+	})
+}
+
+// WithPerMethod gives every method its own limit: the key passed to the
+// limiter becomes the full method name, a space and the KeyFunc's key, as
+// in "/grpc.health.v1.Health/Check 192.0.2.1". Without it (the default),
+// all methods guarded by the interceptor share one limit per key. Call
+// Limiter.Reset with the same combined key to clear it.
+func WithPerMethod() Option {
+	return optionFunc(func(c *config) { c.perMethod = true })
+}
+
+// WithoutHeaders stops the interceptor from setting the response header
+// metadata [HeaderLimit], [HeaderRemaining], [HeaderReset] and
+// [HeaderRetryAfter]. By default they are set.
+func WithoutHeaders() Option {
+	return optionFunc(func(c *config) { c.headers = false })
+}
+
+// WithSkip exempts calls from the limit: when skip returns true, the call
+// goes to the handler without a key or a limiter call. By default no call
+// is skipped. For example, to leave health checks alone:
+//
+//	grpclimit.WithSkip(func(_ context.Context, fullMethod string) bool {
+//		return strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/")
+//	})
+func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
+	return optionFunc(func(c *config) { c.skip = skip })
+}
+
+// WithOnError sets a function called with every error that makes a call
+// fail other than a denial: a KeyFunc error, or a limiter error, before
+// the call fails with codes.InvalidArgument, codes.Internal or
+// codes.Unavailable. Use it to
+// log or count them; it must be safe for concurrent use. The default is
+// none.
+func WithOnError(f func(ctx context.Context, fullMethod string, err error)) Option {
+	return optionFunc(func(c *config) { c.onError = f })
+}
+
+// UnaryServerInterceptor returns an interceptor that asks l for each unary
+// call and fails the calls it denies; see the package documentation for
+// the status codes and headers. It panics if l is nil.
+func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+	in := newInterceptor(l, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		setHeader := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
+		if err := in.limit(ctx, info.FullMethod, setHeader); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns an interceptor that asks l once for each
+// stream, when it opens, and fails the streams it denies before the handler
+// runs; see the package documentation for the status codes and headers. It
+// panics if l is nil.
+func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+	in := newInterceptor(l, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := in.limit(ss.Context(), info.FullMethod, ss.SetHeader); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// interceptor is what the unary and stream interceptors share.
+type interceptor struct {
+	lim redlimit.Limiter
+	cfg config
+}
+
+func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
+	if l == nil {
+		panic("grpclimit: nil Limiter")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	return &interceptor{lim: l, cfg: cfg}
+}
+
+// limit decides one call. It returns nil when the handler may run, or the
+// status error to fail the call with.
+func (in *interceptor) limit(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error) error {
+	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
+		return nil
+	}
+	key, err := in.cfg.keyFunc(ctx, fullMethod)
+	if err == nil && key == "" {
+		err = fmt.Errorf("grpclimit: %s: empty key: %w", fullMethod, ErrNoKey)
+	}
+	if err != nil {
+		in.report(ctx, fullMethod, err)
+		return keyError(ctx, err)
+	}
+	if in.cfg.perMethod {
+		key = fullMethod + " " + key
+	}
+	res, err := in.lim.Allow(ctx, key)
+	if err != nil {
+		in.report(ctx, fullMethod, err)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return status.FromContextError(ctxErr).Err()
+		}
+		return status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	}
+	if in.cfg.headers {
+		// It fails only when headers were already sent, which cannot
+		// happen before the handler runs.
+		_ = setHeader(headers(res))
+	}
+	if !res.Allowed {
+		return denied(res)
+	}
+	if err := sleep(ctx, res.Delay); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
+
+func (in *interceptor) report(ctx context.Context, fullMethod string, err error) {
+	if in.cfg.onError != nil {
+		in.cfg.onError(ctx, fullMethod, err)
+	}
+}
+
+// keyError turns a KeyFunc error into the status error a call fails with.
+func keyError(ctx context.Context, err error) error {
+	if s, ok := status.FromError(err); ok {
+		return s.Err()
+	}
+	if errors.Is(err, ErrNoKey) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return status.FromContextError(ctxErr).Err()
+	}
+	return status.Error(codes.Internal, "grpclimit: cannot find the rate-limit key")
+}
+
+// denied returns the ResourceExhausted status error of a denial, with a
+// RetryInfo detail.
+func denied(res redlimit.Result) error {
+	st := status.New(codes.ResourceExhausted,
+		fmt.Sprintf("grpclimit: rate limit %v exceeded, retry after %v", res.Limit, res.RetryAfter))
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// headers returns the response header metadata for a decision.
+func headers(res redlimit.Result) metadata.MD {
+	md := metadata.MD{
+		HeaderLimit:     {strconv.Itoa(res.Limit.Rate)},
+		HeaderRemaining: {strconv.Itoa(res.Remaining)},
+		HeaderReset:     {seconds(res.ResetAfter)},
+	}
+	if !res.Allowed {
+		md[HeaderRetryAfter] = []string{seconds(max(res.RetryAfter, time.Second))}
+	}
+	return md
+}
+
+// seconds formats d in whole seconds, rounded up.
+func seconds(d time.Duration) string {
+	s := (d + time.Second - 1) / time.Second
+	return strconv.FormatInt(int64(max(s, 0)), 10)
+}
+
+// sleep waits for d or until ctx is done, and then returns ctx.Err().
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,430 @@
+package grpclimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/grpclimit"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+)
+
+// windowStart is a time 250ms into a one-second window, so a fixed window
+// of one second denies with RetryAfter 750ms.
+var windowStart = time.Unix(1_700_000_000, 250*int64(time.Millisecond))
+
+// fixedWindow returns a FixedWindow limiter of PerSecond(2) on a fresh
+// miniredis whose clock stands still at windowStart.
+func fixedWindow(t *testing.T) *redlimit.RateLimiter {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(windowStart)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(2), redlimit.WithFallback(redlimit.FallbackError))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	return lim
+}
+
+// server holds a health service behind the interceptors, on bufconn.
+type server struct {
+	client healthpb.HealthClient
+	calls  atomic.Int64 // calls that reached past the interceptors
+}
+
+func newServer(t *testing.T, lim redlimit.Limiter, opts ...grpclimit.Option) *server {
+	t.Helper()
+	s := &server{}
+	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		s.calls.Add(1)
+		return h(ctx, req)
+	}
+	countStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		s.calls.Add(1)
+		return h(srv, ss)
+	}
+	lis := bufconn.Listen(1 << 16)
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, opts...), count),
+		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, opts...), countStream),
+	)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.Serve(lis) })
+	t.Cleanup(func() {
+		srv.Stop()
+		wg.Wait()
+	})
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s.client = healthpb.NewHealthClient(conn)
+	return s
+}
+
+// check makes one unary call and returns its error and response headers.
+func (s *server) check(t *testing.T, md ...string) (metadata.MD, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	var header metadata.MD
+	_, err := s.client.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header))
+	return header, err
+}
+
+// watch opens one stream and returns the error of its first message.
+func (s *server) watch(t *testing.T, md ...string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	stream, err := s.client.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return err
+	}
+	_, err = stream.Recv()
+	return err
+}
+
+// wantCode fails the test unless err has the status code want.
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: got code %v (%v), want %v", what, got, err, want)
+	}
+}
+
+// wantDenied fails the test unless err is ResourceExhausted with a
+// RetryInfo detail of delay want.
+func wantDenied(t *testing.T, what string, err error, want time.Duration) {
+	t.Helper()
+	wantCode(t, what, err, codes.ResourceExhausted)
+	var infos []*errdetails.RetryInfo
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			infos = append(infos, ri)
+		}
+	}
+	if len(infos) != 1 {
+		t.Fatalf("%s: got %d RetryInfo details in %v, want 1", what, len(infos), err)
+	}
+	got := infos[0].GetRetryDelay().AsDuration()
+	if got <= 0 || got > time.Second {
+		t.Fatalf("%s: got retry delay %v, want in (0, 1s]", what, got)
+	}
+	if got != want {
+		t.Fatalf("%s: got retry delay %v, want %v", what, got, want)
+	}
+}
+
+func TestUnary(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t))
+	for i, want := range []string{"1", "0"} {
+		header, err := s.check(t)
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		if got := header.Get(grpclimit.HeaderRemaining); len(got) != 1 || got[0] != want {
+			t.Errorf("call %d: got %s %q, want %q", i+1, grpclimit.HeaderRemaining, got, want)
+		}
+	}
+	header, err := s.check(t)
+	wantDenied(t, "call 3", err, 750*time.Millisecond)
+	for name, want := range map[string]string{
+		grpclimit.HeaderLimit:      "2",
+		grpclimit.HeaderRemaining:  "0",
+		grpclimit.HeaderReset:      "1",
+		grpclimit.HeaderRetryAfter: "1",
+	} {
+		if got := header.Get(name); len(got) != 1 || got[0] != want {
+			t.Errorf("call 3: got %s %q, want %q", name, got, want)
+		}
+	}
+	if got, want := s.calls.Load(), int64(2); got != want {
+		t.Errorf("got %d calls to the handler, want %d", got, want)
+	}
+}
+
+func TestStream(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t))
+	for i := range 2 {
+		if err := s.watch(t); err != nil {
+			t.Fatalf("stream %d: %v", i+1, err)
+		}
+	}
+	wantDenied(t, "stream 3", s.watch(t), 750*time.Millisecond)
+	if got, want := s.calls.Load(), int64(2); got != want {
+		t.Errorf("got %d streams to the handler, want %d", got, want)
+	}
+}
+
+func TestUnaryAndStreamShareLimit(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t))
+	if _, err := s.check(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.watch(t); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.check(t)
+	wantDenied(t, "call 3", err, 750*time.Millisecond)
+}
+
+func TestPerMethod(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t), grpclimit.WithPerMethod())
+	for i := range 2 {
+		if _, err := s.check(t); err != nil {
+			t.Fatalf("Check %d: %v", i+1, err)
+		}
+		if err := s.watch(t); err != nil {
+			t.Fatalf("Watch %d: %v", i+1, err)
+		}
+	}
+	_, err := s.check(t)
+	wantDenied(t, "Check 3", err, 750*time.Millisecond)
+	wantDenied(t, "Watch 3", s.watch(t), 750*time.Millisecond)
+}
+
+func TestMetadataKey(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t), grpclimit.WithKeyFunc(grpclimit.MetadataKey("X-API-Key")))
+	steps := []struct {
+		key  string
+		want codes.Code
+	}{
+		{"alice", codes.OK},
+		{"alice", codes.OK},
+		{"bob", codes.OK},
+		{"alice", codes.ResourceExhausted},
+		{"bob", codes.OK},
+		{"bob", codes.ResourceExhausted},
+		{"carol", codes.OK},
+	}
+	for i, st := range steps {
+		_, err := s.check(t, "x-api-key", st.key)
+		wantCode(t, fmt.Sprintf("step %d, key %q", i+1, st.key), err, st.want)
+	}
+}
+
+func TestMissingMetadataKey(t *testing.T) {
+	t.Parallel()
+	var reported atomic.Value
+	s := newServer(t, fixedWindow(t),
+		grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-api-key")),
+		grpclimit.WithOnError(func(_ context.Context, _ string, err error) { reported.Store(err) }),
+	)
+	_, err := s.check(t)
+	wantCode(t, "unary without key", err, codes.InvalidArgument)
+	wantCode(t, "stream without key", s.watch(t), codes.InvalidArgument)
+	_, err = s.check(t, "x-api-key", "")
+	wantCode(t, "empty key", err, codes.InvalidArgument)
+	if err, _ := reported.Load().(error); !errors.Is(err, grpclimit.ErrNoKey) {
+		t.Errorf("got reported error %v, want one wrapping ErrNoKey", err)
+	}
+	if got := s.calls.Load(); got != 0 {
+		t.Errorf("got %d calls to the handler, want 0", got)
+	}
+}
+
+func TestKeyFuncError(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("no tenant: %w", grpclimit.ErrNoKey), codes.InvalidArgument},
+		{errors.New("tenant store down"), codes.Internal},
+		{nil, codes.InvalidArgument}, // empty key
+	} {
+		var reported atomic.Value
+		s := newServer(t, fixedWindow(t),
+			grpclimit.WithKeyFunc(func(context.Context, string) (string, error) { return "", tt.err }),
+			grpclimit.WithOnError(func(_ context.Context, _ string, err error) { reported.Store(err) }),
+		)
+		_, err := s.check(t)
+		wantCode(t, fmt.Sprintf("KeyFunc error %v", tt.err), err, tt.want)
+		if got, _ := reported.Load().(error); got == nil || (tt.err != nil && got != tt.err) {
+			t.Errorf("KeyFunc error %v: got reported error %v", tt.err, got)
+		}
+	}
+}
+
+func TestKeyFuncStatus(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t), grpclimit.WithKeyFunc(func(context.Context, string) (string, error) {
+		return "", status.Error(codes.Unauthenticated, "unknown API key")
+	}))
+	_, err := s.check(t)
+	wantCode(t, "unary", err, codes.Unauthenticated)
+}
+
+// fake is a Limiter that answers every call with res and err, and records
+// the keys it was asked about.
+type fake struct {
+	res redlimit.Result
+	err error
+
+	mu   sync.Mutex
+	keys []string
+}
+
+func (f *fake) Allow(ctx context.Context, key string) (redlimit.Result, error) {
+	return f.AllowN(ctx, key, 1)
+}
+
+func (f *fake) AllowN(_ context.Context, key string, _ int) (redlimit.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keys = append(f.keys, key)
+	return f.res, f.err
+}
+
+func (f *fake) Wait(ctx context.Context, key string) error { return f.WaitN(ctx, key, 1) }
+
+func (f *fake) WaitN(context.Context, string, int) error { return f.err }
+
+func (f *fake) Reset(context.Context, string) error { return f.err }
+
+func (f *fake) lastKey() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.keys) == 0 {
+		return ""
+	}
+	return f.keys[len(f.keys)-1]
+}
+
+func TestLimiterError(t *testing.T) {
+	t.Parallel()
+	var reported atomic.Value
+	f := &fake{err: errors.New("redlimit: redis unavailable: connection refused")}
+	s := newServer(t, f, grpclimit.WithOnError(func(_ context.Context, _ string, err error) { reported.Store(err) }))
+	_, err := s.check(t)
+	wantCode(t, "unary", err, codes.Unavailable)
+	wantCode(t, "stream", s.watch(t), codes.Unavailable)
+	if got, want := reported.Load(), any(f.err); got != want {
+		t.Errorf("got reported error %v, want %v", got, want)
+	}
+	if got := s.calls.Load(); got != 0 {
+		t.Errorf("got %d calls to the handler, want 0", got)
+	}
+}
+
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(2), redlimit.WithFallback(redlimit.FallbackError))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	s := newServer(t, lim)
+	m.Close()
+	_, err = s.check(t)
+	wantCode(t, "unary with Redis down", err, codes.Unavailable)
+}
+
+func TestKeys(t *testing.T) {
+	t.Parallel()
+	f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
+	s := newServer(t, f)
+	if _, err := s.check(t); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.lastKey(), "bufconn:bufconn"; got != want {
+		t.Errorf("PeerKey on bufconn: got key %q, want %q", got, want)
+	}
+
+	s = newServer(t, f, grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-api-key")), grpclimit.WithPerMethod())
+	if _, err := s.check(t, "x-api-key", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.lastKey(), "/grpc.health.v1.Health/Check k1"; got != want {
+		t.Errorf("WithPerMethod: got key %q, want %q", got, want)
+	}
+}
+
+func TestSkip(t *testing.T) {
+	t.Parallel()
+	f := &fake{err: errors.New("must not be called")}
+	s := newServer(t, f, grpclimit.WithSkip(func(_ context.Context, fullMethod string) bool {
+		return fullMethod == "/grpc.health.v1.Health/Check"
+	}))
+	if _, err := s.check(t); err != nil {
+		t.Fatalf("skipped call: %v", err)
+	}
+	wantCode(t, "stream not skipped", s.watch(t), codes.Unavailable)
+}
+
+func TestWithoutHeaders(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, fixedWindow(t), grpclimit.WithoutHeaders())
+	header, err := s.check(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := header.Get(grpclimit.HeaderRemaining); len(got) != 0 {
+		t.Errorf("got %s %q, want none", grpclimit.HeaderRemaining, got)
+	}
+}
+
+func TestDelay(t *testing.T) {
+	t.Parallel()
+	const delay = 50 * time.Millisecond
+	f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1), Delay: delay}}
+	s := newServer(t, f)
+	start := time.Now()
+	if _, err := s.check(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Since(start); got < delay {
+		t.Errorf("call returned after %v, before its Delay %v", got, delay)
+	}
+	if got, want := s.calls.Load(), int64(1); got != want {
+		t.Errorf("got %d calls to the handler, want %d", got, want)
+	}
+}
+
+func TestDelayPastDeadline(t *testing.T) {
+	t.Parallel()
+	f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1), Delay: time.Hour}}
+	s := newServer(t, f)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err := s.client.Check(ctx, &healthpb.HealthCheckRequest{})
+	wantCode(t, "unary", err, codes.DeadlineExceeded)
+	if got := s.calls.Load(); got != 0 {
+		t.Errorf("got %d calls to the handler, want 0", got)
+	}
+}

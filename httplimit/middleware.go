@@ -1,0 +1,362 @@
+// Package httplimit rate-limits net/http handlers with a [redlimit.Limiter].
+//
+// [Middleware] wraps a handler: for every request it finds a key (by default
+// the client's IP address, see [IPKey]), asks the limiter for one event of
+// that key, and either calls the next handler or answers 429 Too Many
+// Requests. It works with any router that takes func(http.Handler)
+// http.Handler middleware: http.ServeMux, chi, gorilla/mux, and echo through
+// echo.WrapMiddleware.
+//
+//	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(10))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer lim.Close()
+//	limit := httplimit.Middleware(lim,
+//		httplimit.WithKeyFunc(httplimit.IPKey(
+//			httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
+//		)),
+//	)
+//	http.ListenAndServe("127.0.0.1:8080", limit(mux))
+//
+// # Response headers
+//
+// Every response that the limiter decided, allowed or denied, carries the
+// fields of the IETF draft draft-ietf-httpapi-ratelimit-headers (-09 and
+// later), written as Structured Fields:
+//
+//	RateLimit-Policy: "default";q=10;w=1
+//	RateLimit: "default";r=9;t=1
+//
+// where q is the limit's Rate, w its Period in seconds (rounded up, at least
+// 1), r the events remaining now and t the seconds until the key is back at
+// its full allowance (rounded up). The policy name "default" can be changed
+// with [WithPolicyName]. [WithXRateLimitHeaders] adds the older
+// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset fields. A
+// denied request also gets Retry-After, in whole seconds rounded up and at
+// least 1.
+//
+// Responses to requests that were not decided (the key could not be found,
+// or the limiter failed) carry none of these fields.
+//
+// # Outcomes and defaults
+//
+//   - Allowed: the next handler is called. The [redlimit.Result] is in the
+//     request's context; read it with [ResultFromContext].
+//   - Denied: 429 Too Many Requests, plain text "Too Many Requests"; see
+//     [WithDeniedHandler].
+//   - Key not found: 400 Bad Request when the error wraps [ErrNoKey] (the
+//     request lacks what identifies its client, such as an API key header),
+//     500 Internal Server Error for any other error (a key function that
+//     fails on a well-formed request is a server misconfiguration); see
+//     [WithKeyErrorHandler].
+//   - Limiter error: 503 Service Unavailable, never 429, since a broken
+//     limiter did not deny anything; see [WithErrorHandler]. A limiter that
+//     answers from its fallback while Redis is down (Result.Degraded) is not
+//     an error: those results are served like any other.
+//   - Leaky bucket (Result.Delay > 0): the middleware waits Delay before it
+//     calls the next handler, at most 1s by default ([WithMaxDelay]).
+//
+// Shadowed results (redlimit.WithShadow) are allowed, and their headers are
+// written as the limiter reported them.
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// Names of the header fields the middleware writes.
+const (
+	// HeaderRateLimitPolicy is the IETF draft field describing the quota:
+	// `"default";q=<rate>;w=<period seconds>`.
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+	// HeaderRateLimit is the IETF draft field describing the current state:
+	// `"default";r=<remaining>;t=<seconds until reset>`.
+	HeaderRateLimit = "RateLimit"
+	// HeaderRetryAfter is written on denied requests: whole seconds, rounded
+	// up, at least 1.
+	HeaderRetryAfter = "Retry-After"
+	// HeaderXRateLimitLimit is the legacy field with the limit's Rate; see
+	// [WithXRateLimitHeaders].
+	HeaderXRateLimitLimit = "X-RateLimit-Limit"
+	// HeaderXRateLimitRemaining is the legacy field with the events
+	// remaining now; see [WithXRateLimitHeaders].
+	HeaderXRateLimitRemaining = "X-RateLimit-Remaining"
+	// HeaderXRateLimitReset is the legacy field with the seconds (a delta,
+	// not a Unix time) until the key is back at its full allowance, rounded
+	// up; see [WithXRateLimitHeaders].
+	HeaderXRateLimitReset = "X-RateLimit-Reset"
+)
+
+// DefaultPolicyName is the name of the policy in the RateLimit and
+// RateLimit-Policy fields unless [WithPolicyName] sets another.
+const DefaultPolicyName = "default"
+
+// DefaultMaxDelay is the longest the middleware waits for a leaky bucket's
+// Result.Delay unless [WithMaxDelay] sets another bound.
+const DefaultMaxDelay = time.Second
+
+// Option configures [Middleware]. Options are applied in order, so a later
+// one wins.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config holds every option, with its default set in defaultConfig.
+type config struct {
+	key        KeyFunc
+	denied     http.Handler
+	keyError   func(http.ResponseWriter, *http.Request, error)
+	err        func(http.ResponseWriter, *http.Request, error)
+	maxDelay   time.Duration
+	policy     string
+	xRateLimit bool
+}
+
+func defaultConfig() config {
+	return config{
+		key:        IPKey(),
+		denied:     http.HandlerFunc(defaultDenied),
+		keyError:   defaultKeyError,
+		err:        defaultError,
+		maxDelay:   DefaultMaxDelay,
+		policy:     DefaultPolicyName,
+		xRateLimit: false,
+	}
+}
+
+// WithKeyFunc sets the function that finds a request's key. The default is
+// IPKey(), the client address from RemoteAddr with no proxy trusted. The key
+// is passed to the limiter as is: to give routes separate limits with one
+// limiter, make f add a prefix per route.
+func WithKeyFunc(f KeyFunc) Option {
+	return optionFunc(func(c *config) { c.key = f })
+}
+
+// WithDeniedHandler sets the handler for denied requests. When it runs, the
+// rate-limit fields and Retry-After are already in w.Header(), and the
+// result is in r's context ([ResultFromContext]); h writes the status and
+// the body. The default writes 429 Too Many Requests with the plain-text
+// body "Too Many Requests".
+func WithDeniedHandler(h http.Handler) Option {
+	return optionFunc(func(c *config) { c.denied = h })
+}
+
+// WithKeyErrorHandler sets the function that answers a request whose key
+// could not be found: err is the key function's error, or one wrapping
+// [ErrNoKey] when it returned an empty key. The default answers 400 Bad
+// Request when err wraps ErrNoKey and 500 Internal Server Error otherwise,
+// with the status text as a plain-text body (err is not shown to the
+// client).
+func WithKeyErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return optionFunc(func(c *config) { c.keyError = f })
+}
+
+// WithErrorHandler sets the function that answers a request when the
+// limiter returns an error (such as Redis being down with the FallbackError
+// policy, or the request's context ending). The default answers 503 Service
+// Unavailable with the status text as a plain-text body (err is not shown
+// to the client).
+func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return optionFunc(func(c *config) { c.err = f })
+}
+
+// WithMaxDelay bounds how long the middleware waits for a leaky bucket's
+// Result.Delay before it calls the next handler. The wait also ends when
+// the request's context does; the middleware then returns without writing
+// anything, since the client is gone or a timeout handler answers.
+//
+// A request whose Delay is longer than d is answered as denied (429 by
+// default, with Retry-After the Delay rounded up), but its slot in the
+// queue is still taken: the limiter admitted it before the middleware could
+// know. Size the bucket's Burst so that (Burst-1) × Period/Rate is at most
+// d to avoid that. 0 means never wait (every delayed request is denied); a
+// negative d removes the bound. The default is [DefaultMaxDelay], 1s,
+// shorter than the timeouts of most clients.
+func WithMaxDelay(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxDelay = d })
+}
+
+// WithPolicyName sets the policy name written in the RateLimit and
+// RateLimit-Policy fields. It must be printable ASCII (it is written as a
+// Structured Field String, with '"' and '\' escaped). The default is
+// [DefaultPolicyName], "default".
+func WithPolicyName(name string) Option {
+	return optionFunc(func(c *config) { c.policy = name })
+}
+
+// WithXRateLimitHeaders turns on (or off) the legacy fields
+// X-RateLimit-Limit (the Rate), X-RateLimit-Remaining and X-RateLimit-Reset
+// (seconds until the key is back at its full allowance, rounded up: a
+// delta, not a Unix time), written beside the IETF fields. The default is
+// off: the IETF fields are the standard being written, and the legacy ones
+// only double the header bytes; turn them on for clients that read only
+// X-RateLimit-*.
+func WithXRateLimitHeaders(on bool) Option {
+	return optionFunc(func(c *config) { c.xRateLimit = on })
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.key == nil:
+		return errors.New("httplimit: nil key function")
+	case c.denied == nil:
+		return errors.New("httplimit: nil denied handler")
+	case c.keyError == nil:
+		return errors.New("httplimit: nil key error handler")
+	case c.err == nil:
+		return errors.New("httplimit: nil error handler")
+	}
+	for i := 0; i < len(c.policy); i++ {
+		if b := c.policy[i]; b < 0x20 || b > 0x7e {
+			return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
+		}
+	}
+	return nil
+}
+
+// Middleware returns a middleware that limits requests with l, taking one
+// event per request from the key found by the key function (see the package
+// documentation for the outcomes and the header fields). It is safe for
+// concurrent use. It panics if l is nil or an option is invalid (a nil
+// function or handler, a policy name that is not printable ASCII).
+func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
+	if l == nil {
+		panic("httplimit: nil limiter")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err.Error())
+	}
+	policy := sfString(cfg.policy)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, err := cfg.key(r)
+			if err == nil && key == "" {
+				err = errEmptyKey
+			}
+			if err != nil {
+				cfg.keyError(w, r, err)
+				return
+			}
+			ctx := r.Context()
+			res, err := l.Allow(ctx, key)
+			if err != nil {
+				cfg.err(w, r, err)
+				return
+			}
+			h := w.Header()
+			setHeaders(h, res, policy, cfg.xRateLimit)
+			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
+			if !res.Allowed {
+				h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
+				cfg.denied.ServeHTTP(w, r)
+				return
+			}
+			if res.Delay > 0 {
+				if cfg.maxDelay >= 0 && res.Delay > cfg.maxDelay {
+					h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.Delay), 1), 10))
+					cfg.denied.ServeHTTP(w, r)
+					return
+				}
+				t := time.NewTimer(res.Delay)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+type resultKey struct{}
+
+// ResultFromContext returns the limiter's result for the request whose
+// context is ctx, and whether there is one. The middleware puts it in the
+// context it passes to the next handler and to the denied handler.
+func ResultFromContext(ctx context.Context) (redlimit.Result, bool) {
+	res, ok := ctx.Value(resultKey{}).(redlimit.Result)
+	return res, ok
+}
+
+// setHeaders writes the rate-limit fields for res; policy is the policy
+// name already encoded as a Structured Field String. The policy fields are
+// left out when res has no usable Limit.
+func setHeaders(h http.Header, res redlimit.Result, policy string, xRateLimit bool) {
+	remaining := strconv.Itoa(max(res.Remaining, 0))
+	reset := strconv.FormatInt(ceilSeconds(res.ResetAfter), 10)
+	hasLimit := res.Limit.Rate > 0 && res.Limit.Period > 0
+	if hasLimit {
+		h.Set(HeaderRateLimitPolicy, policy+";q="+strconv.Itoa(res.Limit.Rate)+
+			";w="+strconv.FormatInt(max(ceilSeconds(res.Limit.Period), 1), 10))
+	}
+	h.Set(HeaderRateLimit, policy+";r="+remaining+";t="+reset)
+	if xRateLimit {
+		if hasLimit {
+			h.Set(HeaderXRateLimitLimit, strconv.Itoa(res.Limit.Rate))
+		}
+		h.Set(HeaderXRateLimitRemaining, remaining)
+		h.Set(HeaderXRateLimitReset, reset)
+	}
+}
+
+// ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// sfString encodes s, printable ASCII, as a Structured Field String
+// (RFC 9651, section 3.3.3).
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func defaultDenied(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+}
+
+func defaultKeyError(w http.ResponseWriter, _ *http.Request, err error) {
+	code := http.StatusInternalServerError
+	if errors.Is(err, ErrNoKey) {
+		code = http.StatusBadRequest
+	}
+	http.Error(w, http.StatusText(code), code)
+}
+
+func defaultError(w http.ResponseWriter, _ *http.Request, _ error) {
+	http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
+}

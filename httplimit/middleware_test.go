@@ -1,0 +1,522 @@
+package httplimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
+)
+
+// fakeLimiter answers every AllowN with res and err, and records the keys.
+type fakeLimiter struct {
+	res redlimit.Result
+	err error
+
+	mu   sync.Mutex
+	keys []string
+}
+
+func (f *fakeLimiter) Allow(ctx context.Context, key string) (redlimit.Result, error) {
+	return f.AllowN(ctx, key, 1)
+}
+
+func (f *fakeLimiter) AllowN(_ context.Context, key string, _ int) (redlimit.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keys = append(f.keys, key)
+	return f.res, f.err
+}
+
+func (f *fakeLimiter) Wait(ctx context.Context, key string) error { return f.WaitN(ctx, key, 1) }
+
+func (f *fakeLimiter) WaitN(context.Context, string, int) error {
+	return errors.New("fakeLimiter: WaitN not implemented")
+}
+
+func (f *fakeLimiter) Reset(context.Context, string) error { return nil }
+
+func (f *fakeLimiter) calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.keys...)
+}
+
+// okHandler answers 200 "ok" and counts its calls.
+type okHandler struct {
+	mu    sync.Mutex
+	calls int
+	res   redlimit.Result // from the last request's context
+	hasR  bool
+}
+
+func (h *okHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	h.calls++
+	h.res, h.hasR = httplimit.ResultFromContext(r.Context())
+	h.mu.Unlock()
+	fmt.Fprint(w, "ok")
+}
+
+func (h *okHandler) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls
+}
+
+// serve runs one request through the middleware.
+func serve(mw func(http.Handler) http.Handler, next http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	mw(next).ServeHTTP(rec, r)
+	return rec
+}
+
+// wantHeaders checks the named header fields; "" means absent.
+func wantHeaders(t *testing.T, h http.Header, want map[string]string) {
+	t.Helper()
+	for name, w := range want {
+		if got := h.Get(name); got != w {
+			t.Errorf("%s = %q, want %q", name, got, w)
+		}
+		if w == "" && len(h.Values(name)) != 0 {
+			t.Errorf("%s present (%q), want absent", name, h.Values(name))
+		}
+	}
+}
+
+var allHeaders = []string{
+	httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter,
+	httplimit.HeaderXRateLimitLimit, httplimit.HeaderXRateLimitRemaining, httplimit.HeaderXRateLimitReset,
+}
+
+func noHeaders() map[string]string {
+	m := make(map[string]string)
+	for _, h := range allHeaders {
+		m[h] = ""
+	}
+	return m
+}
+
+func TestAllowedHeaders(t *testing.T) {
+	t.Parallel()
+	res := redlimit.Result{
+		Allowed:    true,
+		Limit:      redlimit.Limit{Rate: 100, Period: 90*time.Second + time.Millisecond, Burst: 100},
+		Remaining:  7,
+		ResetAfter: 1200 * time.Millisecond,
+	}
+	tests := []struct {
+		name string
+		opts []httplimit.Option
+		want map[string]string
+	}{
+		{"default", nil, map[string]string{
+			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
+			httplimit.HeaderRetryAfter:          "",
+			httplimit.HeaderXRateLimitLimit:     "",
+			httplimit.HeaderXRateLimitRemaining: "",
+			httplimit.HeaderXRateLimitReset:     "",
+		}},
+		{"x-ratelimit on", []httplimit.Option{httplimit.WithXRateLimitHeaders(true)}, map[string]string{
+			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
+			httplimit.HeaderRetryAfter:          "",
+			httplimit.HeaderXRateLimitLimit:     "100",
+			httplimit.HeaderXRateLimitRemaining: "7",
+			httplimit.HeaderXRateLimitReset:     "2",
+		}},
+		{"x-ratelimit on then off", []httplimit.Option{httplimit.WithXRateLimitHeaders(true), httplimit.WithXRateLimitHeaders(false)}, map[string]string{
+			httplimit.HeaderRateLimit:       `"default";r=7;t=2`,
+			httplimit.HeaderXRateLimitLimit: "",
+		}},
+		{"policy name", []httplimit.Option{httplimit.WithPolicyName(`per "ip"\x`)}, map[string]string{
+			httplimit.HeaderRateLimitPolicy: `"per \"ip\"\\x";q=100;w=91`,
+			httplimit.HeaderRateLimit:       `"per \"ip\"\\x";r=7;t=2`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			next := &okHandler{}
+			rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, tt.opts...), next, request("192.0.2.1:1"))
+			if got, want := rec.Code, http.StatusOK; got != want {
+				t.Errorf("status = %d, want %d", got, want)
+			}
+			if got, want := rec.Body.String(), "ok"; got != want {
+				t.Errorf("body = %q, want %q", got, want)
+			}
+			wantHeaders(t, rec.Header(), tt.want)
+			if !next.hasR || next.res != res {
+				t.Errorf("ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
+			}
+		})
+	}
+}
+
+func TestHeaderValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		limit             redlimit.Limit
+		remaining         int
+		reset             time.Duration
+		policy, ratelimit string
+	}{
+		{redlimit.PerSecond(10), 9, 100 * time.Millisecond, `"default";q=10;w=1`, `"default";r=9;t=1`},
+		{redlimit.PerMinute(60), 0, time.Minute, `"default";q=60;w=60`, `"default";r=0;t=60`},
+		{redlimit.PerHour(1000), 5, 0, `"default";q=1000;w=3600`, `"default";r=5;t=0`},
+		{redlimit.Limit{Rate: 3, Period: time.Millisecond}, 3, time.Nanosecond, `"default";q=3;w=1`, `"default";r=3;t=1`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2 * time.Second, `"default";q=3;w=2`, `"default";r=1;t=2`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2*time.Second + time.Microsecond, `"default";q=3;w=2`, `"default";r=1;t=3`},
+		// A result with no Limit (not one of redlimit's): no policy field.
+		{redlimit.Limit{}, 2, time.Second, "", `"default";r=2;t=1`},
+	}
+	for _, tt := range tests {
+		res := redlimit.Result{Allowed: true, Limit: tt.limit, Remaining: tt.remaining, ResetAfter: tt.reset}
+		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), &okHandler{}, request("192.0.2.1:1"))
+		h := rec.Header()
+		if got := h.Get(httplimit.HeaderRateLimitPolicy); got != tt.policy {
+			t.Errorf("%v reset %v: RateLimit-Policy = %q, want %q", tt.limit, tt.reset, got, tt.policy)
+		}
+		if got := h.Get(httplimit.HeaderRateLimit); got != tt.ratelimit {
+			t.Errorf("%v reset %v: RateLimit = %q, want %q", tt.limit, tt.reset, got, tt.ratelimit)
+		}
+	}
+}
+
+func TestDenied(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		retry time.Duration
+		want  string
+	}{
+		{1200 * time.Millisecond, "2"},
+		{300 * time.Millisecond, "1"},
+		{time.Nanosecond, "1"},
+		{0, "1"}, // never 0 when denied
+		{time.Second, "1"},
+		{2 * time.Second, "2"},
+		{time.Minute + time.Millisecond, "61"},
+	}
+	for _, tt := range tests {
+		res := redlimit.Result{
+			Limit:      redlimit.PerSecond(5),
+			RetryAfter: tt.retry,
+			ResetAfter: 800 * time.Millisecond,
+		}
+		next := &okHandler{}
+		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithXRateLimitHeaders(true)), next, request("192.0.2.1:1"))
+		if got, want := rec.Code, http.StatusTooManyRequests; got != want {
+			t.Errorf("RetryAfter %v: status = %d, want %d", tt.retry, got, want)
+		}
+		if got, want := rec.Body.String(), "Too Many Requests\n"; got != want {
+			t.Errorf("RetryAfter %v: body = %q, want %q", tt.retry, got, want)
+		}
+		if got, want := rec.Header().Get("Content-Type"), "text/plain; charset=utf-8"; got != want {
+			t.Errorf("RetryAfter %v: Content-Type = %q, want %q", tt.retry, got, want)
+		}
+		wantHeaders(t, rec.Header(), map[string]string{
+			httplimit.HeaderRetryAfter:          tt.want,
+			httplimit.HeaderRateLimitPolicy:     `"default";q=5;w=1`,
+			httplimit.HeaderRateLimit:           `"default";r=0;t=1`,
+			httplimit.HeaderXRateLimitLimit:     "5",
+			httplimit.HeaderXRateLimitRemaining: "0",
+			httplimit.HeaderXRateLimitReset:     "1",
+		})
+		if got := next.count(); got != 0 {
+			t.Errorf("RetryAfter %v: next called %d times, want 0", tt.retry, got)
+		}
+	}
+}
+
+func TestDeniedHandler(t *testing.T) {
+	t.Parallel()
+	res := redlimit.Result{Limit: redlimit.PerSecond(5), RetryAfter: 2500 * time.Millisecond}
+	denied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := httplimit.ResultFromContext(r.Context())
+		if !ok || got != res {
+			t.Errorf("ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
+		}
+		if got, want := w.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
+			t.Errorf("Retry-After in denied handler = %q, want %q", got, want)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprint(w, `{"error":"slow down"}`)
+	})
+	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithDeniedHandler(denied)), &okHandler{}, request("192.0.2.1:1"))
+	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
+		t.Errorf("status = %d, want %d", got, want)
+	}
+	if got, want := rec.Body.String(), `{"error":"slow down"}`; got != want {
+		t.Errorf("body = %q, want %q", got, want)
+	}
+	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
+		t.Errorf("Retry-After = %q, want %q", got, want)
+	}
+}
+
+func TestKeyError(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name string
+		key  httplimit.KeyFunc
+		r    *http.Request
+		code int
+		is   error
+	}{
+		{"missing header", httplimit.HeaderKey("X-Api-Key"), request("192.0.2.1:1"), http.StatusBadRequest, httplimit.ErrNoKey},
+		{"empty key", func(*http.Request) (string, error) { return "", nil }, request("192.0.2.1:1"), http.StatusBadRequest, httplimit.ErrNoKey},
+		{"key func error", func(*http.Request) (string, error) { return "", errBoom }, request("192.0.2.1:1"), http.StatusInternalServerError, errBoom},
+		{"bad RemoteAddr", httplimit.IPKey(), request("@"), http.StatusInternalServerError, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lim := &fakeLimiter{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
+			next := &okHandler{}
+			mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key))
+			rec := serve(mw, next, tt.r)
+			if got := rec.Code; got != tt.code {
+				t.Errorf("status = %d, want %d", got, tt.code)
+			}
+			if got, want := rec.Body.String(), http.StatusText(tt.code)+"\n"; got != want {
+				t.Errorf("body = %q, want %q", got, want)
+			}
+			wantHeaders(t, rec.Header(), noHeaders())
+			if got := next.count(); got != 0 {
+				t.Errorf("next called %d times, want 0", got)
+			}
+			if got := lim.calls(); len(got) != 0 {
+				t.Errorf("limiter called with %q, want no call", got)
+			}
+
+			// A custom handler gets the key function's error.
+			var gotErr error
+			mw = httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key),
+				httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+					gotErr = err
+					http.Error(w, "who are you", http.StatusUnauthorized)
+				}))
+			rec = serve(mw, next, tt.r)
+			if got, want := rec.Code, http.StatusUnauthorized; got != want {
+				t.Errorf("custom handler: status = %d, want %d", got, want)
+			}
+			if gotErr == nil || (tt.is != nil && !errors.Is(gotErr, tt.is)) {
+				t.Errorf("custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+			}
+		})
+	}
+}
+
+func TestLimiterError(t *testing.T) {
+	t.Parallel()
+	errDown := fmt.Errorf("redis is gone: %w", redlimit.ErrUnavailable)
+	lim := &fakeLimiter{err: errDown}
+	next := &okHandler{}
+	rec := serve(httplimit.Middleware(lim), next, request("192.0.2.1:1"))
+	if got, want := rec.Code, http.StatusServiceUnavailable; got != want {
+		t.Errorf("status = %d, want %d", got, want)
+	}
+	if got, want := rec.Body.String(), "Service Unavailable\n"; got != want {
+		t.Errorf("body = %q, want %q", got, want)
+	}
+	wantHeaders(t, rec.Header(), noHeaders())
+	if got := next.count(); got != 0 {
+		t.Errorf("next called %d times, want 0", got)
+	}
+
+	var gotErr error
+	mw := httplimit.Middleware(lim, httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		gotErr = err
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	rec = serve(mw, next, request("192.0.2.1:1"))
+	if got, want := rec.Code, http.StatusTeapot; got != want {
+		t.Errorf("custom handler: status = %d, want %d", got, want)
+	}
+	if !errors.Is(gotErr, redlimit.ErrUnavailable) {
+		t.Errorf("custom handler: err = %v, want one wrapping ErrUnavailable", gotErr)
+	}
+}
+
+func TestDegradedAndShadowedServed(t *testing.T) {
+	t.Parallel()
+	for _, res := range []redlimit.Result{
+		{Allowed: true, Degraded: true, Limit: redlimit.PerSecond(4), Remaining: 3, ResetAfter: 250 * time.Millisecond},
+		{Allowed: true, Shadowed: true, Limit: redlimit.PerSecond(4), Remaining: 0, ResetAfter: time.Second},
+	} {
+		next := &okHandler{}
+		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), next, request("192.0.2.1:1"))
+		if got, want := rec.Code, http.StatusOK; got != want {
+			t.Errorf("%+v: status = %d, want %d", res, got, want)
+		}
+		if got, want := next.count(), 1; got != want {
+			t.Errorf("%+v: next called %d times, want %d", res, got, want)
+		}
+		want := fmt.Sprintf(`"default";r=%d;t=1`, res.Remaining)
+		if got := rec.Header().Get(httplimit.HeaderRateLimit); got != want {
+			t.Errorf("%+v: RateLimit = %q, want %q", res, got, want)
+		}
+	}
+}
+
+func TestKeysPassed(t *testing.T) {
+	t.Parallel()
+	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"))
+	lim := &fakeLimiter{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
+	mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(httplimit.IPKey(trusted)))
+	for _, r := range []*http.Request{
+		request("192.0.2.1:1", "X-Forwarded-For", "203.0.113.9"), // spoofed
+		request("10.0.0.1:1", "X-Forwarded-For", "203.0.113.9"),  // from the proxy
+		request("10.0.0.1:1", "X-Real-IP", "203.0.113.5"),
+		request("[2001:db8::1]:1"),
+	} {
+		serve(mw, &okHandler{}, r)
+	}
+	got := strings.Join(lim.calls(), " ")
+	if want := "192.0.2.1 203.0.113.9 203.0.113.5 2001:db8::/64"; got != want {
+		t.Errorf("keys = %q, want %q", got, want)
+	}
+}
+
+// miniLimiter returns a limiter of strategy s on a fresh miniredis whose
+// clock stands still.
+func miniLimiter(t *testing.T, s redlimit.Strategy, l redlimit.Limit) redlimit.Limiter {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.New(rdb, s, l, redlimit.WithFallback(redlimit.FallbackError))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.(*redlimit.RateLimiter).Close() })
+	return lim
+}
+
+func TestIPv6GroupingRealLimiter(t *testing.T) {
+	t.Parallel()
+	lim := miniLimiter(t, redlimit.TokenBucket, redlimit.Limit{Rate: 1, Period: time.Minute})
+	mw := httplimit.Middleware(lim)
+	for _, step := range []struct {
+		remote string
+		code   int
+	}{
+		{"[2001:db8:1:2::1]:1000", http.StatusOK},
+		{"[2001:db8:1:2:ffff::9]:1001", http.StatusTooManyRequests}, // same /64
+		{"[2001:db8:1:3::1]:1000", http.StatusOK},                   // another /64
+		{"192.0.2.1:1", http.StatusOK},
+		{"192.0.2.2:1", http.StatusOK}, // IPv4: one key per address
+		{"192.0.2.1:2", http.StatusTooManyRequests},
+	} {
+		rec := serve(mw, &okHandler{}, request(step.remote))
+		if rec.Code != step.code {
+			t.Errorf("%s: status = %d, want %d", step.remote, rec.Code, step.code)
+		}
+		if step.code == http.StatusTooManyRequests {
+			wantHeaders(t, rec.Header(), map[string]string{
+				httplimit.HeaderRetryAfter:      "60",
+				httplimit.HeaderRateLimitPolicy: `"default";q=1;w=60`,
+				httplimit.HeaderRateLimit:       `"default";r=0;t=60`,
+			})
+		}
+	}
+}
+
+func TestLeakyBucketDelay(t *testing.T) {
+	t.Parallel()
+	lim := miniLimiter(t, redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3})
+	mw := httplimit.Middleware(lim, httplimit.WithMaxDelay(150*time.Millisecond))
+	for i, step := range []struct {
+		code  int
+		delay time.Duration // the Delay the limiter gave
+		retry string
+	}{
+		{http.StatusOK, 0, ""},
+		{http.StatusOK, 100 * time.Millisecond, ""},
+		{http.StatusTooManyRequests, 200 * time.Millisecond, "1"}, // Delay > MaxDelay: denied, slot taken
+		{http.StatusTooManyRequests, 0, "1"},                      // queue full: denied by the limiter
+	} {
+		next := &okHandler{}
+		start := time.Now()
+		rec := serve(mw, next, request("192.0.2.1:1"))
+		elapsed := time.Since(start)
+		if rec.Code != step.code {
+			t.Errorf("request %d: status = %d, want %d", i+1, rec.Code, step.code)
+		}
+		if got := rec.Header().Get(httplimit.HeaderRetryAfter); got != step.retry {
+			t.Errorf("request %d: Retry-After = %q, want %q", i+1, got, step.retry)
+		}
+		if step.code == http.StatusOK {
+			if got := next.res.Delay; got != step.delay {
+				t.Errorf("request %d: Delay = %v, want %v", i+1, got, step.delay)
+			}
+			// A timer never fires early; the upper bound only catches a
+			// middleware that sleeps far too long.
+			if elapsed < step.delay || elapsed > step.delay+time.Second {
+				t.Errorf("request %d: served after %v, want about %v", i+1, elapsed, step.delay)
+			}
+		}
+	}
+}
+
+func TestMaxDelayZeroDenies(t *testing.T) {
+	t.Parallel()
+	res := redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(10), Remaining: 1, Delay: 1100 * time.Millisecond}
+	next := &okHandler{}
+	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(0)), next, request("192.0.2.1:1"))
+	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
+		t.Errorf("status = %d, want %d", got, want)
+	}
+	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "2"; got != want {
+		t.Errorf("Retry-After = %q, want %q", got, want)
+	}
+	if got := next.count(); got != 0 {
+		t.Errorf("next called %d times, want 0", got)
+	}
+}
+
+// writeRecorder records whether anything was written.
+type writeRecorder struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *writeRecorder) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *writeRecorder) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+func TestDelayContextEnds(t *testing.T) {
+	t.Parallel()
+	res := redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(10), Delay: time.Hour}
+	next := &okHandler{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := request("192.0.2.1:1").WithContext(ctx)
+	w := &writeRecorder{ResponseWriter: httptest.NewRecorder()}
+	start := time.Now()
+	httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(-1))(next).ServeHTTP(w, r)
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("returned after %v, want at once", elapsed)
+	}
+	if w.wrote {
+		t.Errorf("response written, want nothing (client gone)")
+	}
+	if got := next.count(); got != 0 {
+		t.Errorf("next called %d times, want 0", got)
+	}
+}
