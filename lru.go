@@ -1,32 +1,37 @@
 package redlimit
 
 import (
-	"container/list"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 const lruShards = 16
 
 // lru is a map from string keys to values that holds at most about max
-// entries, dropping the least recently used. It is split into shards, each
-// with its own lock, so goroutines working on different keys rarely wait
-// for each other. Looking up an existing key allocates nothing.
+// entries. When a shard is full, the entry to drop is chosen by the
+// second-chance (CLOCK) rule, which approximates least-recently-used: each
+// entry has a flag that a lookup sets; the sweep skips (and clears) flagged
+// entries and drops the first unflagged one. Lookups take only a read lock
+// and set the flag atomically, so goroutines on the same key do not
+// serialise on the map; looking up an existing key allocates nothing.
 type lru[V any] struct {
 	seed   maphash.Seed
 	shards [lruShards]lruShard[V]
 }
 
 type lruShard[V any] struct {
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	max   int
-	items map[string]*list.Element
-	order list.List // front: most recently used; values are *lruItem[V]
+	items map[string]*lruEntry[V]
+	ring  []*lruEntry[V] // insertion order; hand points at the next candidate
+	hand  int
 }
 
-type lruItem[V any] struct {
+type lruEntry[V any] struct {
 	key   string
 	value V
+	used  atomic.Bool
 }
 
 func newLRU[V any](max int) *lru[V] {
@@ -37,7 +42,7 @@ func newLRU[V any](max int) *lru[V] {
 	}
 	for i := range c.shards {
 		c.shards[i].max = per
-		c.shards[i].items = make(map[string]*list.Element)
+		c.shards[i].items = make(map[string]*lruEntry[V])
 	}
 	return c
 }
@@ -50,41 +55,63 @@ func (c *lru[V]) shard(key string) *lruShard[V] {
 // missing. make runs with the shard locked; it must be quick.
 func (c *lru[V]) getOrAdd(key string, make func() V) V {
 	s := c.shard(key)
+	s.mu.RLock()
+	e, ok := s.items[key]
+	s.mu.RUnlock()
+	if ok {
+		if !e.used.Load() {
+			e.used.Store(true)
+		}
+		return e.value
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.items[key]; ok {
-		s.order.MoveToFront(e)
-		return e.Value.(*lruItem[V]).value
+		return e.value
 	}
-	if s.order.Len() >= s.max {
-		oldest := s.order.Back()
-		s.order.Remove(oldest)
-		delete(s.items, oldest.Value.(*lruItem[V]).key)
+	e = &lruEntry[V]{key: key, value: make()}
+	if len(s.ring) < s.max {
+		s.ring = append(s.ring, e)
+	} else {
+		s.evictLocked(e)
 	}
-	v := make()
-	s.items[key] = s.order.PushFront(&lruItem[V]{key: key, value: v})
-	return v
+	s.items[key] = e
+	return e.value
 }
 
-// remove forgets key.
+// evictLocked replaces the entry under the clock hand that was not used
+// since the hand last passed it with e.
+func (s *lruShard[V]) evictLocked(e *lruEntry[V]) {
+	for {
+		old := s.ring[s.hand]
+		if old == nil || !old.used.Swap(false) {
+			if old != nil {
+				delete(s.items, old.key)
+			}
+			s.ring[s.hand] = e
+			s.hand = (s.hand + 1) % len(s.ring)
+			return
+		}
+		s.hand = (s.hand + 1) % len(s.ring)
+	}
+}
+
+// remove forgets key. Its ring slot is left empty, to be reused first.
 func (c *lru[V]) remove(key string) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.items[key]; ok {
-		s.order.Remove(e)
-		delete(s.items, key)
+	e, ok := s.items[key]
+	if !ok {
+		return
 	}
-}
-
-// clear forgets every key.
-func (c *lru[V]) clear() {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		clear(s.items)
-		s.order.Init()
-		s.mu.Unlock()
+	delete(s.items, key)
+	for i, r := range s.ring {
+		if r == e {
+			s.ring[i] = nil
+			s.hand = i
+			return
+		}
 	}
 }
 
@@ -93,9 +120,9 @@ func (c *lru[V]) len() int {
 	n := 0
 	for i := range c.shards {
 		s := &c.shards[i]
-		s.mu.Lock()
+		s.mu.RLock()
 		n += len(s.items)
-		s.mu.Unlock()
+		s.mu.RUnlock()
 	}
 	return n
 }

@@ -127,6 +127,8 @@ type rescue struct {
 	down   atomic.Bool
 	locals *lru[*rate.Limiter]
 	probe  *redis.Script
+	every  rate.Limit // events per second of each local limiter
+	burst  int        // burst of each local limiter (1 for the leaky bucket's queue)
 
 	mu       sync.Mutex
 	cause    error     // the error that marked Redis down
@@ -145,12 +147,18 @@ var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1],
 const probeSuffix = ":p"
 
 func newRescue(l *RateLimiter) *rescue {
-	return &rescue{
+	r := &rescue{
 		l:      l,
 		locals: newLRU[*rate.Limiter](l.cfg.localKeys),
 		probe:  probeScript,
 		stop:   make(chan struct{}),
+		every:  rate.Limit(float64(l.limit.Rate) / l.limit.Period.Seconds() * l.cfg.share),
+		burst:  1,
 	}
+	if !l.alg.queue {
+		r.burst = r.scaled(l.maxN())
+	}
+	return r
 }
 
 func (r *rescue) isDown() bool { return r.down.Load() }
@@ -258,19 +266,18 @@ func (r *rescue) decide(key string, n int, maxDelay time.Duration) (Result, reas
 	if l.alg.queue {
 		return r.reserve(lim, now, n, maxDelay)
 	}
+	// The rate and burst come from r, not from lim's getters, which lock.
 	res := Result{Limit: l.limit, Degraded: true}
-	every := float64(lim.Limit())
-	if lim.AllowN(now, n) {
-		tokens := lim.TokensAt(now)
-		res.Allowed = true
-		res.Remaining = int(max(tokens, 0))
-		res.ResetAfter = seconds((float64(lim.Burst()) - tokens) / every)
-		return res, reasonAllowed, nil
-	}
+	every := float64(r.every)
+	allowed := lim.AllowN(now, n)
 	tokens := lim.TokensAt(now)
 	res.Remaining = int(max(tokens, 0))
-	res.ResetAfter = seconds((float64(lim.Burst()) - tokens) / every)
-	if n > lim.Burst() {
+	res.ResetAfter = seconds((float64(r.burst) - tokens) / every)
+	if allowed {
+		res.Allowed = true
+		return res, reasonAllowed, nil
+	}
+	if n > r.burst {
 		// This instance's share of the limit can never admit n at once.
 		res.RetryAfter = l.cfg.pingInterval
 	} else {
@@ -285,7 +292,7 @@ func (r *rescue) reserve(lim *rate.Limiter, now time.Time, n int, maxDelay time.
 	l := r.l
 	res := Result{Limit: l.limit, Degraded: true}
 	capacity := r.scaled(l.limit.Burst)
-	interval := seconds(1 / float64(lim.Limit()))
+	interval := seconds(1 / float64(r.every))
 	if n == 0 {
 		// Report: one reservation, cancelled at once.
 		rv := lim.ReserveN(now, 1)
@@ -333,12 +340,7 @@ func (r *rescue) reserve(lim *rate.Limiter, now time.Time, n int, maxDelay time.
 
 // newLocal makes the in-process stand-in for one key.
 func (r *rescue) newLocal() *rate.Limiter {
-	l := r.l.limit
-	every := rate.Limit(float64(l.Rate) / l.Period.Seconds() * r.l.cfg.share)
-	if r.l.alg.queue {
-		return rate.NewLimiter(every, 1)
-	}
-	return rate.NewLimiter(every, r.scaled(r.l.maxN()))
+	return rate.NewLimiter(r.every, r.burst)
 }
 
 // scaled applies the fallback share to a capacity, keeping at least 1.

@@ -1,0 +1,566 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// NumSlots is the number of hash slots of a Redis Cluster.
+const NumSlots = 16384
+
+// clusterStartTimeout bounds StartCluster.
+const clusterStartTimeout = 30 * time.Second
+
+// Cluster is a Redis Cluster of redis-server child processes on loopback.
+//
+// Masters and Replicas describe the layout when the cluster was created;
+// after a failover ask [Cluster.MasterOf] and [Cluster.ReplicaOf] for the
+// current roles. Nodes can be killed, paused and restarted with the
+// [Server] methods; a restarted node keeps its node id (nodes.conf is in
+// its Dir) and rejoins the cluster.
+type Cluster struct {
+	// Masters are the masters at creation, in slot order: Masters[0]
+	// served slot 0.
+	Masters []*Server
+	// Replicas are the replicas at creation, grouped by master:
+	// Replicas[i] replicated Masters[i/ReplicasPerMaster].
+	Replicas []*Server
+	// ReplicasPerMaster is the replicasPerMaster given to StartCluster.
+	ReplicasPerMaster int
+
+	closeOnce sync.Once
+}
+
+// StartCluster starts masters masters (at least 3) and replicasPerMaster
+// replicas for each, with --cluster-enabled yes --cluster-node-timeout 2000
+// --repl-diskless-sync-delay 0 and persistence off, followed by args on
+// every node (for example "--cluster-require-full-coverage", "no"). It
+// creates the cluster with `redis-cli --cluster create` and waits (up to 30 s
+// in all) until every node reports cluster_state:ok, sees all 16384 slots
+// served by the expected masters with their replicas (CLUSTER SLOTS and
+// CLUSTER NODES, no node flagged as failing), and every replica's link to its
+// master is up. On this machine that takes 2-4 s.
+//
+// The caller must Close the cluster. The error wraps [ErrNotInstalled] when
+// redis-server or redis-cli is not on the PATH.
+func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, error) {
+	if err := lookPath("redis-server", "redis-cli"); err != nil {
+		return nil, err
+	}
+	if masters < 3 || replicasPerMaster < 0 {
+		return nil, fmt.Errorf("redistest: cluster of %d masters with %d replicas each: need at least 3 masters", masters, replicasPerMaster)
+	}
+	deadline := time.Now().Add(clusterStartTimeout)
+	nodeArgs := append([]string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "2000",
+		"--repl-diskless-sync-delay", "0",
+	}, args...)
+
+	n := masters * (1 + replicasPerMaster)
+	nodes := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() { nodes[i], errs[i] = startServer(true, nodeArgs) })
+	}
+	wg.Wait()
+	c := &Cluster{ReplicasPerMaster: replicasPerMaster}
+	fail := func(err error) (*Cluster, error) {
+		c.Masters = nil
+		for _, s := range nodes {
+			if s != nil {
+				c.Masters = append(c.Masters, s)
+			}
+		}
+		c.Replicas = nil
+		c.Close()
+		return nil, err
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fail(err)
+	}
+
+	cli := []string{"--cluster", "create"}
+	for _, s := range nodes {
+		cli = append(cli, s.Addr)
+	}
+	cli = append(cli, "--cluster-replicas", strconv.Itoa(replicasPerMaster), "--cluster-yes")
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	out, err := exec.CommandContext(ctx, "redis-cli", cli...).CombinedOutput()
+	cancel()
+	if err != nil {
+		return fail(fmt.Errorf("redistest: redis-cli %s: %w\n%s", strings.Join(cli, " "), err, lastLines(string(out), 20)))
+	}
+
+	// Redis 7 leaves a replica out of CLUSTER SLOTS while its replication
+	// offset is 0, which it stays on an empty cluster until the master's
+	// next replication PING (repl-ping-replica-period, 10 s). Once every
+	// replica has synced, one FLUSHALL per master (always replicated, and
+	// harmless on a new cluster) moves the offsets; the nodes learn them by
+	// gossip within about a second.
+	bumped := replicasPerMaster == 0
+	var view *nodesView
+	for {
+		if !bumped && replicasSynced(nodes) {
+			if err := flushMasters(nodes); err != nil {
+				return fail(err)
+			}
+			bumped = true
+		}
+		view, err = checkCreated(nodes, masters, replicasPerMaster)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("redistest: cluster not ready after %v: %w", clusterStartTimeout, err))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	byAddr := make(map[string]*Server, n)
+	for _, s := range nodes {
+		byAddr[s.Addr] = s
+	}
+	var ms, rs []*Server
+	for _, m := range view.mastersBySlot() {
+		ms = append(ms, byAddr[m.addr])
+		reps := view.replicasOf(m.id)
+		sort.Slice(reps, func(i, j int) bool { return reps[i].addr < reps[j].addr })
+		for _, r := range reps {
+			rs = append(rs, byAddr[r.addr])
+		}
+	}
+	if slices.Contains(ms, nil) || slices.Contains(rs, nil) || len(ms)+len(rs) != n {
+		return fail(fmt.Errorf("redistest: CLUSTER NODES does not match the started nodes:\n%v", view))
+	}
+	c.Masters, c.Replicas = ms, rs
+	return c, nil
+}
+
+// checkCreated returns the first node's view when every node sees the full
+// layout: state ok, all slots covered by masters masters each with replicas
+// replicas, no failing node, and every replica's link up.
+func checkCreated(nodes []*Server, masters, replicas int) (*nodesView, error) {
+	var first *nodesView
+	for _, s := range nodes {
+		if err := checkStateOK(s); err != nil {
+			return nil, err
+		}
+		slots, err := clusterSlots(s.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("%s: CLUSTER SLOTS: %w", s.Addr, err)
+		}
+		covered := 0
+		for _, r := range slots {
+			covered += r.end - r.start + 1
+			if len(r.nodes) != 1+replicas {
+				return nil, fmt.Errorf("%s: CLUSTER SLOTS: slots %d-%d served by %d nodes, want %d", s.Addr, r.start, r.end, len(r.nodes), 1+replicas)
+			}
+		}
+		if covered != NumSlots {
+			return nil, fmt.Errorf("%s: CLUSTER SLOTS: %d slots covered", s.Addr, covered)
+		}
+		v, err := clusterNodes(s.Addr)
+		if err != nil {
+			return nil, err
+		}
+		nm, nr := 0, 0
+		for _, e := range v.entries {
+			if e.failing() {
+				return nil, fmt.Errorf("%s: CLUSTER NODES: %s is %s", s.Addr, e.addr, strings.Join(e.flags, ","))
+			}
+			switch {
+			case e.has("master") && len(e.slots) > 0:
+				nm++
+			case e.has("slave"):
+				nr++
+			}
+		}
+		if nm != masters || nr != masters*replicas {
+			return nil, fmt.Errorf("%s: CLUSTER NODES: %d masters with slots and %d replicas, want %d and %d", s.Addr, nm, nr, masters, masters*replicas)
+		}
+		if me := v.myself(); me != nil && me.has("slave") {
+			info, err := doString(s.Addr, "INFO", "replication")
+			if err != nil {
+				return nil, fmt.Errorf("%s: INFO: %w", s.Addr, err)
+			}
+			if !strings.Contains(info, "master_link_status:up") {
+				return nil, fmt.Errorf("%s: replica link not up", s.Addr)
+			}
+		}
+		if first == nil {
+			first = v
+		}
+	}
+	return first, nil
+}
+
+// replicasSynced reports whether every replica (by its own INFO) has its
+// link to its master up.
+func replicasSynced(nodes []*Server) bool {
+	for _, s := range nodes {
+		info, err := doString(s.Addr, "INFO", "replication")
+		if err != nil {
+			return false
+		}
+		if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+			return false
+		}
+	}
+	return true
+}
+
+// flushMasters sends FLUSHALL to every node that is a master.
+func flushMasters(nodes []*Server) error {
+	for _, s := range nodes {
+		info, err := doString(s.Addr, "INFO", "replication")
+		if err != nil {
+			return fmt.Errorf("redistest: %s: INFO: %w", s.Addr, err)
+		}
+		if !strings.Contains(info, "role:master") {
+			continue
+		}
+		if _, err := do(s.Addr, 500*time.Millisecond, "FLUSHALL"); err != nil {
+			return fmt.Errorf("redistest: %s: FLUSHALL: %w", s.Addr, err)
+		}
+	}
+	return nil
+}
+
+// checkStateOK reports an error unless CLUSTER INFO says cluster_state:ok.
+func checkStateOK(s *Server) error {
+	info, err := doString(s.Addr, "CLUSTER", "INFO")
+	if err != nil {
+		return fmt.Errorf("%s: CLUSTER INFO: %w", s.Addr, err)
+	}
+	if !strings.Contains(info, "cluster_state:ok") {
+		return fmt.Errorf("%s: cluster_state is not ok", s.Addr)
+	}
+	return nil
+}
+
+// Close stops every node and removes their directories. It may be called
+// more than once.
+func (c *Cluster) Close() {
+	c.closeOnce.Do(func() {
+		var wg sync.WaitGroup
+		for _, s := range c.nodes() {
+			wg.Go(func() { s.Close() })
+		}
+		wg.Wait()
+	})
+}
+
+// nodes returns the masters and then the replicas.
+func (c *Cluster) nodes() []*Server {
+	return slices.Concat(c.Masters, c.Replicas)
+}
+
+// Addrs returns the address of every node, masters first, as seeds for a
+// go-redis ClusterClient.
+func (c *Cluster) Addrs() []string {
+	var a []string
+	for _, s := range c.nodes() {
+		a = append(a, s.Addr)
+	}
+	return a
+}
+
+// server returns the node listening on addr, or nil.
+func (c *Cluster) server(addr string) *Server {
+	for _, s := range c.nodes() {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// MasterOf returns the node that serves slot now, according to CLUSTER SLOTS
+// of the first live (running and not paused) node that answers. Views can
+// differ for a moment after a failover; call [Cluster.WaitHealthy] first.
+func (c *Cluster) MasterOf(slot int) (*Server, error) {
+	if slot < 0 || slot >= NumSlots {
+		return nil, fmt.Errorf("redistest: slot %d out of range", slot)
+	}
+	var lastErr error = errors.New("no live node")
+	for _, s := range c.nodes() {
+		if !s.live() {
+			continue
+		}
+		slots, err := clusterSlots(s.Addr)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		for _, r := range slots {
+			if r.start <= slot && slot <= r.end && len(r.nodes) > 0 {
+				if m := c.server(r.nodes[0]); m != nil {
+					return m, nil
+				}
+				return nil, fmt.Errorf("redistest: slot %d served by %s, not a node of this cluster", slot, r.nodes[0])
+			}
+		}
+		return nil, fmt.Errorf("redistest: slot %d not served in the view of %s", slot, s.Addr)
+	}
+	return nil, fmt.Errorf("redistest: master of slot %d: %w", slot, lastErr)
+}
+
+// ReplicaOf returns a live node that currently replicates master, according
+// to the replica's own INFO replication (role:slave, master_port), preferring
+// one whose link to the master is up.
+func (c *Cluster) ReplicaOf(master *Server) (*Server, error) {
+	var down *Server
+	for _, s := range c.nodes() {
+		if s == master || !s.live() {
+			continue
+		}
+		info, err := doString(s.Addr, "INFO", "replication")
+		if err != nil {
+			continue
+		}
+		if !strings.Contains(info, "role:slave") || !strings.Contains(info, "master_port:"+strconv.Itoa(master.Port)+"\r\n") {
+			continue
+		}
+		if strings.Contains(info, "master_link_status:up") {
+			return s, nil
+		}
+		if down == nil {
+			down = s
+		}
+	}
+	if down != nil {
+		return down, nil
+	}
+	return nil, fmt.Errorf("redistest: no live replica of %s", master.Addr)
+}
+
+// WaitHealthy waits until every live node (running and not paused) reports
+// cluster_state:ok and sees all 16384 slots served by live masters, for
+// example after a failover or a restart. It returns the last problem seen
+// when timeout passes.
+func (c *Cluster) WaitHealthy(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := c.healthy()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: cluster not healthy after %v: %w", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) healthy() error {
+	live := 0
+	for _, s := range c.nodes() {
+		if !s.live() {
+			continue
+		}
+		live++
+		if err := checkStateOK(s); err != nil {
+			return err
+		}
+		slots, err := clusterSlots(s.Addr)
+		if err != nil {
+			return fmt.Errorf("%s: CLUSTER SLOTS: %w", s.Addr, err)
+		}
+		covered := 0
+		for _, r := range slots {
+			covered += r.end - r.start + 1
+			if len(r.nodes) == 0 {
+				return fmt.Errorf("%s: slots %d-%d have no node", s.Addr, r.start, r.end)
+			}
+			if m := c.server(r.nodes[0]); m == nil || !m.live() {
+				return fmt.Errorf("%s: slots %d-%d served by %s, which is down", s.Addr, r.start, r.end, r.nodes[0])
+			}
+		}
+		if covered != NumSlots {
+			return fmt.Errorf("%s: %d slots covered", s.Addr, covered)
+		}
+	}
+	if live == 0 {
+		return errors.New("no live node")
+	}
+	return nil
+}
+
+// slotRange is one CLUSTER SLOTS entry; nodes[0] is the master.
+type slotRange struct {
+	start, end int
+	nodes      []string // "ip:port"
+}
+
+func clusterSlots(addr string) ([]slotRange, error) {
+	r, err := do(addr, 500*time.Millisecond, "CLUSTER", "SLOTS")
+	if err != nil {
+		return nil, err
+	}
+	top, ok := r.([]any)
+	if !ok {
+		return nil, fmt.Errorf("CLUSTER SLOTS: reply %T", r)
+	}
+	var out []slotRange
+	for _, e := range top {
+		a, ok := e.([]any)
+		if !ok || len(a) < 3 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: bad entry %v", e)
+		}
+		start, ok1 := a[0].(int64)
+		end, ok2 := a[1].(int64)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: bad range %v", e)
+		}
+		sr := slotRange{start: int(start), end: int(end)}
+		for _, n := range a[2:] {
+			na, ok := n.([]any)
+			if !ok || len(na) < 2 {
+				return nil, fmt.Errorf("CLUSTER SLOTS: bad node %v", n)
+			}
+			ip, ok1 := na[0].(string)
+			port, ok2 := na[1].(int64)
+			if !ok1 || !ok2 {
+				return nil, fmt.Errorf("CLUSTER SLOTS: bad node %v", n)
+			}
+			sr.nodes = append(sr.nodes, ip+":"+strconv.FormatInt(port, 10))
+		}
+		out = append(out, sr)
+	}
+	return out, nil
+}
+
+// nodeEntry is one line of CLUSTER NODES.
+type nodeEntry struct {
+	id, addr, master string
+	flags            []string
+	slots            []string // "0-5460", "5461", ...; migration entries left out
+}
+
+func (e *nodeEntry) has(flag string) bool { return slices.Contains(e.flags, flag) }
+
+func (e *nodeEntry) failing() bool {
+	return e.has("fail") || e.has("fail?") || e.has("handshake") || e.has("noaddr")
+}
+
+// firstSlot returns the lowest slot of the node, or NumSlots if none.
+func (e *nodeEntry) firstSlot() int {
+	first := NumSlots
+	for _, s := range e.slots {
+		lo, _, _ := strings.Cut(s, "-")
+		if n, err := strconv.Atoi(lo); err == nil && n < first {
+			first = n
+		}
+	}
+	return first
+}
+
+type nodesView struct{ entries []*nodeEntry }
+
+func clusterNodes(addr string) (*nodesView, error) {
+	text, err := doString(addr, "CLUSTER", "NODES")
+	if err != nil {
+		return nil, fmt.Errorf("%s: CLUSTER NODES: %w", addr, err)
+	}
+	return parseNodes(text)
+}
+
+func parseNodes(text string) (*nodesView, error) {
+	v := &nodesView{}
+	for line := range strings.SplitSeq(strings.TrimSpace(text), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			return nil, fmt.Errorf("CLUSTER NODES: bad line %q", line)
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		e := &nodeEntry{id: f[0], addr: addr, master: f[3], flags: strings.Split(f[2], ",")}
+		for _, s := range f[8:] {
+			if !strings.HasPrefix(s, "[") {
+				e.slots = append(e.slots, s)
+			}
+		}
+		v.entries = append(v.entries, e)
+	}
+	return v, nil
+}
+
+func (v *nodesView) myself() *nodeEntry {
+	for _, e := range v.entries {
+		if e.has("myself") {
+			return e
+		}
+	}
+	return nil
+}
+
+// mastersBySlot returns the masters that serve slots, ordered by first slot.
+func (v *nodesView) mastersBySlot() []*nodeEntry {
+	var ms []*nodeEntry
+	for _, e := range v.entries {
+		if e.has("master") && len(e.slots) > 0 {
+			ms = append(ms, e)
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].firstSlot() < ms[j].firstSlot() })
+	return ms
+}
+
+func (v *nodesView) replicasOf(id string) []*nodeEntry {
+	var rs []*nodeEntry
+	for _, e := range v.entries {
+		if e.has("slave") && e.master == id {
+			rs = append(rs, e)
+		}
+	}
+	return rs
+}
+
+// Slot returns the Redis Cluster hash slot of key, computed locally: CRC16
+// (XMODEM) of the key modulo 16384, or of the hash tag when the key has one.
+// The hash tag is what lies between the first '{' and the first '}' after
+// it, if that is not empty; so "{user42}:a" and "{user42}:b" share a slot,
+// while "a{}b" is hashed whole.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % NumSlots)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), as in Redis's
+// crc16.c.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+func (v *nodesView) String() string {
+	var b strings.Builder
+	for _, e := range v.entries {
+		fmt.Fprintf(&b, "%s %s %s %s %v\n", e.id, e.addr, strings.Join(e.flags, ","), e.master, e.slots)
+	}
+	return b.String()
+}

@@ -1,0 +1,507 @@
+package redistest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// TestMain fails the run if a goroutine or a redis-server child outlives the
+// tests.
+func TestMain(m *testing.M) {
+	before := runtime.NumGoroutine()
+	code := m.Run()
+	if code == 0 {
+		if err := checkLeaks(before); err != nil {
+			fmt.Fprintln(os.Stderr, "leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func checkLeaks(goroutines int) error {
+	// go-redis ends its background dial probe within 1 s of Close.
+	deadline := time.Now().Add(3 * time.Second)
+	for runtime.NumGoroutine() > goroutines {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			return fmt.Errorf("%d goroutines, %d before the tests:\n%s",
+				runtime.NumGoroutine(), goroutines, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if kids := redisChildren(); len(kids) > 0 {
+		return fmt.Errorf("redis-server children still running: %v", kids)
+	}
+	return nil
+}
+
+// redisChildren lists the redis-server processes whose parent is this test
+// binary (zombies included).
+func redisChildren() []string {
+	self := strconv.Itoa(os.Getpid())
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var kids []string
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || !strings.Contains(s[:i], "(redis-server") {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == self {
+			kids = append(kids, s[:i+1]+" "+f[0])
+		}
+	}
+	return kids
+}
+
+// gone reports whether pid no longer exists (not even as a zombie).
+func gone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// pingSoon pings until it succeeds, at most n times: after a fault, each
+// pooled connection may fail once before a new one is dialled.
+func pingSoon(ctx context.Context, rdb *redis.Client, n int) error {
+	var err error
+	for range n {
+		if err = rdb.Ping(ctx).Err(); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return err
+}
+
+// refusedSoon pings until the error is "connection refused", at most n times.
+func refusedSoon(ctx context.Context, rdb *redis.Client, n int) error {
+	var err error
+	for range n {
+		err = rdb.Ping(ctx).Err()
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil
+		}
+	}
+	return fmt.Errorf("got %v, want connection refused", err)
+}
+
+func tunedClient(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(redistest.TunedOptions(addr))
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func TestSlotKnownValues(t *testing.T) {
+	for _, tt := range []struct {
+		key  string
+		want int
+	}{
+		{"123456789", 0x31C3}, // the CRC-16/XMODEM check value
+		{"foo", 12182},
+		{"bar", 5061},
+		{"user42", 14710},
+		{"rl:{user42}:cnt", 14710},
+		{"{user42}", 14710},
+	} {
+		if got := redistest.Slot(tt.key); got != tt.want {
+			t.Errorf("Slot(%q) = %d, want %d", tt.key, got, tt.want)
+		}
+	}
+}
+
+func TestServerKillRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t0 := time.Now()
+	s := redistest.Start(t)
+	t.Logf("server start: %v", time.Since(t0))
+	if got, want := s.Addr, "127.0.0.1:"+strconv.Itoa(s.Port); got != want {
+		t.Fatalf("Addr = %q, want %q", got, want)
+	}
+	rdb := tunedClient(t, s.Addr)
+	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	pid := s.PID()
+	if err := s.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.PID(); got != 0 {
+		t.Errorf("PID after Kill = %d, want 0", got)
+	}
+	if !gone(pid) {
+		t.Errorf("process %d still exists after Kill", pid)
+	}
+	if err := refusedSoon(ctx, rdb, 3); err != nil {
+		t.Error(err)
+	}
+
+	port := s.Port
+	t0 = time.Now()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restart: %v", time.Since(t0))
+	if s.Port != port || s.PID() == 0 || s.PID() == pid {
+		t.Errorf("after Restart: port %d pid %d, want port %d and a new pid", s.Port, s.PID(), port)
+	}
+	if err := pingSoon(ctx, rdb, 3); err != nil {
+		t.Fatalf("tuned client after restart: %v", err)
+	}
+	if err := s.Client(t).Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("GET k after restart: got %v, want redis.Nil (data gone)", err)
+	}
+	if err := s.Restart(); err == nil {
+		t.Error("Restart of a running server: got nil error")
+	}
+}
+
+func TestServerArgsAndCLI(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t, "--maxmemory", "2mb")
+	for _, tt := range []struct{ param, want string }{
+		{"maxmemory", "2097152"},
+		{"save", ""},
+		{"appendonly", "no"},
+		{"bind", "127.0.0.1"},
+		{"daemonize", "no"},
+		{"port", strconv.Itoa(s.Port)},
+	} {
+		got, err := s.CLI("CONFIG", "GET", tt.param)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.TrimSpace(tt.param + "\n" + tt.want); got != want {
+			t.Errorf("CONFIG GET %s = %q, want %q", tt.param, got, want)
+		}
+	}
+	if _, err := s.CLI("NOSUCHCOMMAND"); err == nil {
+		t.Error("CLI(NOSUCHCOMMAND): got nil error")
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "redis.log")); err != nil {
+		t.Errorf("log file: %v", err)
+	}
+}
+
+func TestServerCloseIdempotent(t *testing.T) {
+	t.Parallel()
+	s, err := redistest.StartServer()
+	redistest.SkipOrFail(t, err)
+	defer s.Close()
+	pid := s.PID()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if s.PID() != 0 || !gone(pid) {
+		t.Errorf("after Close: PID() = %d, process %d gone = %v", s.PID(), pid, gone(pid))
+	}
+	if _, err := os.Stat(s.Dir); !os.IsNotExist(err) {
+		t.Errorf("Dir after Close: got %v, want not exist", err)
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatalf("Restart after Close: %v", err)
+	}
+	if got, err := s.CLI("PING"); err != nil || got != "PONG" {
+		t.Errorf("PING after Restart: %q, %v", got, err)
+	}
+}
+
+func TestServerPauseResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := tunedClient(t, s.Addr)
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	err := rdb.Ping(ctx).Err()
+	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
+		t.Errorf("PING on a paused server: got %v after %v, want a timeout after about 100ms", err, d)
+	}
+	if err := tunedClient(t, s.Addr).Ping(ctx).Err(); !isTimeout(err) {
+		t.Errorf("new client on a paused server: got %v, want a timeout", err)
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pingSoon(ctx, rdb, 3); err != nil {
+		t.Errorf("PING after Resume: %v", err)
+	}
+	// Close must stop a paused server too.
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestProxy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr)
+	rdb := tunedClient(t, p.Addr)
+	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	p.Cut()
+	if _, err := net.DialTimeout("tcp", p.Addr, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial after Cut: got %v, want connection refused", err)
+	}
+	if err := refusedSoon(ctx, rdb, 3); err != nil {
+		t.Errorf("after Cut: %v", err)
+	}
+	addr := p.Addr
+	p.Restore()
+	if p.Addr != addr {
+		t.Errorf("Addr after Restore = %s, want %s", p.Addr, addr)
+	}
+	if err := pingSoon(ctx, rdb, 3); err != nil {
+		t.Fatalf("after Restore: %v", err)
+	}
+
+	p.Blackhole(true)
+	t0 := time.Now()
+	err := rdb.Ping(ctx).Err()
+	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
+		t.Errorf("black hole: got %v after %v, want a timeout after about 100ms", err, d)
+	}
+	if !strings.Contains(fmt.Sprint(err), "i/o timeout") {
+		t.Errorf("black hole: got %v, want i/o timeout", err)
+	}
+	p.Blackhole(false)
+	if err := pingSoon(ctx, rdb, 3); err != nil {
+		t.Fatalf("after Blackhole(false): %v", err)
+	}
+
+	p.SetDelay(150 * time.Millisecond)
+	t0 = time.Now()
+	err = rdb.Get(ctx, "k").Err()
+	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
+		t.Errorf("delay 150ms: got %v after %v, want a timeout after about 100ms", err, d)
+	}
+	p.SetDelay(30 * time.Millisecond)
+	if err := pingSoon(ctx, rdb, 3); err != nil { // dials a new connection
+		t.Fatalf("delay 30ms: %v", err)
+	}
+	t0 = time.Now()
+	v, err := rdb.Get(ctx, "k").Result()
+	if d := time.Since(t0); err != nil || v != "v" || d < 30*time.Millisecond {
+		t.Errorf("delay 30ms: GET = %q, %v after %v, want \"v\" after at least 30ms", v, err, d)
+	}
+	p.Restore()
+	t0 = time.Now()
+	if err := rdb.Ping(ctx).Err(); err != nil || time.Since(t0) > 20*time.Millisecond {
+		t.Errorf("after Restore: %v after %v, want no delay", err, time.Since(t0))
+	}
+	p.Close()
+	p.Close()
+}
+
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t0 := time.Now()
+	c, err := redistest.StartCluster(3, 1)
+	redistest.SkipOrFail(t, err)
+	t.Cleanup(c.Close)
+	t.Logf("cluster 3+1 start: %v", time.Since(t0))
+
+	if len(c.Masters) != 3 || len(c.Replicas) != 3 || len(c.Addrs()) != 6 {
+		t.Fatalf("got %d masters, %d replicas, %d addrs; want 3, 3, 6", len(c.Masters), len(c.Replicas), len(c.Addrs()))
+	}
+
+	node := c.Masters[0].Client(t)
+	for _, key := range []string{"user42", "{a}b", "a{}b", "{", "}", "名前", "", "}{x}", "{{a}b}", "a{b}{c}", "rl:{user42}:cnt", "\xff\xfe{\x00}", strings.Repeat("x", 10000)} {
+		want, err := node.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redistest.Slot(key); int64(got) != want {
+			t.Errorf("Slot(%q) = %d, want %d (CLUSTER KEYSLOT)", key, got, want)
+		}
+	}
+
+	// MasterOf and ReplicaOf agree with CLUSTER NODES.
+	text, err := node.ClusterNodes(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct{ id, flags, master string }
+	byAddr := map[string]entry{}
+	for line := range strings.SplitSeq(strings.TrimSpace(text), "\n") {
+		f := strings.Fields(line)
+		addr, _, _ := strings.Cut(f[1], "@")
+		byAddr[addr] = entry{f[0], f[2], f[3]}
+		if !strings.Contains(f[2], "master") {
+			continue
+		}
+		for _, r := range f[8:] {
+			lo, hi, ok := strings.Cut(r, "-")
+			if !ok {
+				hi = lo
+			}
+			for _, slot := range []string{lo, hi} {
+				n, _ := strconv.Atoi(slot)
+				m, err := c.MasterOf(n)
+				if err != nil || m.Addr != addr {
+					t.Errorf("MasterOf(%d) = %v, %v; want %s", n, m, err, addr)
+				}
+			}
+		}
+	}
+	for i, m := range c.Masters {
+		if !strings.Contains(byAddr[m.Addr].flags, "master") {
+			t.Errorf("Masters[%d] %s has flags %s", i, m.Addr, byAddr[m.Addr].flags)
+		}
+		r, err := c.ReplicaOf(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r != c.Replicas[i] {
+			t.Errorf("ReplicaOf(Masters[%d]) = %s, want Replicas[%d] = %s", i, r, i, c.Replicas[i])
+		}
+		if e := byAddr[r.Addr]; !strings.Contains(e.flags, "slave") || e.master != byAddr[m.Addr].id {
+			t.Errorf("CLUSTER NODES for replica %s: flags %s master %s, want slave of %s", r, e.flags, e.master, byAddr[m.Addr].id)
+		}
+	}
+	if m, _ := c.MasterOf(0); m != c.Masters[0] {
+		t.Errorf("MasterOf(0) = %v, want Masters[0] %v", m, c.Masters[0])
+	}
+
+	// A tuned cluster client works, and hash tags decide CROSSSLOT.
+	cc := redis.NewClusterClient(redistest.TunedClusterOptions(c.Addrs()))
+	t.Cleanup(func() { cc.Close() })
+	for i := range 50 {
+		if err := cc.Set(ctx, "key"+strconv.Itoa(i), i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	two := "return redis.call('SET', KEYS[1], 1) and redis.call('SET', KEYS[2], 1)"
+	if err := cc.Eval(ctx, two, []string{"rl:{u}:a", "rl:{u}:b"}).Err(); err != nil {
+		t.Errorf("two keys, one tag: %v", err)
+	}
+	if err := cc.Eval(ctx, two, []string{"rl:{}:a", "rl:{}:b"}).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
+		t.Errorf("two keys, empty tag: got %v, want CROSSSLOT", err)
+	}
+
+	// Failover: kill the master of a slot; its replica takes over.
+	slot := redistest.Slot("{a}k")
+	m, err := c.MasterOf(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.ReplicaOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Now()
+	if err := c.WaitHealthy(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover after SIGKILL of %s: healthy after %v", m, time.Since(t0))
+	if got, err := c.MasterOf(slot); got != r {
+		t.Errorf("MasterOf(%d) after failover = %v, %v; want the replica %s", slot, got, err, r)
+	}
+	t0 = time.Now()
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if got, err := c.ReplicaOf(r); err == nil && got == m {
+			break
+		}
+		if time.Since(t0) > 15*time.Second {
+			t.Fatalf("restarted %s did not become a replica of %s", m, r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.WaitHealthy(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("old master rejoined as a replica after %v", time.Since(t0))
+
+	var pids []int
+	for _, s := range append(c.Masters, c.Replicas...) {
+		pids = append(pids, s.PID())
+	}
+	t0 = time.Now()
+	c.Close()
+	t.Logf("cluster close: %v", time.Since(t0))
+	for _, pid := range pids {
+		if !gone(pid) {
+			t.Errorf("process %d still exists after Close", pid)
+		}
+	}
+}
+
+// fakeTB records Skip and Fatal instead of stopping the test.
+type fakeTB struct {
+	testing.TB
+	skipped, failed bool
+}
+
+func (f *fakeTB) Helper()               {}
+func (f *fakeTB) Skip(...any)           { f.skipped = true }
+func (f *fakeTB) Skipf(string, ...any)  { f.skipped = true }
+func (f *fakeTB) Fatal(...any)          { f.failed = true }
+func (f *fakeTB) Fatalf(string, ...any) { f.failed = true }
+
+func TestSkipOrFail(t *testing.T) {
+	other := errors.New("boom")
+	for _, tt := range []struct {
+		name                string
+		env                 string
+		err                 error
+		wantSkip, wantFatal bool
+	}{
+		{"nil", "1", nil, false, false},
+		{"missing", "", fmt.Errorf("x: %w", redistest.ErrNotInstalled), true, false},
+		{"missing required", "1", redistest.ErrNotInstalled, false, true},
+		{"other", "", other, false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(redistest.RequireEnv, tt.env)
+			f := &fakeTB{TB: t}
+			redistest.SkipOrFail(f, tt.err)
+			if f.skipped != tt.wantSkip || f.failed != tt.wantFatal {
+				t.Errorf("skipped %v failed %v, want %v %v", f.skipped, f.failed, tt.wantSkip, tt.wantFatal)
+			}
+		})
+	}
+}
