@@ -4,18 +4,57 @@ import (
 	"context"
 	"log"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
+// The package's shared real Redis and Redis Cluster, started on first use
+// and stopped when the tests end. Tests that break a server start their own.
+var (
+	sharedServerOnce sync.Once
+	sharedServer     *redistest.Server
+	sharedServerErr  error
+
+	sharedClusterOnce sync.Once
+	sharedCluster     *redistest.Cluster
+	sharedClusterErr  error
+)
+
 func TestMain(m *testing.M) {
 	// go-redis logs every failed dial; the fault tests make many on purpose.
 	redis.SetLogger(quietLogger{})
 	log.SetFlags(0)
-	os.Exit(m.Run())
+	code := m.Run()
+	if sharedServer != nil {
+		sharedServer.Close()
+	}
+	if sharedCluster != nil {
+		sharedCluster.Close()
+	}
+	os.Exit(code)
+}
+
+// realServer returns the shared redis-server, skipping (or failing, with
+// REDLIMIT_REQUIRE_REDIS=1) when redis-server is not installed.
+func realServer(t testing.TB) *redistest.Server {
+	t.Helper()
+	sharedServerOnce.Do(func() { sharedServer, sharedServerErr = redistest.StartServer() })
+	redistest.SkipOrFail(t, sharedServerErr)
+	return sharedServer
+}
+
+// realCluster returns the shared Redis Cluster: 3 masters, 1 replica each.
+func realCluster(t testing.TB) *redistest.Cluster {
+	t.Helper()
+	sharedClusterOnce.Do(func() { sharedCluster, sharedClusterErr = redistest.StartCluster(3, 1) })
+	redistest.SkipOrFail(t, sharedClusterErr)
+	return sharedCluster
 }

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/redlimit/redlimit"
+)
+
+var benchCmd = &command{
+	name:  "bench",
+	args:  "[flags]",
+	short: "measure decisions per second and latency of each strategy",
+	long: `
+Bench calls Allow as fast as -concurrency goroutines can, for -duration per
+strategy, and reports decisions per second and the p50 and p99 latency of a
+decision.
+
+With -redis it runs against that Redis server, under keys with the prefix
+"redlimit-bench", which it deletes when done. Without -redis it starts an
+embedded miniredis: that measures the library and the go-redis client (and
+miniredis's Lua interpreter, much slower than Redis), not Redis.
+
+While it runs, it shows its progress on standard error: one line updated in
+place on a terminal, else a line every second.`,
+	setup: setupBench,
+}
+
+// benchFlags are the flags of the bench command.
+type benchFlags struct {
+	addr        string
+	strategy    strategyValue
+	duration    time.Duration
+	concurrency int
+	keys        int
+	rate        int
+	period      time.Duration
+	burst       int
+	timeout     time.Duration
+}
+
+// benchPrefix is the prefix of the keys bench writes.
+const benchPrefix = "redlimit-bench"
+
+func setupBench(fs *flag.FlagSet) runFunc {
+	f := &benchFlags{strategy: strategyValue{all: true, allowAll: true}}
+	fs.StringVar(&f.addr, "redis", "", "`address` of the Redis server (host:port); empty starts an embedded miniredis")
+	fs.Var(&f.strategy, "strategy", "`strategy` to measure, or all")
+	fs.DurationVar(&f.duration, "duration", 3*time.Second, "how long to measure each strategy")
+	fs.IntVar(&f.concurrency, "concurrency", 8, "goroutines calling Allow")
+	fs.IntVar(&f.keys, "keys", 1, "distinct keys the calls spread over")
+	fs.IntVar(&f.rate, "rate", 1000, "limit: events allowed per period")
+	fs.DurationVar(&f.period, "period", time.Second, "limit: period")
+	fs.IntVar(&f.burst, "burst", 0, "limit: burst of token-bucket and leaky-bucket (0 means -rate)")
+	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, "read and write timeout of each Redis command; the embedded miniredis gets at least 2s")
+	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		if len(args) > 0 {
+			return usagef("bench", "unexpected argument %q", args[0])
+		}
+		switch {
+		case f.duration <= 0:
+			return usagef("bench", "-duration %v must be positive", f.duration)
+		case f.concurrency < 1:
+			return usagef("bench", "-concurrency %d must be at least 1", f.concurrency)
+		case f.timeout <= 0:
+			return usagef("bench", "-timeout %v must be positive", f.timeout)
+		case f.keys < 1:
+			return usagef("bench", "-keys %d must be at least 1", f.keys)
+		}
+		return f.run(ctx, stdout, stderr)
+	}
+}
+
+func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
+	addr, target, timeout := f.addr, "Redis at "+f.addr, f.timeout
+	if addr == "" {
+		// miniredis interprets Lua slowly and shares the CPU with the
+		// benchmark: a short timeout would measure only that.
+		timeout = max(timeout, 2*time.Second)
+		m, err := miniredis.Run()
+		if err != nil {
+			return fmt.Errorf("start miniredis: %w", err)
+		}
+		defer m.Close()
+		m.ClockTTL(true) // expire keys by the wall clock, as Redis does
+		addr = m.Addr()
+		target = "embedded miniredis (this measures the library and the go-redis client, not Redis)"
+	}
+	rdb := newClient(addr, f.concurrency+2, timeout)
+	defer rdb.Close()
+	if err := ping(ctx, rdb); err != nil {
+		return err
+	}
+	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	fmt.Fprintf(stdout, "target: %s\nlimit %v, %s, %s, %v per strategy\n\n",
+		target, limit, plural(f.concurrency, "goroutine"), plural(f.keys, "key"), f.duration)
+
+	keys := make([]string, f.keys)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	prog := newProgress(stderr, f.duration)
+	var results []benchResult
+	for _, s := range f.strategy.strategies() {
+		lim, err := newLimiter(rdb, s, limit, redlimit.WithPrefix(benchPrefix))
+		if err != nil {
+			return err
+		}
+		r, err := benchStrategy(ctx, lim, keys, f.concurrency, f.duration, prog)
+		lim.Close()
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	printBench(stdout, results)
+	for _, r := range results {
+		if r.errors > 0 {
+			return fmt.Errorf("bench %v: %d of %d decisions failed, the first with: %w", r.strategy, r.errors, r.ops, r.firstErr)
+		}
+	}
+	return nil
+}
+
+// benchResult is the measure of one strategy.
+type benchResult struct {
+	strategy redlimit.Strategy
+	ops      int           // decisions made, failed ones included
+	allowed  int           // decisions that allowed
+	errors   int           // decisions that failed
+	firstErr error         // the first failure
+	elapsed  time.Duration // wall time of the run
+	p50, p99 time.Duration // latency of a decision
+}
+
+// workerStats is what one goroutine of a run measured.
+type workerStats struct {
+	latencies []time.Duration
+	allowed   int
+	errors    int
+	firstErr  error
+}
+
+// benchStrategy runs lim for d with n goroutines, calls spread over keys,
+// and deletes the keys' state before and after.
+func benchStrategy(ctx context.Context, lim *redlimit.RateLimiter, keys []string, n int, d time.Duration, prog *progress) (benchResult, error) {
+	if err := resetAll(ctx, lim, keys); err != nil {
+		return benchResult{}, err
+	}
+	var ops atomic.Int64
+	stats := make([]workerStats, n)
+	stop := prog.start(lim.Strategy().String(), &ops)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Go(func() { stats[w] = benchWorker(ctx, lim, keys, w, start.Add(d), &ops) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stop()
+	if err := ctx.Err(); err != nil {
+		return benchResult{}, err
+	}
+	if err := resetAll(ctx, lim, keys); err != nil {
+		return benchResult{}, err
+	}
+	return summarize(lim.Strategy(), stats, elapsed), nil
+}
+
+// benchWorker calls Allow until the deadline, starting at key number w.
+func benchWorker(ctx context.Context, lim *redlimit.RateLimiter, keys []string, w int, deadline time.Time, ops *atomic.Int64) workerStats {
+	var st workerStats
+	st.latencies = make([]time.Duration, 0, 1024)
+	for i := w; ctx.Err() == nil; i++ {
+		t := time.Now()
+		if !t.Before(deadline) {
+			break
+		}
+		res, err := lim.Allow(ctx, keys[i%len(keys)])
+		st.latencies = append(st.latencies, time.Since(t))
+		ops.Add(1)
+		switch {
+		case err != nil:
+			if st.errors == 0 {
+				st.firstErr = err
+			}
+			st.errors++
+		case res.Allowed:
+			st.allowed++
+		}
+	}
+	return st
+}
+
+// summarize merges the workers' measures.
+func summarize(s redlimit.Strategy, stats []workerStats, elapsed time.Duration) benchResult {
+	r := benchResult{strategy: s, elapsed: elapsed}
+	var lat []time.Duration
+	for _, st := range stats {
+		lat = append(lat, st.latencies...)
+		r.allowed += st.allowed
+		r.errors += st.errors
+		if r.firstErr == nil {
+			r.firstErr = st.firstErr
+		}
+	}
+	r.ops = len(lat)
+	slices.Sort(lat)
+	r.p50, r.p99 = percentile(lat, 50), percentile(lat, 99)
+	return r
+}
+
+// percentile returns the p-th percentile of sorted, by the nearest rank.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// resetAll deletes the state of every key.
+func resetAll(ctx context.Context, lim *redlimit.RateLimiter, keys []string) error {
+	for _, k := range keys {
+		if err := lim.Reset(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func printBench(w io.Writer, results []benchResult) {
+	const row = "%-16s %10v %12v %8v %9v %9v %7v\n"
+	fmt.Fprintf(w, row, "strategy", "decisions", "decisions/s", "allowed", "p50", "p99", "errors")
+	for _, r := range results {
+		perSec, allowed := 0.0, 0.0
+		if r.elapsed > 0 {
+			perSec = float64(r.ops) / r.elapsed.Seconds()
+		}
+		if r.ops > 0 {
+			allowed = 100 * float64(r.allowed) / float64(r.ops)
+		}
+		fmt.Fprintf(w, row, r.strategy, r.ops, fmt.Sprintf("%.0f", perSec), fmt.Sprintf("%.1f%%", allowed),
+			roundLatency(r.p50), roundLatency(r.p99), r.errors)
+	}
+}
+
+// roundLatency keeps three significant digits or so of a latency.
+func roundLatency(d time.Duration) time.Duration {
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+// progress shows how far a run is on a writer: one line rewritten in place
+// on a terminal, else a plain line every plainEvery.
+type progress struct {
+	w          io.Writer
+	tty        bool
+	total      time.Duration // length of one run
+	ttyEvery   time.Duration
+	plainEvery time.Duration
+}
+
+func newProgress(w io.Writer, total time.Duration) *progress {
+	return &progress{w: w, tty: isTerminal(w), total: total, ttyEvery: 100 * time.Millisecond, plainEvery: time.Second}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// start shows the progress of the run named name, whose count of decisions
+// is ops, until the returned function is called.
+func (p *progress) start(name string, ops *atomic.Int64) (stop func()) {
+	every := p.plainEvery
+	if p.tty {
+		every = p.ttyEvery
+	}
+	begin := time.Now()
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				if p.tty {
+					fmt.Fprint(p.w, "\r\033[K") // clear the line
+				}
+				return
+			case <-tick.C:
+				p.show(name, time.Since(begin), ops.Load())
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// show writes one progress report.
+func (p *progress) show(name string, elapsed time.Duration, ops int64) {
+	line := fmt.Sprintf("bench %s: %.1fs of %v, %d decisions", name, min(elapsed, p.total).Seconds(), p.total, ops)
+	if p.tty {
+		fmt.Fprint(p.w, "\r\033[K"+line)
+	} else {
+		fmt.Fprintln(p.w, line)
+	}
+}
+
+// plural returns "1 key", "2 keys".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+var inspectCmd = &command{
+	name:  "inspect",
+	args:  "-redis ADDR -strategy S -rate R -period P [-burst B] [-prefix P] KEY",
+	short: "show the decision and the Redis keys of one limited key",
+	long: `
+Inspect shows what a limiter with the given strategy and limit would decide
+for KEY now, without consuming anything (AllowN with n = 0): allowed,
+remaining, retry-after and reset-after (and the delay of a leaky bucket).
+Then it lists the Redis keys that hold KEY's state, with their type, time to
+live and value:
+
+	<prefix>:{<KEY>}:<code><period in µs>     the state
+	<prefix>:{<KEY>}:<code><period in µs>:b   the penalty block (WithBlock)
+
+where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
+sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
+token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000.`,
+	setup: setupInspect,
+}
+
+var resetCmd = &command{
+	name:  "reset",
+	args:  "-redis ADDR -strategy S -period P [-prefix P] KEY",
+	short: "forget the state of one limited key",
+	long: `
+Reset deletes the Redis keys that hold KEY's state for a limiter of the
+given strategy and period (its state and its penalty block), as the
+limiter's Reset method does: KEY starts again with its full allowance. The
+rate does not matter, since it is not part of the key names.`,
+	setup: setupReset,
+}
+
+// keyFlags are the flags that name a limited key's state in Redis.
+type keyFlags struct {
+	addr     string
+	strategy strategyValue
+	period   time.Duration
+	prefix   string
+}
+
+func (f *keyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.addr, "redis", "", "`address` of the Redis server, host:port (required)")
+	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
+	fs.DurationVar(&f.period, "period", 0, "the limit's period (required)")
+	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
+}
+
+// check checks the flags and the single KEY argument, and returns the key.
+func (f *keyFlags) check(cmd string, args []string) (string, error) {
+	switch {
+	case f.addr == "":
+		return "", usagef(cmd, "-redis is required")
+	case f.strategy.s == 0:
+		return "", usagef(cmd, "-strategy is required")
+	case f.period == 0:
+		return "", usagef(cmd, "-period is required")
+	case len(args) == 0:
+		return "", usagef(cmd, "missing KEY")
+	case len(args) > 1:
+		return "", usagef(cmd, "want one KEY, got %d arguments", len(args))
+	case args[0] == "":
+		return "", usagef(cmd, "empty KEY")
+	}
+	return args[0], nil
+}
+
+// connect returns a client for f.addr that answered a ping, and a limiter
+// of f's strategy with limit. A bad limit or prefix fails before any
+// network traffic.
+func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Client, *redlimit.RateLimiter, error) {
+	opt := redlimit.WithPrefix(f.prefix)
+	if err := checkLimit(f.strategy.s, limit, opt); err != nil {
+		return nil, nil, err
+	}
+	rdb := newClient(f.addr, 2, defaultTimeout)
+	if err := ping(ctx, rdb); err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	lim, err := newLimiter(rdb, f.strategy.s, limit, opt)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return rdb, lim, nil
+}
+
+func setupInspect(fs *flag.FlagSet) runFunc {
+	var f keyFlags
+	f.register(fs)
+	var rate, burst int
+	fs.IntVar(&rate, "rate", 0, "the limit's rate, events per period (required)")
+	fs.IntVar(&burst, "burst", 0, "the limit's burst for token-bucket and leaky-bucket (0 means -rate)")
+	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		key, err := f.check("inspect", args)
+		if err != nil {
+			return err
+		}
+		if rate == 0 {
+			return usagef("inspect", "-rate is required")
+		}
+		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: rate, Period: f.period, Burst: burst})
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		defer lim.Close()
+		return inspect(ctx, rdb, lim, f.prefix, key, stdout)
+	}
+}
+
+// inspect prints the decision for n = 0 and the Redis keys of key.
+func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, prefix, key string, w io.Writer) error {
+	res, err := lim.AllowN(ctx, key, 0)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "key\t%s\n", key)
+	fmt.Fprintf(tw, "strategy\t%v\n", lim.Strategy())
+	fmt.Fprintf(tw, "limit\t%v\n", res.Limit)
+	fmt.Fprintf(tw, "allowed\t%v\n", res.Allowed)
+	fmt.Fprintf(tw, "remaining\t%d\n", res.Remaining)
+	fmt.Fprintf(tw, "retry-after\t%v\n", res.RetryAfter)
+	fmt.Fprintf(tw, "reset-after\t%v\n", res.ResetAfter)
+	if lim.Strategy() == redlimit.LeakyBucket {
+		fmt.Fprintf(tw, "delay\t%v\n", res.Delay)
+	}
+	tw.Flush()
+
+	state := stateKey(prefix, lim.Strategy(), lim.Limit().Period, key)
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "redis key\ttype\tttl\tvalue")
+	for _, k := range []string{state, state + blockSuffix} {
+		typ, ttl, val, err := describeKey(ctx, rdb, k)
+		if err != nil {
+			return fmt.Errorf("inspect %s: %w", k, err)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k, typ, ttl, val)
+	}
+	return tw.Flush()
+}
+
+// describeKey returns the type, time to live and a short form of the value
+// of the Redis key k.
+func describeKey(ctx context.Context, rdb *redis.Client, k string) (typ, ttl, val string, err error) {
+	if typ, err = rdb.Type(ctx, k).Result(); err != nil {
+		return "", "", "", err
+	}
+	if typ == "none" {
+		return "(missing)", "-", "-", nil
+	}
+	pttl, err := rdb.PTTL(ctx, k).Result()
+	if err != nil {
+		return "", "", "", err
+	}
+	ttl = fmtTTL(pttl)
+	switch typ {
+	case "string":
+		val, err = rdb.Get(ctx, k).Result()
+	case "hash":
+		var h map[string]string
+		h, err = rdb.HGetAll(ctx, k).Result()
+		val = fmtHash(h)
+	case "zset":
+		var n int64
+		n, err = rdb.ZCard(ctx, k).Result()
+		val = fmt.Sprintf("%d members", n)
+	}
+	if errors.Is(err, redis.Nil) { // expired between the calls
+		return "(missing)", "-", "-", nil
+	}
+	return typ, ttl, val, err
+}
+
+// fmtTTL formats a PTTL reply, which go-redis returns as -1 (no expiry) or
+// -2 (no key) nanoseconds for those cases.
+func fmtTTL(d time.Duration) string {
+	switch {
+	case d == -1:
+		return "none"
+	case d < 0:
+		return "-"
+	}
+	return d.String()
+}
+
+// fmtHash formats a hash as "f1=v1 f2=v2", fields sorted.
+func fmtHash(h map[string]string) string {
+	fields := make([]string, 0, len(h))
+	for f := range h {
+		fields = append(fields, f)
+	}
+	slices.Sort(fields)
+	for i, f := range fields {
+		fields[i] = f + "=" + h[f]
+	}
+	return strings.Join(fields, " ")
+}
+
+func setupReset(fs *flag.FlagSet) runFunc {
+	var f keyFlags
+	f.register(fs)
+	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		key, err := f.check("reset", args)
+		if err != nil {
+			return err
+		}
+		// The rate is not part of the key names; any valid one will do.
+		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: 1, Period: f.period})
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		defer lim.Close()
+		state := stateKey(f.prefix, f.strategy.s, f.period, key)
+		var found []string
+		for _, k := range []string{state, state + blockSuffix} {
+			n, err := rdb.Exists(ctx, k).Result()
+			if err != nil {
+				return fmt.Errorf("reset %q: %w", key, err)
+			}
+			if n > 0 {
+				found = append(found, k)
+			}
+		}
+		if err := lim.Reset(ctx, key); err != nil {
+			return err
+		}
+		if len(found) == 0 {
+			fmt.Fprintf(stdout, "reset %s: no state in Redis (%s)\n", key, state)
+		} else {
+			fmt.Fprintf(stdout, "reset %s: deleted %s\n", key, strings.Join(found, ", "))
+		}
+		return nil
+	}
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// startRedis starts a miniredis whose clock stands still at a fixed time,
+// and returns it with a client.
+func startRedis(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 250_000_000, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
+	t.Cleanup(func() { rdb.Close() })
+	return m, rdb
+}
+
+// allowT consumes n events of key with a limiter of s and limit.
+func allowT(t *testing.T, rdb *redis.Client, s redlimit.Strategy, limit redlimit.Limit, key string, n int) {
+	t.Helper()
+	lim, err := redlimit.New(rdb, s, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.(*redlimit.RateLimiter).Close()
+	res, err := lim.AllowN(context.Background(), key, n)
+	if err != nil || !res.Allowed {
+		t.Fatalf("AllowN(%q, %d) = %+v, %v; want allowed", key, n, res, err)
+	}
+}
+
+// field returns the value printed after name at the start of a line.
+func field(out, name string) string {
+	if f := rowOf(out, name); len(f) > 1 {
+		return strings.Join(f[1:], " ")
+	}
+	return ""
+}
+
+func TestInspectAndReset(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	const key = "a{b}%c" // escaped in the Redis key
+	const state = "redlimit:{a%7Bb%7D%25c}:tb1000000"
+	allowT(t, rdb, redlimit.TokenBucket, redlimit.PerSecond(10), key, 3)
+
+	inspectArgs := []string{"inspect", "-redis", m.Addr(), "-strategy", "token-bucket", "-rate", "10", "-period", "1s", key}
+	code, stdout, stderr := runT(t, inspectArgs...)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d, stderr %q", code, stderr)
+	}
+	for name, want := range map[string]string{
+		"key":         key,
+		"strategy":    "token-bucket",
+		"limit":       "10/1s",
+		"allowed":     "true",
+		"remaining":   "7",
+		"retry-after": "0s",
+		"reset-after": "300ms",
+		// 3 tokens of 100ms: the bucket is full again in 300ms.
+		state:               "string 300ms 1893456000550000",
+		state + blockSuffix: "(missing) - -",
+	} {
+		if got := field(stdout, name); got != want {
+			t.Errorf("inspect: %s = %q, want %q\n%s", name, got, want, stdout)
+		}
+	}
+
+	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
+	if code != 0 {
+		t.Fatalf("reset: exit %d, stderr %q", code, stderr)
+	}
+	if got, want := stdout, "reset "+key+": deleted "+state+"\n"; got != want {
+		t.Errorf("reset: stdout %q, want %q", got, want)
+	}
+	if m.Exists(state) {
+		t.Errorf("%s still exists after reset", state)
+	}
+	_, stdout, _ = runT(t, inspectArgs...)
+	if got, want := field(stdout, "remaining"), "10"; got != want {
+		t.Errorf("inspect after reset: remaining = %q, want %q", got, want)
+	}
+	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
+	if want := "reset " + key + ": no state in Redis (" + state + ")\n"; stdout != want {
+		t.Errorf("second reset: stdout %q, want %q", stdout, want)
+	}
+}
+
+// TestInspectStrategies checks, for every strategy, that inspect finds the
+// key the library writes, and what it shows of it.
+func TestInspectStrategies(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		strategy  redlimit.Strategy
+		state     string
+		keyRow    string // type, TTL and value of the state key
+		remaining string
+		reset     string
+	}{
+		// Window of [0s, 2s) at 0.25s: the counter expires at its end.
+		{redlimit.FixedWindow, "p:{u}:fw2000000", "string 1.75s 2", "2", "1.75s"},
+		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2s 2 members", "2", "2s"},
+		{redlimit.SlidingCounter, "p:{u}:sc2000000", "hash 3.75s c=2 p=0 w=946728000", "2", "3.75s"},
+		// T = 500ms: 2 events fill the bucket again in 1s.
+		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 1s 1893456001250000", "2", "1s"},
+		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 1s 1893456001250000", "2", "1s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			m, rdb := startRedis(t)
+			limit := redlimit.Limit{Rate: 4, Period: 2 * time.Second}
+			lim, err := redlimit.New(rdb, tt.strategy, limit, redlimit.WithPrefix("p"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.(*redlimit.RateLimiter).Close()
+			if _, err := lim.AllowN(context.Background(), "u", 2); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", tt.strategy.String(),
+				"-rate", "4", "-period", "2s", "-prefix", "p", "u")
+			if code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, stderr)
+			}
+			for name, want := range map[string]string{
+				tt.state:      tt.keyRow,
+				"remaining":   tt.remaining,
+				"reset-after": tt.reset,
+			} {
+				if got := field(stdout, name); got != want {
+					t.Errorf("%s = %q, want %q\n%s", name, got, want, stdout)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// defaultTimeout is the read, write and pool timeout that a rate limiter
+// wants: a decision that takes longer than 100ms is better treated as a
+// failure than waited for.
+const defaultTimeout = 100 * time.Millisecond
+
+// newClient returns a client for addr with the settings a rate limiter
+// wants: short timeouts (see defaultTimeout; dialing gets 2.5 times as
+// long) and no retry of a failed command (the caller decides).
+func newClient(addr string, poolSize int, timeout time.Duration) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           timeout * 5 / 2,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
+		PoolSize:              poolSize,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+		DisableIdentity:       true,
+	})
+}
+
+// newPipeClient returns a client that talks to m over in-memory pipes,
+// without a network port.
+func newPipeClient(m *miniredis.Miniredis) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			return m.Dial()
+		},
+		MaxRetries:      -1,
+		DisableIdentity: true,
+	})
+}
+
+// ping checks that Redis at rdb answers, so that a wrong address fails with
+// one clear error before any work starts.
+func ping(ctx context.Context, rdb *redis.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("cannot reach Redis at %s: %w", rdb.Options().Addr, err)
+	}
+	return nil
+}
+
+// newLimiter returns a limiter that reports every Redis failure as an error
+// instead of deciding locally: a tool that measures or inspects Redis must
+// not quietly answer without it.
+func newLimiter(rdb redis.UniversalClient, s redlimit.Strategy, limit redlimit.Limit, opts ...redlimit.Option) (*redlimit.RateLimiter, error) {
+	opts = append([]redlimit.Option{redlimit.WithFallback(redlimit.FallbackError)}, opts...)
+	l, err := redlimit.New(rdb, s, limit, opts...)
+	if err != nil {
+		return nil, err
+	}
+	rl, ok := l.(*redlimit.RateLimiter)
+	if !ok {
+		return nil, fmt.Errorf("redlimit.New returned a %T, want a *redlimit.RateLimiter", l)
+	}
+	return rl, nil
+}
+
+// checkLimit checks limit and opts by the library's own rules, without
+// connecting anywhere: the client it gives the limiter is never used.
+func checkLimit(s redlimit.Strategy, limit redlimit.Limit, opts ...redlimit.Option) error {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	defer rdb.Close()
+	lim, err := newLimiter(rdb, s, limit, opts...)
+	if err != nil {
+		return err
+	}
+	return lim.Close()
+}
+
+// strategyCodes are the codes of the strategies in their Redis key names.
+var strategyCodes = map[redlimit.Strategy]string{
+	redlimit.FixedWindow:    "fw",
+	redlimit.SlidingLog:     "sl",
+	redlimit.SlidingCounter: "sc",
+	redlimit.TokenBucket:    "tb",
+	redlimit.LeakyBucket:    "lb",
+}
+
+// blockSuffix ends the name of a key's penalty-block key.
+const blockSuffix = ":b"
+
+// stateKey returns the Redis key in which a limiter of strategy s, period
+// and prefix keeps the state of key, as the package names it:
+// "<prefix>:{<key>}:<code><period in µs>", with '%', '{' and '}' in key
+// percent-encoded. For example "redlimit:{user1}:tb1000000".
+func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key string) string {
+	r := strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	return prefix + ":{" + r.Replace(key) + "}:" + strategyCodes[s] +
+		strconv.FormatInt(int64(period/time.Microsecond), 10)
+}
+
+// strategyValue is a flag.Value holding a strategy name.
+type strategyValue struct {
+	s   redlimit.Strategy
+	all bool // "all" was given (and allowed)
+	// allowAll makes "all" a valid value.
+	allowAll bool
+}
+
+func (v *strategyValue) String() string {
+	if v == nil {
+		return ""
+	}
+	if v.all {
+		return "all"
+	}
+	if v.s == 0 {
+		return ""
+	}
+	return v.s.String()
+}
+
+func (v *strategyValue) Set(s string) error {
+	if s == "all" && v.allowAll {
+		v.s, v.all = 0, true
+		return nil
+	}
+	st, err := redlimit.ParseStrategy(s)
+	if err != nil {
+		return fmt.Errorf("unknown strategy %q (want %s)", s, strategyList(v.allowAll))
+	}
+	v.s, v.all = st, false
+	return nil
+}
+
+// strategies returns the strategies the value selects.
+func (v *strategyValue) strategies() []redlimit.Strategy {
+	if v.all {
+		return redlimit.Strategies()
+	}
+	return []redlimit.Strategy{v.s}
+}
+
+// strategyList returns the strategy names, for messages.
+func strategyList(withAll bool) string {
+	var names []string
+	if withAll {
+		names = append(names, "all")
+	}
+	for _, s := range redlimit.Strategies() {
+		names = append(names, s.String())
+	}
+	return strings.Join(names, ", ")
+}

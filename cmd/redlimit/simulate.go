@@ -1,0 +1,298 @@
+package main
+
+//go:generate go run . simulate -pattern bursty -rate 10 -period 1s -duration 6s -out ../../docs/simulate.png
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/redlimit/redlimit"
+)
+
+var simulateCmd = &command{
+	name:  "simulate",
+	args:  "[flags]",
+	short: "replay a traffic pattern through all five strategies and chart it",
+	long: `
+Simulate sends the same traffic to one limiter of each strategy, all with the
+same limit, and reports what each admitted: a table on standard output and a
+chart (PNG or SVG, by the extension of -out) of admitted requests per -step
+over time, against the offered traffic.
+
+It runs on an embedded miniredis with a virtual clock, set before every
+request, so it takes no real time and gives the same result on every run.
+The clock starts at a window boundary of the fixed-window and
+sliding-counter strategies. A leaky-bucket request counts at its arrival
+plus the Delay it was given, when the queue lets it out.
+
+The patterns (-offered is the mean rate over the whole run in each of them):
+
+	steady   evenly spaced requests at the offered rate
+	bursty   every 2 periods, a burst of 2×period×offered requests, evenly
+	         spread over period/10 centred on a window boundary (at 1, 3, 5...
+	         periods), where a fixed window admits twice its rate
+	ramp     the rate grows linearly from 0 to 2×offered over -duration
+	onoff    2 periods at 2×offered, then 2 periods with no traffic, repeated
+	         (the mean is offered over whole cycles of 4 periods)
+	file     the arrival times in -file: one per line, as a duration ("1.25s")
+	         or in seconds ("1.25"); blank lines and lines starting with #
+	         are skipped. Without -duration, the run lasts until the last
+	         arrival, rounded up to whole periods.
+
+The table's "max/period" column is the most requests admitted in any
+interval [t, t+period), counted exactly over the admitted times: a sliding
+log never exceeds the rate, a fixed window can reach twice the rate across
+a window boundary, and a token bucket can reach burst+rate-1.`,
+	setup: setupSimulate,
+}
+
+// simFlags are the flags of the simulate command.
+type simFlags struct {
+	rate     int
+	period   time.Duration
+	burst    int
+	pattern  string
+	file     string
+	duration time.Duration
+	offered  float64
+	seed     int64
+	out      string
+	step     time.Duration
+}
+
+func setupSimulate(fs *flag.FlagSet) runFunc {
+	f := new(simFlags)
+	fs.IntVar(&f.rate, "rate", 10, "events allowed per period")
+	fs.DurationVar(&f.period, "period", time.Second, "the limit's period")
+	fs.IntVar(&f.burst, "burst", 0, "bucket capacity of token-bucket and leaky-bucket (0 means -rate)")
+	fs.StringVar(&f.pattern, "pattern", "steady", "traffic `pattern`: steady, bursty, ramp, onoff or file")
+	fs.StringVar(&f.file, "file", "", "`path` of the arrival times for -pattern file")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the simulated traffic")
+	fs.Float64Var(&f.offered, "offered", 0, "mean offered requests per second (0 means 3 × rate / period)")
+	fs.Int64Var(&f.seed, "seed", 0, "if not 0, move each arrival at random by up to half the gap to its neighbours, reproducibly for the seed")
+	fs.StringVar(&f.out, "out", "chart.png", "chart `file` to write, .png or .svg")
+	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
+	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		set := map[string]bool{}
+		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+		return f.run(ctx, args, set, stdout)
+	}
+}
+
+// maxArrivals caps the requests of one simulation: miniredis decides about
+// 6000 a second, and every request is decided five times.
+const maxArrivals = 200_000
+
+// maxBuckets caps the points of each line in the chart.
+const maxBuckets = 100_000
+
+func (f *simFlags) run(ctx context.Context, args []string, set map[string]bool, stdout io.Writer) error {
+	sim, err := f.simulation(args, set)
+	if err != nil {
+		return err
+	}
+	outs, err := runSimulation(ctx, sim)
+	if err != nil {
+		return err
+	}
+	printTable(stdout, sim, outs)
+	if err := writeChart(f.out, sim, outs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nchart written to %s\n", f.out)
+	return nil
+}
+
+// simulation checks the flags and builds the simulation they describe.
+func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, error) {
+	bad := func(format string, a ...any) (*simulation, error) {
+		return nil, usagef("simulate", format, a...)
+	}
+	if len(args) > 0 {
+		return bad("unexpected argument %q", args[0])
+	}
+	if f.file != "" && !set["pattern"] {
+		f.pattern = "file"
+	}
+	switch ext := strings.ToLower(filepath.Ext(f.out)); ext {
+	case ".png", ".svg":
+	default:
+		return bad("-out %q: the chart must be a .png or .svg file", f.out)
+	}
+	if f.offered == 0 {
+		f.offered = 3 * float64(f.rate) / f.period.Seconds()
+	}
+	if f.step == 0 {
+		f.step = f.period / 10
+	}
+	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	switch {
+	case f.offered < 0 || math.IsInf(f.offered, 0) || math.IsNaN(f.offered):
+		return bad("-offered %v must be a positive number", f.offered)
+	case f.duration <= 0:
+		return bad("-duration %v must be positive", f.duration)
+	case f.step < time.Microsecond:
+		return bad("-step %v must be at least 1µs", f.step)
+	case f.pattern == "file" && f.file == "":
+		return bad("-pattern file needs -file")
+	case f.pattern != "file" && f.file != "":
+		return bad("-file is only for -pattern file, not %s", f.pattern)
+	}
+	var arrivals []time.Duration
+	if f.pattern == "file" {
+		var err error
+		if arrivals, err = readArrivals(f.file); err != nil {
+			return nil, err
+		}
+		if !set["duration"] {
+			f.duration = coverPeriods(arrivals, f.period)
+		}
+		arrivals = before(arrivals, f.duration)
+	} else {
+		gen, ok := patterns[f.pattern]
+		if !ok {
+			return bad("unknown pattern %q (want steady, bursty, ramp, onoff or file)", f.pattern)
+		}
+		if n := f.offered * f.duration.Seconds(); n > maxArrivals {
+			return bad("-offered %v for %v is %.0f requests, more than the %d a simulation can take", f.offered, f.duration, n, maxArrivals)
+		}
+		arrivals = gen(f.offered, f.period, f.duration)
+	}
+	if len(arrivals) > maxArrivals {
+		return bad("%d requests, more than the %d a simulation can take", len(arrivals), maxArrivals)
+	}
+	if f.seed != 0 {
+		arrivals = jitter(arrivals, f.seed, f.duration)
+	}
+	if n := (f.duration + f.period) / f.step; n > maxBuckets {
+		return bad("-step %v makes %d chart points; use a longer step", f.step, n)
+	}
+	return &simulation{
+		limit:    limit,
+		pattern:  f.pattern,
+		arrivals: arrivals,
+		duration: f.duration,
+		step:     f.step,
+	}, nil
+}
+
+// simulation is one run of the same traffic through every strategy.
+type simulation struct {
+	limit    redlimit.Limit
+	pattern  string          // name, for titles
+	arrivals []time.Duration // request times since the start, sorted, whole µs
+	duration time.Duration   // length of the traffic
+	step     time.Duration   // chart resolution
+}
+
+// outcome is what one strategy admitted.
+type outcome struct {
+	strategy redlimit.Strategy
+	admitted []time.Duration // when admitted requests happen (arrival + Delay), sorted
+	delay    time.Duration   // sum of the Delays of the admitted requests
+}
+
+// meanDelay returns the mean Delay of the admitted requests.
+func (o *outcome) meanDelay() time.Duration {
+	if len(o.admitted) == 0 {
+		return 0
+	}
+	return o.delay / time.Duration(len(o.admitted))
+}
+
+// maxIn returns the most admitted requests in any interval [t, t+w).
+func (o *outcome) maxIn(w time.Duration) int {
+	return maxInWindow(o.admitted, w)
+}
+
+// maxInWindow returns the most times of ts, which is sorted, that fall in
+// any interval [t, t+w). Such an interval holding the most times can start
+// at one of them, so it is enough to try those.
+func maxInWindow(ts []time.Duration, w time.Duration) int {
+	best, j := 0, 0
+	for i, t := range ts {
+		for j < len(ts) && ts[j] < t+w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+// simEpoch is when the virtual clock starts: 2030-01-01 UTC, moved back to
+// a multiple of the period, where the windows of fixed-window and
+// sliding-counter start.
+func simEpoch(period time.Duration) time.Time {
+	us := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	p := int64(period / time.Microsecond)
+	return time.UnixMicro(us - us%p).UTC()
+}
+
+// runSimulation replays sim's arrivals through one limiter of each strategy,
+// on an embedded miniredis whose clock is set to each arrival in turn.
+func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
+	m := miniredis.NewMiniRedis()
+	defer m.Close()
+	m.ClockTTL(true)
+	rdb := newPipeClient(m)
+	defer rdb.Close()
+
+	type lane struct {
+		lim *redlimit.RateLimiter
+		key string
+		out *outcome
+	}
+	var lanes []lane
+	for _, s := range redlimit.Strategies() {
+		lim, err := newLimiter(rdb, s, sim.limit)
+		if err != nil {
+			return nil, err
+		}
+		defer lim.Close()
+		lanes = append(lanes, lane{lim: lim, key: "sim-" + s.String(), out: &outcome{strategy: s}})
+	}
+
+	epoch := simEpoch(sim.limit.Period)
+	for _, at := range sim.arrivals {
+		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
+		m.SetTime(epoch.Add(at))
+		for _, ln := range lanes {
+			res, err := ln.lim.Allow(ctx, ln.key)
+			if err != nil {
+				return nil, fmt.Errorf("simulate %v at %v: %w", ln.out.strategy, at, err)
+			}
+			if res.Allowed {
+				ln.out.admitted = append(ln.out.admitted, at+res.Delay)
+				ln.out.delay += res.Delay
+			}
+		}
+	}
+	outs := make([]*outcome, len(lanes))
+	for i, ln := range lanes {
+		slices.Sort(ln.out.admitted)
+		outs[i] = ln.out
+	}
+	return outs, nil
+}
+
+// printTable writes the comparison table.
+func printTable(w io.Writer, sim *simulation, outs []*outcome) {
+	fmt.Fprintf(w, "pattern %s, limit %v: %d requests offered in %v (%.1f/s)\n\n",
+		sim.pattern, sim.limit, len(sim.arrivals), sim.duration, float64(len(sim.arrivals))/sim.duration.Seconds())
+	const row = "%-16s %8v %9v %11v %11v\n"
+	fmt.Fprintf(w, row, "strategy", "offered", "admitted", "max/period", "mean delay")
+	for _, o := range outs {
+		fmt.Fprintf(w, row, o.strategy, len(sim.arrivals), len(o.admitted), o.maxIn(sim.limit.Period), o.meanDelay().Round(time.Millisecond))
+	}
+	fmt.Fprintf(w, "\nmax/period: the most admitted in any interval [t, t+%v); the rate is %d.\n", sim.limit.Period, sim.limit.Rate)
+	fmt.Fprintln(w, "leaky-bucket requests count at arrival + Delay; mean delay is over admitted requests.")
+}

@@ -1,0 +1,238 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// realBackend runs the shared suite on a real redis-server: time passes by
+// sleeping.
+func realBackend(t *testing.T) *backend {
+	s := realServer(t)
+	opts := redistest.TunedOptions(s.Addr)
+	opts.ReadTimeout, opts.WriteTimeout = time.Second, time.Second // -race on 2 cores
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	return &backend{name: "redis", rdb: rdb, advance: time.Sleep}
+}
+
+func TestBehaviourRedis(t *testing.T) {
+	testBehaviour(t, realBackend)
+}
+
+// Lua numbers are doubles: tostring keeps 14 digits of a µs timestamp on
+// real Redis (and all of them on miniredis), so the scripts never use it,
+// nor '..' on a number.
+func TestScriptsNeverStringifyNumbers(t *testing.T) {
+	files, err := filepath.Glob("scripts/*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			code, _, _ := strings.Cut(line, "--")
+			if strings.Contains(code, "tostring") || strings.Contains(code, "..") {
+				t.Errorf("%s:%d: %s", f, i+1, strings.TrimSpace(line))
+			}
+		}
+	}
+}
+
+// concurrencyCase is a limit to hammer, and the bound on admissions that
+// the strategy guarantees for any interval of client time.
+type concurrencyCase struct {
+	s     Strategy
+	limit Limit
+}
+
+// TestConcurrencyRedis runs 64 goroutines on one key for 2 s per strategy
+// on a real Redis, and checks every interval of the admitted events
+// (timestamps taken after each call returns): never more than the strategy
+// allows, and not fewer than it should.
+func TestConcurrencyRedis(t *testing.T) {
+	testConcurrency(t, func(t *testing.T) redis.UniversalClient { return realBackend(t).rdb }, 2*time.Second)
+}
+
+func testConcurrency(t *testing.T, client func(t *testing.T) redis.UniversalClient, runFor time.Duration) {
+	cases := []concurrencyCase{
+		{FixedWindow, Limit{Rate: 100, Period: 200 * time.Millisecond}},
+		{SlidingLog, Limit{Rate: 100, Period: 200 * time.Millisecond}},
+		{SlidingCounter, Limit{Rate: 100, Period: 200 * time.Millisecond}},
+		{TokenBucket, Limit{Rate: 100, Period: 200 * time.Millisecond, Burst: 50}},
+		{LeakyBucket, Limit{Rate: 100, Period: 200 * time.Millisecond, Burst: 50}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			rdb := client(t)
+			lim := newLimiter(t, rdb, tc.s, tc.limit, WithPrefix(prefixFor(t)))
+			admitted, maxCall, calls := hammer(t, lim, "hot", 64, runFor)
+			checkAdmissions(t, tc, admitted, maxCall, calls, runFor)
+		})
+	}
+}
+
+// hammer calls Allow from g goroutines until d has passed, and returns the
+// times (after each call returned) of the admitted calls, sorted, and the
+// longest call.
+func hammer(t *testing.T, lim Limiter, key string, g int, d time.Duration) ([]time.Duration, time.Duration, int) {
+	t.Helper()
+	start := time.Now()
+	var (
+		mu       sync.Mutex
+		admitted []time.Duration
+		maxCall  time.Duration
+		calls    int
+		wg       sync.WaitGroup
+		firstErr error
+	)
+	for range g {
+		wg.Go(func() {
+			var mine []time.Duration
+			var longest time.Duration
+			n := 0
+			for time.Since(start) < d {
+				before := time.Now()
+				res, err := lim.Allow(context.Background(), key)
+				after := time.Since(start)
+				n++
+				if err != nil || res.Degraded {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("%+v, %v", res, err)
+					}
+					mu.Unlock()
+					return
+				}
+				longest = max(longest, time.Since(before))
+				if res.Allowed {
+					mine = append(mine, after)
+				}
+			}
+			mu.Lock()
+			admitted = append(admitted, mine...)
+			maxCall = max(maxCall, longest)
+			calls += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		t.Fatalf("a call failed or fell back: %v", firstErr)
+	}
+	sort.Slice(admitted, func(i, j int) bool { return admitted[i] < admitted[j] })
+	return admitted, maxCall, calls
+}
+
+// checkAdmissions checks the admitted times against the strategy's bound.
+// A call admitted at server time s is stamped at client time c in
+// [s, s+maxCall], so an interval of client time [a, b] holds only events of
+// server time [a-maxCall, b]: each bound below is taken over an interval
+// stretched by maxCall.
+func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration, maxCall time.Duration, calls int, runFor time.Duration) {
+	t.Helper()
+	l := tc.limit
+	burst := l.Burst
+	if burst == 0 {
+		burst = l.Rate
+	}
+	// most is the most events the strategy may admit in server time of
+	// length span.
+	most := func(span time.Duration) float64 {
+		periods := float64(span) / float64(l.Period)
+		switch tc.s {
+		case SlidingLog:
+			// Rate in any Period: an interval of k periods and a bit holds
+			// at most Rate per started period.
+			return float64(l.Rate) * float64(int(periods)+1)
+		case FixedWindow, SlidingCounter:
+			// At most Rate per aligned window (the counter's current count
+			// never passes Rate); an interval touches ceil(periods)+1 windows.
+			return float64(l.Rate) * float64(int(periods)+2)
+		default: // token and leaky bucket: Burst, then Rate per Period
+			return float64(burst) + float64(l.Rate)*periods
+		}
+	}
+	violations := 0
+	for i := range admitted {
+		for j := i; j < len(admitted); j++ {
+			span := admitted[j] - admitted[i] + maxCall
+			if float64(j-i+1) > most(span)+0.5 {
+				violations++
+				if violations < 4 {
+					t.Errorf("%d events admitted within %v of client time (+%v max call): more than %v allows (%.1f)",
+						j-i+1, admitted[j]-admitted[i], maxCall, tc.s, most(span))
+				}
+				break
+			}
+			if span > 3*l.Period {
+				break
+			}
+		}
+	}
+	// What should be admitted over the run, from a full start.
+	periods := float64(runFor) / float64(l.Period)
+	ideal := map[Strategy]float64{
+		FixedWindow:    float64(l.Rate) * periods,
+		SlidingLog:     float64(l.Rate) * periods,
+		SlidingCounter: float64(l.Rate) * periods,
+		TokenBucket:    float64(burst) + float64(l.Rate)*periods,
+		LeakyBucket:    float64(burst) + float64(l.Rate)*periods,
+	}[tc.s]
+	got := float64(len(admitted))
+	// Tolerance: the counter's estimate weighs the previous window as if its
+	// events were even; when they came in a burst at the start, it admits
+	// less (down to about half the rate in steady hammering).
+	low := 0.95
+	if tc.s == SlidingCounter {
+		low = 0.5
+	}
+	t.Logf("%v %v: %d calls, %d admitted (ideal %.0f, %.0f%%), longest call %v",
+		tc.s, l, calls, len(admitted), ideal, 100*got/ideal, maxCall)
+	if got < low*ideal {
+		t.Errorf("admitted %d, fewer than %.0f%% of the %.0f the limit allows", len(admitted), low*100, ideal)
+	}
+	if got > ideal+float64(burst)+float64(l.Rate) {
+		t.Errorf("admitted %d, more than the %.0f the limit allows over the run", len(admitted), ideal)
+	}
+}
+
+// Redis memory each strategy keeps per limited key.
+func TestMemoryPerKeyRedis(t *testing.T) {
+	b := realBackend(t)
+	ctx := context.Background()
+	for _, s := range Strategies() {
+		lim := newLimiter(t, b.rdb, s, Limit{Rate: 1000, Period: time.Minute, Burst: 1000})
+		for _, events := range []int{1, 100} {
+			key := fmt.Sprintf("user:%d", 10000+events)
+			if _, err := lim.AllowN(ctx, key, events); err != nil {
+				t.Fatal(err)
+			}
+			used, err := b.rdb.MemoryUsage(ctx, lim.stateKey(key)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%-16s key %q, %3d events: MEMORY USAGE %d bytes", s, lim.stateKey(key), events, used)
+			if s != SlidingLog && used > 128 {
+				t.Errorf("%v keeps %d bytes per key, want at most 128", s, used)
+			}
+			if s == SlidingLog && used > int64(100+70*events) {
+				t.Errorf("sliding log keeps %d bytes for %d events, want at most %d", used, events, 100+70*events)
+			}
+		}
+	}
+}
