@@ -1,0 +1,474 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// Fault tests: real redis-server children, crashed, hung, cut off, slowed,
+// loading, read-only, out of memory and busy, under load. The client has
+// the options the README recommends (redistest.TunedOptions).
+
+// callRec is one call made by the load.
+type callRec struct {
+	start, end time.Duration // since the load started
+	degraded   bool
+	err        error
+}
+
+// load calls Allow from many goroutines, with a 1ms pause between calls
+// (a service, not a spin loop), and records every call.
+type load struct {
+	origin time.Time
+	stop   atomic.Bool
+	wg     sync.WaitGroup
+	recs   [][]callRec
+}
+
+func startLoad(lim Limiter, goroutines int) *load {
+	l := &load{origin: time.Now(), recs: make([][]callRec, goroutines)}
+	for g := range goroutines {
+		l.wg.Go(func() {
+			key := "k" + strconv.Itoa(g%8)
+			for !l.stop.Load() {
+				start := time.Since(l.origin)
+				res, err := lim.Allow(context.Background(), key)
+				l.recs[g] = append(l.recs[g], callRec{start, time.Since(l.origin), res.Degraded, err})
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// now is the time since the load started.
+func (l *load) now() time.Duration { return time.Since(l.origin) }
+
+// finish stops the load and returns every goroutine's calls.
+func (l *load) finish() [][]callRec {
+	l.stop.Store(true)
+	l.wg.Wait()
+	return l.recs
+}
+
+// faultReport sums up a load around a fault at faultAt that ended at endAt.
+type faultReport struct {
+	calls, errors, degraded int
+	firstErr                error
+	maxCall                 time.Duration
+	slowestFallback         time.Duration // the last goroutine's first fallback after faultAt
+	back                    time.Duration // from endAt to the first Redis decision after it
+}
+
+func report(recs [][]callRec, faultAt, endAt time.Duration) faultReport {
+	r := faultReport{back: -1}
+	firstBack := time.Duration(-1)
+	for _, gr := range recs {
+		first := time.Duration(-1)
+		for _, c := range gr {
+			r.calls++
+			r.maxCall = max(r.maxCall, c.end-c.start)
+			if c.err != nil {
+				r.errors++
+				if r.firstErr == nil {
+					r.firstErr = c.err
+				}
+			}
+			if c.degraded {
+				r.degraded++
+				if first < 0 && c.end >= faultAt {
+					first = c.end - faultAt
+				}
+			}
+			if !c.degraded && c.err == nil && endAt > 0 && c.start >= endAt && (firstBack < 0 || c.end < firstBack) {
+				firstBack = c.end
+			}
+		}
+		if first < 0 {
+			first = time.Hour // never fell back
+		}
+		r.slowestFallback = max(r.slowestFallback, first)
+	}
+	if firstBack >= 0 {
+		r.back = firstBack - endAt
+	}
+	return r
+}
+
+func (r faultReport) String() string {
+	return fmt.Sprintf("%d calls, %d errors, %d degraded; longest call %v; every goroutine fell back within %v of the fault; back on Redis %v after it ended",
+		r.calls, r.errors, r.degraded, r.maxCall.Round(time.Millisecond), r.slowestFallback.Round(time.Millisecond), r.back.Round(time.Millisecond))
+}
+
+// faultLimiter is a limiter on a tuned client of addr, for a fault test.
+func faultLimiter(t *testing.T, addr string, opts ...Option) (*RateLimiter, *redis.Client, *transitions) {
+	t.Helper()
+	rdb := redis.NewClient(redistest.TunedOptions(addr))
+	tr := &transitions{}
+	opts = append([]Option{WithOnTransition(tr.record)}, opts...)
+	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close(); rdb.Close() })
+	return lim, rdb, tr
+}
+
+// T1: crash under load, 2 s down, restart on the same port.
+func TestFaultCrash(t *testing.T) {
+	srv := redistest.Start(t)
+	verifyNoLeak(t)
+	lim, rdb, tr := faultLimiter(t, srv.Addr)
+	ld := startLoad(lim, 64)
+	time.Sleep(time.Second)
+	killAt := ld.now()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	upAt := ld.now()
+	time.Sleep(2 * time.Second)
+	r := report(ld.finish(), killAt, upAt)
+	t.Logf("crash: %v; transitions %d", r, len(tr.list()))
+	switch {
+	case r.errors > 0:
+		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
+	case r.slowestFallback > 100*time.Millisecond:
+		t.Errorf("a goroutine got its first fallback decision %v after the kill, want within 100ms", r.slowestFallback)
+	case r.maxCall > 250*time.Millisecond:
+		t.Errorf("a call took %v, want at most 250ms", r.maxCall)
+	case r.back < 0 || r.back > 1500*time.Millisecond:
+		t.Errorf("decisions came from Redis again %v after the restart, want within 1.5s", r.back)
+	}
+	lim.Close()
+	rdb.Close()
+}
+
+// T2: hang (SIGSTOP) under load for 2 s, then SIGCONT.
+func TestFaultHang(t *testing.T) {
+	srv := redistest.Start(t)
+	lim, _, tr := faultLimiter(t, srv.Addr)
+	ld := startLoad(lim, 64)
+	time.Sleep(time.Second)
+	stopAt := ld.now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	contAt := ld.now()
+	time.Sleep(1500 * time.Millisecond)
+	r := report(ld.finish(), stopAt, contAt)
+	t.Logf("hang: %v; transitions %d", r, len(tr.list()))
+	switch {
+	case r.errors > 0:
+		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
+	case r.maxCall > 300*time.Millisecond:
+		t.Errorf("a call took %v, want at most 300ms", r.maxCall)
+	case r.slowestFallback > 300*time.Millisecond:
+		t.Errorf("a goroutine fell back %v after the hang began, want within 300ms", r.slowestFallback)
+	case r.back < 0 || r.back > 500*time.Millisecond:
+		t.Errorf("decisions came from Redis again %v after SIGCONT, want within 500ms", r.back)
+	}
+}
+
+// T3: a caller's 50ms deadline while Redis hangs: the call returns in time,
+// with the context's error.
+func TestFaultCallerDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	lim, _, tr := faultLimiter(t, srv.Addr)
+	if _, err := lim.Allow(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := lim.Allow(ctx, "k")
+	took := time.Since(start)
+	t.Logf("caller deadline 50ms: returned after %v with %v", took, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want the context's DeadlineExceeded", err)
+	}
+	if took > 60*time.Millisecond {
+		t.Errorf("returned after %v, want within 60ms", took)
+	}
+	if len(tr.list()) != 0 {
+		t.Errorf("the caller's deadline switched to the fallback: %+v", tr.list())
+	}
+}
+
+// T4: latency above the client's read timeout gives a fallback; below it
+// does not.
+func TestFaultLatency(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	for _, tc := range []struct {
+		delay    time.Duration
+		degraded bool
+	}{{150 * time.Millisecond, true}, {30 * time.Millisecond, false}} {
+		t.Run(tc.delay.String(), func(t *testing.T) {
+			proxy.SetDelay(tc.delay)
+			lim, _, tr := faultLimiter(t, proxy.Addr)
+			for i := range 5 {
+				start := time.Now()
+				res, err := lim.Allow(context.Background(), "k")
+				if err != nil {
+					t.Fatalf("call %d: %v", i, err)
+				}
+				if res.Degraded != tc.degraded {
+					t.Fatalf("call %d after %v: Degraded = %v, want %v", i, time.Since(start), res.Degraded, tc.degraded)
+				}
+			}
+			if got := len(tr.list()) > 0; got != tc.degraded {
+				t.Errorf("transitions %+v", tr.list())
+			}
+		})
+	}
+}
+
+// T5: flapping: the connection is cut and restored every 150ms for 5 s.
+func TestFaultFlapping(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	verifyNoLeak(t)
+	rdb := redis.NewClient(redistest.TunedOptions(proxy.Addr))
+	tr := &transitions{}
+	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000), WithOnTransition(tr.record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld := startLoad(lim, 32)
+	cuts := 0
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		proxy.Cut()
+		cuts++
+		time.Sleep(150 * time.Millisecond)
+		proxy.Restore()
+		time.Sleep(150 * time.Millisecond)
+	}
+	r := report(ld.finish(), 0, 0)
+	switches := len(tr.list())
+	t.Logf("flapping: %d cuts, %d mode switches; %v", cuts, switches, r)
+	if r.errors > 0 {
+		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
+	}
+	if switches > 2*cuts {
+		t.Errorf("%d mode switches for %d outages, want at most 2 per outage", switches, cuts)
+	}
+	lim.Close()
+	rdb.Close()
+}
+
+// T6: LOADING after a restart with a dataset to load, READONLY on a replica,
+// OOM under maxmemory noeviction, and BUSY while a slow script runs.
+func TestFaultServerStates(t *testing.T) {
+	t.Run("LOADING", func(t *testing.T) {
+		// key-load-delay makes loading slow enough to see (20,000 keys at
+		// 50µs each take about 2 s); a small events interval makes Redis
+		// answer LOADING while it loads, as it does with a big dataset.
+		srv := redistest.Start(t, "--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
+		admin := srv.Client(t)
+		ctx := context.Background()
+		pipe := admin.Pipeline()
+		for i := range 20000 {
+			pipe.Set(ctx, "fill:"+strconv.Itoa(i), "x", 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Save(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		lim, _, tr := faultLimiter(t, srv.Addr)
+		if err := srv.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		restarted := make(chan error, 1)
+		go func() { restarted <- srv.Restart() }() // returns when loading is done
+		// Wait for the port to open: from then on Redis answers LOADING.
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			c, err := net.DialTimeout("tcp", srv.Addr, 100*time.Millisecond)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the restarted server never listened: %v", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		res, err := lim.Allow(ctx, "k")
+		if err != nil || !res.Degraded {
+			t.Fatalf("while loading: %+v, %v; want a fallback decision", res, err)
+		}
+		if got := tr.list(); len(got) != 1 || !redis.IsLoadingError(got[0].Err) {
+			t.Fatalf("transitions = %+v, want one caused by LOADING", got)
+		}
+		if err := <-restarted; err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if out, _ := srv.CLI("PING"); out == "PONG" {
+				break // loading is over
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("still loading after 10s")
+			}
+		}
+		waitBack(t, lim, 1500*time.Millisecond)
+	})
+	t.Run("READONLY", func(t *testing.T) {
+		master := redistest.Start(t)
+		replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+		lim, _, tr := faultLimiter(t, replica.Addr)
+		for range 3 {
+			res, err := lim.Allow(context.Background(), "k")
+			if err != nil || !res.Degraded {
+				t.Fatalf("on a replica: %+v, %v; want a fallback decision", res, err)
+			}
+		}
+		if got := tr.list(); len(got) != 1 || !redis.IsReadOnlyError(got[0].Err) {
+			t.Fatalf("transitions = %+v, want one caused by READONLY", got)
+		}
+		// The probe writes, so a replica answering PING does not count as back.
+		time.Sleep(500 * time.Millisecond)
+		if res, _ := lim.Allow(context.Background(), "k"); !res.Degraded {
+			t.Fatal("switched back to a read-only replica")
+		}
+	})
+	t.Run("OOM", func(t *testing.T) {
+		srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+		lim, _, tr := faultLimiter(t, srv.Addr)
+		if _, err := srv.CLI("CONFIG", "SET", "maxmemory", "1"); err != nil {
+			t.Fatal(err)
+		}
+		res, err := lim.Allow(context.Background(), "k")
+		if err != nil || !res.Degraded {
+			t.Fatalf("out of memory: %+v, %v; want a fallback decision", res, err)
+		}
+		if got := tr.list(); len(got) != 1 || !redis.IsOOMError(got[0].Err) {
+			t.Fatalf("transitions = %+v, want one caused by OOM", got)
+		}
+		if _, err := srv.CLI("CONFIG", "SET", "maxmemory", "0"); err != nil {
+			t.Fatal(err)
+		}
+		waitBack(t, lim, 2*time.Second)
+	})
+	t.Run("BUSY", func(t *testing.T) {
+		srv := redistest.Start(t, "--busy-reply-threshold", "100")
+		lim, _, tr := faultLimiter(t, srv.Addr)
+		if _, err := lim.Allow(context.Background(), "k"); err != nil {
+			t.Fatal(err)
+		}
+		slow := srv.Client(t)
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			done <- slow.Eval(ctx, "local t = redis.call('TIME') while true do end", nil).Err()
+		}()
+		deadline := time.Now().Add(3 * time.Second)
+		for {
+			res, err := lim.Allow(context.Background(), "k")
+			if err != nil {
+				t.Fatalf("while a script is busy: %v", err)
+			}
+			if res.Degraded {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no fallback while a script kept Redis busy")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		got := tr.list()
+		if len(got) != 1 || !(redis.HasErrorPrefix(got[0].Err, "BUSY") || isUnavailable(got[0].Err)) {
+			t.Fatalf("transitions = %+v, want one caused by BUSY or a timeout", got)
+		}
+		if _, err := srv.CLI("SCRIPT", "KILL"); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		waitBack(t, lim, 2*time.Second)
+	})
+}
+
+// waitBack waits until lim decides on Redis again.
+func waitBack(t *testing.T, lim *RateLimiter, within time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		res, err := lim.Allow(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Degraded {
+			t.Logf("back on Redis after %v", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Since(start) > within {
+			t.Fatalf("still degraded after %v", within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// T8 on real Redis: each policy during a crash.
+func TestFaultPolicies(t *testing.T) {
+	for _, p := range []FallbackPolicy{FallbackLocal, FallbackAllow, FallbackDeny, FallbackError} {
+		t.Run(p.String(), func(t *testing.T) {
+			srv := redistest.Start(t)
+			lim, _, _ := faultLimiter(t, srv.Addr, WithFallback(p))
+			if err := srv.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			var outcomes []string
+			for range 3 {
+				res, err := lim.Allow(context.Background(), "k")
+				switch {
+				case err != nil && errors.Is(err, ErrUnavailable):
+					outcomes = append(outcomes, "unavailable")
+				case err != nil:
+					t.Fatalf("unexpected error %v", err)
+				case !res.Degraded:
+					t.Fatal("a result without Degraded while Redis is down")
+				case res.Allowed:
+					outcomes = append(outcomes, "allowed")
+				default:
+					outcomes = append(outcomes, "denied")
+				}
+			}
+			sort.Strings(outcomes)
+			want := map[FallbackPolicy]string{
+				FallbackLocal: "[allowed allowed allowed]",
+				FallbackAllow: "[allowed allowed allowed]",
+				FallbackDeny:  "[denied denied denied]",
+				FallbackError: "[unavailable unavailable unavailable]",
+			}[p]
+			if got := fmt.Sprint(outcomes); got != want {
+				t.Errorf("outcomes %s, want %s", got, want)
+			}
+		})
+	}
+}
