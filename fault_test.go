@@ -38,10 +38,15 @@ type load struct {
 }
 
 func startLoad(lim Limiter, goroutines int) *load {
+	return startLoadKeys(lim, goroutines, func(g int) string { return "k" + strconv.Itoa(g%8) })
+}
+
+// startLoadKeys is startLoad with goroutine g calling for key(g).
+func startLoadKeys(lim Limiter, goroutines int, key func(g int) string) *load {
 	l := &load{origin: time.Now(), recs: make([][]callRec, goroutines)}
 	for g := range goroutines {
 		l.wg.Go(func() {
-			key := "k" + strconv.Itoa(g%8)
+			key := key(g)
 			for !l.stop.Load() {
 				start := time.Since(l.origin)
 				res, err := lim.Allow(context.Background(), key)
