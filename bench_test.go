@@ -74,12 +74,12 @@ func BenchmarkRateAllow(b *testing.B) {
 
 func BenchmarkDenyCacheHit(b *testing.B) {
 	c := newDenyCache(10_000)
-	c.remember("hot", time.Hour)
+	c.remember("hot", 1, time.Hour)
 	limit := PerSecond(10)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, ok := c.lookup("hot", limit); !ok {
+			if _, ok := c.lookup("hot", 1, limit); !ok {
 				b.Fatal("miss")
 			}
 		}
@@ -89,13 +89,13 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 func BenchmarkDenyCacheMiss(b *testing.B) {
 	c := newDenyCache(10_000)
 	for i := range 5000 {
-		c.remember("k"+strconv.Itoa(i), time.Hour)
+		c.remember("k"+strconv.Itoa(i), 1, time.Hour)
 	}
 	limit := PerSecond(10)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, ok := c.lookup("absent", limit); ok {
+			if _, ok := c.lookup("absent", 1, limit); ok {
 				b.Fatal("hit")
 			}
 		}

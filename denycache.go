@@ -8,6 +8,8 @@ import (
 
 // denyCache remembers keys that Redis denied, until the RetryAfter it gave,
 // so that calls for them within that time are denied without a round trip.
+// RetryAfter is for the n that was denied: a call for fewer events may be
+// allowed sooner, so an entry denies only calls for at least that n.
 // Entries expire; when a shard is full, expired entries are swept and, if
 // none were, an arbitrary one is dropped (which only costs a round trip).
 type denyCache struct {
@@ -18,7 +20,12 @@ type denyCache struct {
 type denyShard struct {
 	mu    sync.RWMutex
 	max   int
-	until map[string]int64 // key -> deadline, ns since epoch0 (monotonic)
+	until map[string]denial
+}
+
+type denial struct {
+	until int64 // ns since epoch0 (monotonic)
+	n     int   // the n that was denied
 }
 
 // epoch0 anchors the monotonic clock the cache compares against.
@@ -31,7 +38,7 @@ func newDenyCache(size int) *denyCache {
 	per := max(size/lruShards, 1)
 	for i := range c.shards {
 		c.shards[i].max = per
-		c.shards[i].until = make(map[string]int64)
+		c.shards[i].until = make(map[string]denial)
 	}
 	return c
 }
@@ -40,25 +47,25 @@ func (c *denyCache) shard(key string) *denyShard {
 	return &c.shards[maphash.String(c.seed, key)%lruShards]
 }
 
-// lookup returns a denial if key is known to be denied now.
-func (c *denyCache) lookup(key string, limit Limit) (Result, bool) {
+// lookup returns a denial if n events for key are known to be denied now.
+func (c *denyCache) lookup(key string, n int, limit Limit) (Result, bool) {
 	s := c.shard(key)
 	s.mu.RLock()
-	until, ok := s.until[key]
+	d, ok := s.until[key]
 	s.mu.RUnlock()
-	if !ok {
+	if !ok || n < d.n {
 		return Result{}, false
 	}
-	left := until - monoNow()
+	left := d.until - monoNow()
 	if left <= 0 {
 		return Result{}, false
 	}
-	d := time.Duration(left)
-	return Result{Limit: limit, RetryAfter: d, ResetAfter: d}, true
+	wait := time.Duration(left)
+	return Result{Limit: limit, RetryAfter: wait, ResetAfter: wait}, true
 }
 
-// remember records that key is denied for d from now.
-func (c *denyCache) remember(key string, d time.Duration) {
+// remember records that n events for key are denied for d from now.
+func (c *denyCache) remember(key string, n int, d time.Duration) {
 	if d <= 0 {
 		return
 	}
@@ -67,8 +74,8 @@ func (c *denyCache) remember(key string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.until[key]; !ok && len(s.until) >= s.max {
-		for k, u := range s.until {
-			if u <= now {
+		for k, old := range s.until {
+			if old.until <= now {
 				delete(s.until, k)
 			}
 		}
@@ -79,7 +86,7 @@ func (c *denyCache) remember(key string, d time.Duration) {
 			}
 		}
 	}
-	s.until[key] = now + int64(d)
+	s.until[key] = denial{until: now + int64(d), n: n}
 }
 
 // forget drops key.

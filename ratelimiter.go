@@ -233,7 +233,7 @@ const (
 // fallback while Redis is down.
 func (l *RateLimiter) decide(ctx context.Context, key string, n int, maxDelay time.Duration) (Result, reason, error) {
 	if l.denies != nil && n > 0 {
-		if res, ok := l.denies.lookup(key, l.limit); ok {
+		if res, ok := l.denies.lookup(key, n, l.limit); ok {
 			return res, reasonDenyCache, nil
 		}
 	}
@@ -253,7 +253,7 @@ func (l *RateLimiter) decide(ctx context.Context, key string, n int, maxDelay ti
 		return l.rescue.decide(key, n, maxDelay)
 	}
 	if l.denies != nil && !res.Allowed && why != reasonMaxDelay {
-		l.denies.remember(key, res.RetryAfter)
+		l.denies.remember(key, n, res.RetryAfter)
 	}
 	return res, why, nil
 }
