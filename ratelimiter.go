@@ -243,7 +243,7 @@ func (l *RateLimiter) decide(ctx context.Context, key string, n int, maxDelay ti
 	state := l.stateKey(key)
 	res, why, err := l.eval(ctx, state, n, maxDelay)
 	if err != nil {
-		if ctxErr := ctx.Err(); ctxErr != nil {
+		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return Result{}, 0, fmt.Errorf("redlimit: %v %q: %w", l.alg.strategy, key, ctxErr)
 		}
 		if !isUnavailable(err) {
@@ -256,6 +256,19 @@ func (l *RateLimiter) decide(ctx context.Context, key string, n int, maxDelay ti
 		l.denies.remember(key, n, res.RetryAfter)
 	}
 	return res, why, nil
+}
+
+// callerDone returns the caller's context error, if the context is done or
+// its deadline has passed (a socket deadline set from it can fire a moment
+// before the context's own timer does).
+func callerDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // eval runs the strategy's script for one decision.

@@ -25,3 +25,21 @@ func TestSlidingCounterTable(t *testing.T) {
 		{advance: 3 * time.Second, n: 10, allowed: true, remaining: 0, reset: 1333333 * us},
 	})
 }
+
+// Counts of 2^26 and more do not fit the packed integer: they are kept as
+// text, with the same arithmetic.
+func TestSlidingCounterLargeCounts(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, SlidingCounter, Limit{Rate: 1_000_000_000, Period: time.Second})
+	ms := time.Millisecond
+	run(t, b, lim, "k", []step{
+		{n: 600_000_000, allowed: true, remaining: 400_000_000, reset: 2 * time.Second},
+		{advance: 1500 * ms, n: 0, allowed: true, remaining: 700_000_000, reset: 500 * ms},
+		{n: 700_000_000, allowed: true, remaining: 0, reset: 1500 * ms},
+		{n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: 1500 * ms},
+	})
+	v, err := b.rdb.Get(t.Context(), lim.stateKey("k")).Result()
+	if err != nil || v != "700000000:600000000" {
+		t.Fatalf("stored %q, %v; want the counts as text", v, err)
+	}
+}

@@ -3,30 +3,46 @@
 -- window's count weighted by the part of it still inside that interval, plus
 -- the current window's count; n events are admitted if estimate + n <= rate.
 --
--- KEYS[1]  hash: w = index of the window that c counts (floor(µs / period)),
---          c = events admitted in window w, p = events admitted in window w-1.
+-- KEYS[1]  string: two counts, c (events admitted in window w) and p (in
+--          window w-1), packed into one integer p * 2^26 + c when both are
+--          below 2^26 (so Redis stores it as an integer: about 88 bytes a
+--          key), else the text "c:p". Window w = floor(µs / period) is not
+--          stored: the key expires at the end of window w+1 (PXAT, rounded
+--          up to the millisecond), so w = floor(expiry µs / period) - 2,
+--          exact because period >= 1ms.
 -- ARGV     see common.lua; burst and max delay are ignored.
 -- Reply    see common.lua.
 --
 -- Arithmetic is scaled by period so that it stays in integers:
 --   estimate * period = p * (period - elapsed) + c * period
 -- and the remaining allowance is rate - c - ceil(p * (period - elapsed) / period).
--- Denials write nothing. The key expires at the end of window w+1, after
--- which its counts no longer matter. If the server clock went backwards
--- (stored w ahead of the current window), the stored counts are kept as they
--- are, so a clock step never admits more.
+-- Denials write nothing. If the server clock went backwards (w ahead of the
+-- current window), the stored counts are kept as they are, so a clock step
+-- never admits more.
+
+local PACK = 67108864 -- 2^26
 
 local cw = math.floor(now / period)
 local cur, prev, w = 0, 0, cw
-local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
-if st[1] then
-  local sw = tonumber(st[1])
+local v = redis.call('GET', KEYS[1])
+if v then
+  local c, p
+  local sep = string.find(v, ':', 1, true)
+  if sep then
+    c, p = tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
+  else
+    local x = tonumber(v)
+    c, p = x % PACK, math.floor(x / PACK)
+  end
+  local sw = cw
+  local exp = redis.call('PEXPIRETIME', KEYS[1])
+  if exp > 0 then sw = math.floor(exp * 1000 / period) - 2 end
   if sw == cw then
-    cur, prev = tonumber(st[2]), tonumber(st[3])
+    cur, prev = c, p
   elseif sw == cw - 1 then
-    prev = tonumber(st[2])
+    prev = c
   elseif sw > cw then
-    cur, prev, w = tonumber(st[2]), tonumber(st[3]), sw
+    cur, prev, w = c, p, sw
   end
 end
 
@@ -55,7 +71,13 @@ if n > remaining then
 end
 
 if n > 0 then
-  redis.call('HSET', KEYS[1], 'w', w, 'c', cur + n, 'p', prev)
-  redis.call('PEXPIRE', KEYS[1], ttl_ms((w + 2) * period - now))
+  local c = cur + n
+  local value
+  if c < PACK and prev < PACK then
+    value = prev * PACK + c
+  else
+    value = string.format('%d:%d', c, prev)
+  end
+  redis.call('SET', KEYS[1], value, 'PXAT', math.ceil((w + 2) * period / 1000))
 end
 return allow(remaining - n, reset_after(cur + n), 0)
