@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 )
 
@@ -122,5 +123,56 @@ func BenchmarkDecisionMiniredis(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// stubClient answers every script with a fixed reply and no I/O, so that
+// a benchmark sees the library's own cost of a decision.
+type stubClient struct {
+	redis.UniversalClient // nil: calling anything else panics
+	cmd                   *redis.Cmd
+}
+
+func newStubClient() *stubClient {
+	reply := []any{int64(1), int64(9), int64(0), int64(100000), int64(0), int64(0)}
+	return &stubClient{cmd: redis.NewCmdResult(reply, nil)}
+}
+
+func (s *stubClient) EvalSha(context.Context, string, []string, ...any) *redis.Cmd { return s.cmd }
+func (s *stubClient) Eval(context.Context, string, []string, ...any) *redis.Cmd    { return s.cmd }
+
+// BenchmarkDecisionOverhead is a whole decision without the round trip:
+// key name, arguments, script call, reply decoding.
+func BenchmarkDecisionOverhead(b *testing.B) {
+	lim, err := NewTokenBucket(newStubClient(), PerSecond(10))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := lim.Allow(ctx, "user:12345"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The library allocates at most 2 times per decision, round trip excluded.
+func TestDecisionAllocs(t *testing.T) {
+	ctx := context.Background()
+	for _, opts := range [][]Option{nil, {WithBlock(time.Second)}} {
+		lim, err := NewTokenBucket(newStubClient(), PerSecond(10), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(1000, func() {
+			if _, err := lim.Allow(ctx, "user:12345"); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Logf("%d options: %.0f allocations per decision", len(opts), allocs)
+		if allocs > 2 {
+			t.Errorf("%.0f allocations per decision, want at most 2", allocs)
+		}
 	}
 }

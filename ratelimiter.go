@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -271,19 +272,35 @@ func callerDone(ctx context.Context) error {
 	return nil
 }
 
+// evalArgs holds the keys and arguments of one script call. go-redis
+// copies them into its command, so they are reused through a pool: a
+// decision allocates only its key name.
+type evalArgs struct {
+	keys [2]string
+	args [6]any
+}
+
+var evalArgsPool = sync.Pool{New: func() any { return new(evalArgs) }}
+
 // eval runs the strategy's script for one decision.
 func (l *RateLimiter) eval(ctx context.Context, state string, n int, maxDelay time.Duration) (Result, reason, error) {
-	var keys []string
+	a := evalArgsPool.Get().(*evalArgs)
+	defer func() {
+		*a = evalArgs{}
+		evalArgsPool.Put(a)
+	}()
+	a.keys[0] = state
+	keys := a.keys[:1]
 	if l.cfg.block > 0 {
-		keys = []string{state, state + blockSuffix}
-	} else {
-		keys = []string{state}
+		a.keys[1] = state + blockSuffix
+		keys = a.keys[:2]
 	}
 	md := argNoMaxDelay
 	if maxDelay >= 0 && l.alg.queue {
 		md = int64(maxDelay / time.Microsecond)
 	}
-	reply, err := l.alg.script.Run(ctx, l.rdb, keys, l.argRate, l.argPeriod, l.argBurst, n, md, l.argBlock).Slice()
+	a.args = [6]any{l.argRate, l.argPeriod, l.argBurst, n, md, l.argBlock}
+	reply, err := l.alg.script.Run(ctx, l.rdb, keys, a.args[:]...).Slice()
 	if err != nil {
 		return Result{}, 0, err
 	}
