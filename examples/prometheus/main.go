@@ -1,0 +1,491 @@
+// Command prometheus exports redlimit's decisions as Prometheus metrics,
+// through the decision hook (redlimit.WithObserver) and the fallback hook
+// (redlimit.WithOnTransition). It is its own module, so that redlimit
+// itself does not depend on Prometheus.
+//
+// It needs nothing installed: without -redis it starts an embedded
+// miniredis. Run it with
+//
+//	go run .                 # serve http://127.0.0.1:9464/metrics, with demo traffic
+//	go run . -redis localhost:6379
+//	go run . -selftest       # make ~20 decisions, print the metrics, check them, exit
+//
+// With -selftest it listens on a free loopback port (unless -addr is
+// given), makes 21 decisions that are allowed, denied for every reason,
+// shadowed and (with the embedded miniredis, which it stops for a moment)
+// degraded, fetches /metrics, prints the redlimit_ series and exits: 0 if
+// they match the decisions made, 1 otherwise.
+//
+// The metrics:
+//
+//	redlimit_decisions_total{strategy,result}     result: allowed, denied, shadowed, error
+//	redlimit_denied_total{strategy,denied_by}     denied_by: limit, block, deny-cache, deadline
+//	                                              (shadow mode's would-be denials included)
+//	redlimit_degraded_decisions_total{strategy}   decided by the fallback, without Redis
+//	redlimit_decision_seconds{strategy}           histogram of the time to decide
+//	redlimit_fallback_active{strategy}            limiters now on their fallback (1/0 for one)
+//	redlimit_fallback_transitions_total{strategy,to}  to: fallback, redis
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:9464", "address to serve /metrics on (with -selftest, default a free loopback port)")
+	redisAddr := flag.String("redis", "", "Redis address (host:port); empty starts an embedded miniredis")
+	selftest := flag.Bool("selftest", false, "make some decisions, print and check the metrics, and exit")
+	flag.Parse()
+
+	addrSet := false
+	flag.Visit(func(f *flag.Flag) { addrSet = addrSet || f.Name == "addr" })
+	if *selftest && !addrSet {
+		*addr = "127.0.0.1:0"
+	}
+	if err := run(*addr, *redisAddr, *selftest); err != nil {
+		log.Print(err)
+		os.Exit(1)
+	}
+}
+
+// metrics holds the collectors fed by the hooks.
+//
+// No metric has the limited key (user, IP address, token) as a label: keys
+// are unbounded, and every label value is a series that Prometheus keeps.
+// Look keys up in logs, or in Redis, instead. The labels used here take a
+// handful of values each.
+type metrics struct {
+	decisions   *prometheus.CounterVec
+	denied      *prometheus.CounterVec
+	degraded    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	active      *prometheus.GaugeVec
+	transitions *prometheus.CounterVec
+}
+
+// newMetrics makes the collectors and registers them with reg (in a
+// service, its own registry or prometheus.DefaultRegisterer).
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redlimit_decisions_total",
+			Help: "Rate-limit decisions, by what the caller was told: allowed, denied, shadowed (allowed by shadow mode, which the limit denied) or error (no decision).",
+		}, []string{"strategy", "result"}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redlimit_denied_total",
+			Help: "Decisions the limit denied, or would have in shadow mode, by reason: limit, block, deny-cache or deadline.",
+		}, []string{"strategy", "denied_by"}),
+		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redlimit_degraded_decisions_total",
+			Help: "Decisions made by the fallback policy while Redis was unavailable.",
+		}, []string{"strategy"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "redlimit_decision_seconds",
+			Help: "Time to make a decision (one Redis round trip, or in-process).",
+			// 25µs to 100ms: a deny-cache hit takes microseconds, a round
+			// trip to a nearby Redis a fraction of a millisecond.
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 13),
+		}, []string{"strategy"}),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "redlimit_fallback_active",
+			Help: "Limiters deciding without Redis now (1 or 0 with one limiter per strategy).",
+		}, []string{"strategy"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redlimit_fallback_transitions_total",
+			Help: "Switches to the fallback (to=fallback) and back to Redis (to=redis).",
+		}, []string{"strategy", "to"}),
+	}
+	reg.MustRegister(m.decisions, m.denied, m.degraded, m.latency, m.active, m.transitions)
+	return m
+}
+
+// options returns the limiter options that feed m.
+func (m *metrics) options() []redlimit.Option {
+	return []redlimit.Option{redlimit.WithObserver(m.observe), redlimit.WithOnTransition(m.transition)}
+}
+
+// observe is the decision hook: it runs on every call, in the caller's
+// goroutine, so it only counts.
+func (m *metrics) observe(d redlimit.Decision) {
+	s := d.Strategy.String()
+	result := "allowed"
+	switch {
+	case d.Err != nil:
+		result = "error"
+	case d.Shadowed:
+		result = "shadowed"
+	case !d.Allowed:
+		result = "denied"
+	}
+	m.decisions.WithLabelValues(s, result).Inc()
+	if d.DeniedBy != redlimit.NotDenied {
+		m.denied.WithLabelValues(s, d.DeniedBy.String()).Inc()
+	}
+	if d.Degraded {
+		m.degraded.WithLabelValues(s).Inc()
+	}
+	m.latency.WithLabelValues(s).Observe(d.Latency.Seconds())
+}
+
+// transition is the fallback hook: once per switch, never per call.
+func (m *metrics) transition(t redlimit.Transition) {
+	s := t.Strategy.String()
+	if t.Down {
+		m.active.WithLabelValues(s).Inc()
+		m.transitions.WithLabelValues(s, "fallback").Inc()
+		log.Printf("%v: Redis unavailable, deciding in-process: %v", t.Strategy, t.Err)
+		return
+	}
+	m.active.WithLabelValues(s).Dec()
+	m.transitions.WithLabelValues(s, "redis").Inc()
+	log.Printf("%v: back on Redis after %v", t.Strategy, t.Outage.Round(time.Millisecond))
+}
+
+func run(addr, redisAddr string, selftest bool) error {
+	var mr *miniredis.Miniredis
+	if redisAddr == "" {
+		var err error
+		if mr, err = miniredis.Run(); err != nil {
+			return fmt.Errorf("start miniredis: %w", err)
+		}
+		defer mr.Close()
+		redisAddr = mr.Addr()
+	}
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  redisAddr,
+		DialTimeout:           100 * time.Millisecond,
+		DialerRetries:         1,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		MaxRetries:            -1, // a retried script could count an event twice
+		ContextTimeoutEnabled: true,
+	})
+	defer rdb.Close()
+
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	url := "http://" + ln.Addr().String() + "/metrics"
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var testErr error
+	if selftest {
+		testErr = selfTest(ctx, rdb, mr, m, url, os.Stdout)
+	} else {
+		log.Printf("serving %s, with demo traffic; ^C to stop", url)
+		if err := demo(ctx, rdb, m); err != nil {
+			return err
+		}
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return testErr
+}
+
+// demo makes a decision every 25ms, for 3 users in turn, until ctx is done:
+// about 13 requests per second per user, for a limit of 5 and a 1s block.
+func demo(ctx context.Context, rdb redis.UniversalClient, m *metrics) error {
+	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(5), append(m.options(),
+		redlimit.WithPrefix("prometheus-demo"), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(10_000))...)
+	if err != nil {
+		return err
+	}
+	defer lim.Close()
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if _, err := lim.Allow(ctx, "user:"+strconv.Itoa(i%3)); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+}
+
+// selfTest makes the decisions of traffic, fetches url (the /metrics
+// endpoint), prints the redlimit_ series to w and checks them.
+func selfTest(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Miniredis, m *metrics, url string, w io.Writer) error {
+	made, err := traffic(ctx, rdb, mr, m)
+	if err != nil {
+		return err
+	}
+	lines, samples, err := scrape(ctx, url)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%d decisions made: %d allowed, %d denied, %d shadowed, %d degraded; %s says:\n\n",
+		made.decisions, made.allowed, made.denied, made.shadowed, made.degraded, url)
+	buckets := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, "redlimit_decision_seconds_bucket") {
+			buckets++
+			continue
+		}
+		fmt.Fprintln(w, l)
+	}
+	fmt.Fprintf(w, "(and %d redlimit_decision_seconds_bucket lines)\n\n", buckets)
+	if err := check(samples, made, mr != nil); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "selftest: ok, the metrics match the decisions")
+	return nil
+}
+
+// tally counts what the callers were told, to check the metrics against.
+type tally struct {
+	decisions, allowed, denied, shadowed, degraded int
+}
+
+func (t *tally) add(res redlimit.Result) {
+	t.decisions++
+	switch {
+	case res.Shadowed:
+		t.shadowed++
+	case res.Allowed:
+		t.allowed++
+	default:
+		t.denied++
+	}
+	if res.Degraded {
+		t.degraded++
+	}
+}
+
+// traffic makes 19 decisions, and 2 more during a short outage when mr (the
+// embedded miniredis) is not nil:
+//
+//   - limiter a, 5 per second with a 1s penalty block and a deny cache:
+//     8 calls for user:1, of which 5 are allowed, 1 denied by the limit
+//     (which starts the block) and 2 by the deny cache;
+//   - limiter b, the same limit in another instance (no deny cache): 2
+//     calls for user:1, denied by the block that a set in Redis;
+//   - a: 3 calls for user:2, allowed;
+//   - a candidate limit of 2 per second in shadow mode: 4 calls for user:3,
+//     2 allowed and 2 shadowed;
+//   - a leaky bucket of 2 per second: a call that takes the free slot, and
+//     a Wait with 50ms to spare, denied at once by the deadline;
+//   - a while Redis is down: 2 calls for user:4, allowed by the fallback.
+func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Miniredis, m *metrics) (tally, error) {
+	var (
+		t       tally
+		lims    []*redlimit.RateLimiter
+		newErr  error
+		up      = make(chan struct{}, 1)
+		options = []redlimit.Option{
+			redlimit.WithPrefix("prometheus-selftest"),
+			redlimit.WithObserver(m.observe),
+			redlimit.WithOnTransition(func(tr redlimit.Transition) {
+				m.transition(tr)
+				if !tr.Down {
+					select { // say that a limiter is back on Redis
+					case up <- struct{}{}:
+					default:
+					}
+				}
+			}),
+		}
+	)
+	newLim := func(newFn func(redis.UniversalClient, redlimit.Limit, ...redlimit.Option) (*redlimit.RateLimiter, error), limit redlimit.Limit, opts ...redlimit.Option) *redlimit.RateLimiter {
+		lim, err := newFn(rdb, limit, append(options[:len(options):len(options)], opts...)...)
+		if err != nil {
+			newErr = errors.Join(newErr, err)
+			return nil
+		}
+		lims = append(lims, lim)
+		return lim
+	}
+	defer func() {
+		for _, lim := range lims {
+			lim.Close()
+		}
+	}()
+	a := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(1000))
+	b := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second))
+	shadow := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(2), redlimit.WithPrefix("prometheus-candidate"), redlimit.WithShadow())
+	queue := newLim(redlimit.NewLeakyBucket, redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3})
+	if newErr != nil {
+		return t, newErr
+	}
+	for _, reset := range []struct {
+		lim *redlimit.RateLimiter
+		key string
+	}{{a, "user:1"}, {a, "user:2"}, {a, "user:4"}, {shadow, "user:3"}, {queue, "job"}} {
+		if err := reset.lim.Reset(ctx, reset.key); err != nil { // start fresh on a real Redis
+			return t, err
+		}
+	}
+
+	allow := func(lim *redlimit.RateLimiter, key string, times int) error {
+		for range times {
+			res, err := lim.Allow(ctx, key)
+			if err != nil {
+				return err
+			}
+			t.add(res)
+		}
+		return nil
+	}
+	for _, step := range []struct {
+		lim   *redlimit.RateLimiter
+		key   string
+		times int
+	}{{a, "user:1", 8}, {b, "user:1", 2}, {a, "user:2", 3}, {shadow, "user:3", 4}, {queue, "job", 1}} {
+		if err := allow(step.lim, step.key, step.times); err != nil {
+			return t, err
+		}
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err := queue.Wait(waitCtx, "job")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return t, fmt.Errorf("selftest: Wait with 50ms to spare for a slot 500ms away: got %v, want a deadline error", err)
+	}
+	t.add(redlimit.Result{}) // one decision, denied
+
+	if mr == nil {
+		return t, nil // a real Redis is not ours to stop
+	}
+	mr.Close() // an outage: a switches to its fallback
+	if err := allow(a, "user:4", 2); err != nil {
+		return t, err
+	}
+	if err := mr.Restart(); err != nil {
+		return t, err
+	}
+	select { // a probes Redis every 100ms and goes back after 2 good probes
+	case <-up:
+	case <-time.After(5 * time.Second):
+		return t, errors.New("selftest: not back on Redis 5s after the outage")
+	case <-ctx.Done():
+		return t, ctx.Err()
+	}
+	return t, nil
+}
+
+// scrape fetches url and returns its redlimit_ lines, and their values by
+// series (name and labels, as written).
+func scrape(ctx context.Context, url string) ([]string, map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, fmt.Errorf("selftest: GET %s: %s", url, resp.Status)
+	}
+	var lines []string
+	samples := make(map[string]float64)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "redlimit_") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if i < 0 || err != nil {
+			return nil, nil, fmt.Errorf("selftest: bad line %q", l)
+		}
+		lines = append(lines, l)
+		samples[l[:i]] = v
+	}
+	return lines, samples, sc.Err()
+}
+
+// sum adds the values of the series of metric name whose labels include
+// every one of labels (written as in the exposition: `result="allowed"`).
+func sum(samples map[string]float64, name string, labels ...string) float64 {
+	total := 0.0
+next:
+	for series, v := range samples {
+		if series != name && !strings.HasPrefix(series, name+"{") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(series, l) {
+				continue next
+			}
+		}
+		total += v
+	}
+	return total
+}
+
+// check compares the scraped samples with the decisions made.
+func check(samples map[string]float64, made tally, outage bool) error {
+	var errs []error
+	want := func(what string, got, want float64) {
+		if got != want {
+			errs = append(errs, fmt.Errorf("%s = %v, want %v", what, got, want))
+		}
+	}
+	atLeast1 := func(what string, got float64) {
+		if got < 1 {
+			errs = append(errs, fmt.Errorf("%s = %v, want at least 1", what, got))
+		}
+	}
+	want("redlimit_decisions_total", sum(samples, "redlimit_decisions_total"), float64(made.decisions))
+	for result, n := range map[string]int{"allowed": made.allowed, "denied": made.denied, "shadowed": made.shadowed, "error": 0} {
+		want(`redlimit_decisions_total{result="`+result+`"}`, sum(samples, "redlimit_decisions_total", `result="`+result+`"`), float64(n))
+	}
+	want("redlimit_denied_total", sum(samples, "redlimit_denied_total"), float64(made.denied+made.shadowed))
+	for _, by := range []string{"limit", "block", "deny-cache", "deadline"} {
+		atLeast1(`redlimit_denied_total{denied_by="`+by+`"}`, sum(samples, "redlimit_denied_total", `denied_by="`+by+`"`))
+	}
+	want("redlimit_decision_seconds_count", sum(samples, "redlimit_decision_seconds_count"), float64(made.decisions))
+	want("redlimit_degraded_decisions_total", sum(samples, "redlimit_degraded_decisions_total"), float64(made.degraded))
+	if outage {
+		atLeast1("redlimit_degraded_decisions_total", float64(made.degraded))
+		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 1)
+		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 1)
+		want("redlimit_fallback_active", sum(samples, "redlimit_fallback_active"), 0)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("selftest: the metrics do not match the decisions:\n%w", err)
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestSelfTest runs the selftest's decisions in-process and checks every
+// counter against what the callers were told.
+func TestSelfTest(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), DialTimeout: 100 * time.Millisecond, DialerRetries: 1, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+
+	made, err := traffic(ctx, rdb, mr, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := made, (tally{decisions: 21, allowed: 13, denied: 6, shadowed: 2, degraded: 2}); got != want {
+		t.Errorf("decisions made: got %+v, want %+v", got, want)
+	}
+	_, samples, err := scrape(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		series string
+		want   float64
+	}{
+		{`redlimit_decisions_total{result="allowed",strategy="token-bucket"}`, 12},
+		{`redlimit_decisions_total{result="allowed",strategy="leaky-bucket"}`, 1},
+		{`redlimit_decisions_total{result="denied",strategy="token-bucket"}`, 5},
+		{`redlimit_decisions_total{result="denied",strategy="leaky-bucket"}`, 1},
+		{`redlimit_decisions_total{result="shadowed",strategy="token-bucket"}`, 2},
+		{`redlimit_denied_total{denied_by="limit",strategy="token-bucket"}`, 3}, // 1 denied + 2 shadowed
+		{`redlimit_denied_total{denied_by="deny-cache",strategy="token-bucket"}`, 2},
+		{`redlimit_denied_total{denied_by="block",strategy="token-bucket"}`, 2},
+		{`redlimit_denied_total{denied_by="deadline",strategy="leaky-bucket"}`, 1},
+		{`redlimit_degraded_decisions_total{strategy="token-bucket"}`, 2},
+		{`redlimit_decision_seconds_count{strategy="token-bucket"}`, 19},
+		{`redlimit_decision_seconds_count{strategy="leaky-bucket"}`, 2},
+		{`redlimit_fallback_active{strategy="token-bucket"}`, 0},
+		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="fallback"}`, 1},
+		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="redis"}`, 1},
+	} {
+		if got, ok := samples[c.series]; !ok || got != c.want {
+			t.Errorf("%s: got %v (present %v), want %v", c.series, got, ok, c.want)
+		}
+	}
+	allowed := sum(samples, "redlimit_decisions_total", `result="allowed"`)
+	denied := sum(samples, "redlimit_decisions_total", `result="denied"`)
+	shadowed := sum(samples, "redlimit_decisions_total", `result="shadowed"`)
+	if got, want := allowed+denied+shadowed, float64(made.decisions); got != want {
+		t.Errorf("allowed + denied + shadowed = %v, want %v decisions", got, want)
+	}
+	if err := check(samples, made, true); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestSelfTestFails checks that check notices metrics that do not match.
+func TestSelfTestFails(t *testing.T) {
+	samples := map[string]float64{`redlimit_decisions_total{result="allowed",strategy="token-bucket"}`: 3}
+	if err := check(samples, tally{decisions: 4, allowed: 4}, false); err == nil {
+		t.Error("check: got nil, want an error for 3 allowed in the metrics and 4 made")
+	}
+}
