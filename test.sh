@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-modules=(. grpclimit cmd/redlimit bench)
+modules=(. grpclimit cmd/redlimit bench examples/prometheus)
 
 echo "== gofmt, go vet"
 unformatted=$(gofmt -l .)
