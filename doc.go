@@ -25,17 +25,17 @@
 //
 // # Choosing a strategy
 //
-//	strategy         accuracy                      Redis memory per key        bursts                            writes per decision
-//	FixedWindow      Rate per aligned window;      one integer string          up to 2×Rate across a             1 (allowed only)
-//	                 2×Rate across an edge         (~72–88 bytes)              window edge
-//	SlidingLog       exact: Rate in any Period     one sorted-set member per   none beyond Rate in any Period    2 (allowed only)
-//	                                               admitted event              (trim + add)
-//	SlidingCounter   approximate (assumes the      one small hash              smoothed; never 2×Rate in a       1 (allowed only)
-//	                 last window was even)         (~104–120 bytes)            Period
-//	TokenBucket      exact: Burst at once, then    one string (~104–120        up to Burst at once               1 (allowed only)
-//	                 Rate per Period               bytes)
-//	LeakyBucket      exact spacing of Period/Rate  one string (~104–120        queued up to Burst, released      1 (allowed only)
-//	                 (callers wait Result.Delay)   bytes)                      evenly
+//	strategy        accuracy                         Redis memory per key           writes per decision
+//	FixedWindow     Rate per aligned window; up to   88 bytes (one integer)         1 (allowed only)
+//	                2×Rate across a window edge
+//	SlidingLog      exact: Rate in any Period        ~36 bytes per admitted event   2 (allowed only)
+//	                                                 (~120 past 128 events)
+//	SlidingCounter  approximate: assumes the last    88 bytes (two packed counts)   1 (allowed only)
+//	                window's events were even
+//	TokenBucket     exact: Burst at once, then       88 bytes (one integer)         1 (allowed only)
+//	                Rate per Period
+//	LeakyBucket     exact spacing of Period/Rate;    88 bytes (one integer)         1 (allowed only)
+//	                callers wait Result.Delay
 //
 // Pick TokenBucket for APIs (clients may burst, then keep a steady rate);
 // SlidingLog when a limit must hold in any interval exactly and Rate is
