@@ -69,12 +69,14 @@ func TestConcurrencyRedis(t *testing.T) {
 }
 
 func testConcurrency(t *testing.T, client func(t *testing.T) redis.UniversalClient, runFor time.Duration) {
+	// Periods of half a second: many windows in the run, and a rate (200/s)
+	// far below what 64 goroutines offer even under -race on 2 busy cores.
 	cases := []concurrencyCase{
-		{FixedWindow, Limit{Rate: 100, Period: 200 * time.Millisecond}},
-		{SlidingLog, Limit{Rate: 100, Period: 200 * time.Millisecond}},
-		{SlidingCounter, Limit{Rate: 100, Period: 200 * time.Millisecond}},
-		{TokenBucket, Limit{Rate: 100, Period: 200 * time.Millisecond, Burst: 50}},
-		{LeakyBucket, Limit{Rate: 100, Period: 200 * time.Millisecond, Burst: 50}},
+		{FixedWindow, Limit{Rate: 100, Period: 500 * time.Millisecond}},
+		{SlidingLog, Limit{Rate: 100, Period: 500 * time.Millisecond}},
+		{SlidingCounter, Limit{Rate: 100, Period: 500 * time.Millisecond}},
+		{TokenBucket, Limit{Rate: 100, Period: 500 * time.Millisecond, Burst: 50}},
+		{LeakyBucket, Limit{Rate: 100, Period: 500 * time.Millisecond, Burst: 50}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.s.String(), func(t *testing.T) {
@@ -184,15 +186,26 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration,
 			}
 		}
 	}
-	// What should be admitted over the run, from a full start.
-	periods := float64(runFor) / float64(l.Period)
-	ideal := map[Strategy]float64{
-		FixedWindow:    float64(l.Rate) * periods,
-		SlidingLog:     float64(l.Rate) * periods,
-		SlidingCounter: float64(l.Rate) * periods,
-		TokenBucket:    float64(burst) + float64(l.Rate)*periods,
-		LeakyBucket:    float64(burst) + float64(l.Rate)*periods,
-	}[tc.s]
+	// What should be admitted from the first admission to the last (the
+	// goroutines take a moment to start, and calls are slow under -race),
+	// and at most over the whole run.
+	if len(admitted) == 0 {
+		t.Fatal("nothing admitted")
+	}
+	span := admitted[len(admitted)-1] - admitted[0]
+	expect := func(d time.Duration) float64 {
+		periods := float64(d) / float64(l.Period)
+		if tc.s == TokenBucket || tc.s == LeakyBucket {
+			return float64(burst) + float64(l.Rate)*periods
+		}
+		return float64(l.Rate) * periods
+	}
+	ideal := expect(span)
+	if tc.s == FixedWindow || tc.s == SlidingLog {
+		// Each window (or each Period after the first admission) admits Rate
+		// at once: the span covers one more than it has whole periods.
+		ideal = float64(l.Rate) * float64(int(span/l.Period)+1)
+	}
 	got := float64(len(admitted))
 	// Tolerance: the counter's estimate weighs the previous window as if its
 	// events were even; when they came in a burst at the start, it admits
@@ -201,11 +214,12 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration,
 	if tc.s == SlidingCounter {
 		low = 0.5
 	}
-	t.Logf("%v %v: %d calls, %d admitted (ideal %.0f, %.0f%%), longest call %v",
-		tc.s, l, calls, len(admitted), ideal, 100*got/ideal, maxCall)
+	t.Logf("%v %v: %d calls, %d admitted in %v (ideal %.0f, %.0f%%), longest call %v",
+		tc.s, l, calls, len(admitted), span.Round(time.Millisecond), ideal, 100*got/ideal, maxCall)
 	if got < low*ideal {
 		t.Errorf("admitted %d, fewer than %.0f%% of the %.0f the limit allows", len(admitted), low*100, ideal)
 	}
+	ideal = expect(runFor)
 	if got > ideal+float64(burst)+float64(l.Rate) {
 		t.Errorf("admitted %d, more than the %.0f the limit allows over the run", len(admitted), ideal)
 	}
@@ -234,8 +248,8 @@ func TestMemoryPerKeyRedis(t *testing.T) {
 				t.Errorf("%v keeps %d bytes per key, want at most 100", s, used)
 			}
 			// A small sorted set is a listpack (about 36 bytes an event); past
-			// 128 members Redis makes it a skiplist (about 120).
-			if most := int64(100 + 40*min(events, 128) + 140*max(events-128, 0)); s == SlidingLog && used > most {
+			// 128 members Redis makes it a skiplist (about 120 to 130).
+			if most := int64(100 + 40*min(events, 128) + 150*max(events-128, 0)); s == SlidingLog && used > most {
 				t.Errorf("sliding log keeps %d bytes for %d events, want at most %d", used, events, most)
 			}
 		}
