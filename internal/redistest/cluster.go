@@ -39,7 +39,7 @@ type Cluster struct {
 	closeOnce sync.Once
 }
 
-// StartCluster starts masters masters (at least 3) and replicasPerMaster
+// StartCluster starts masters masters (1, or at least 3) and replicasPerMaster
 // replicas for each, with --cluster-enabled yes --cluster-node-timeout 2000
 // --repl-diskless-sync-delay 0 and persistence off, followed by args on
 // every node (for example "--cluster-require-full-coverage", "no"). It
@@ -55,8 +55,11 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 	if err := lookPath("redis-server", "redis-cli"); err != nil {
 		return nil, err
 	}
+	if masters == 1 && replicasPerMaster == 0 {
+		return startSingleNodeCluster(args)
+	}
 	if masters < 3 || replicasPerMaster < 0 {
-		return nil, fmt.Errorf("redistest: cluster of %d masters with %d replicas each: need at least 3 masters", masters, replicasPerMaster)
+		return nil, fmt.Errorf("redistest: cluster of %d masters with %d replicas each: need 1 master alone, or at least 3", masters, replicasPerMaster)
 	}
 	deadline := time.Now().Add(clusterStartTimeout)
 	nodeArgs := append([]string{
@@ -144,6 +147,33 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 		return fail(fmt.Errorf("redistest: CLUSTER NODES does not match the started nodes:\n%v", view))
 	}
 	c.Masters, c.Replicas = ms, rs
+	return c, nil
+}
+
+// startSingleNodeCluster makes a cluster of one master that serves every
+// slot (redis-cli --cluster create wants at least 3 masters), for comparing
+// 1 master with more under the same load.
+func startSingleNodeCluster(args []string) (*Cluster, error) {
+	nodeArgs := append([]string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "2000",
+		// Alone, a node never learns its own address from a peer.
+		"--cluster-announce-ip", "127.0.0.1",
+	}, args...)
+	s, err := startServer(true, nodeArgs)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Masters: []*Server{s}}
+	if out, err := s.CLI("CLUSTER", "ADDSLOTSRANGE", "0", strconv.Itoa(NumSlots-1)); err != nil || out != "OK" {
+		c.Close()
+		return nil, fmt.Errorf("redistest: CLUSTER ADDSLOTSRANGE: %q, %v", out, err)
+	}
+	if err := c.WaitHealthy(clusterStartTimeout); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 

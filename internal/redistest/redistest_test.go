@@ -505,3 +505,24 @@ func TestSkipOrFail(t *testing.T) {
 		})
 	}
 }
+
+func TestSingleNodeCluster(t *testing.T) {
+	redistest.Require(t)
+	c, err := redistest.StartCluster(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rdb := redis.NewClusterClient(redistest.TunedClusterOptions(c.Addrs()))
+	defer rdb.Close()
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "{user}x"} {
+		if err := rdb.Set(ctx, k, "1", 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+	}
+	m, err := c.MasterOf(redistest.Slot("b"))
+	if err != nil || m != c.Masters[0] {
+		t.Fatalf("MasterOf = %v, %v; want the only master", m, err)
+	}
+}

@@ -1,0 +1,463 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit"
+)
+
+// CeilingConfig says how to measure Redis's own ceiling.
+type CeilingConfig struct {
+	Duration time.Duration // per script and workload; default 1s
+	Depth    int           // commands per pipeline; default 32
+	Conns    int           // pipelining goroutines; default 4
+	NumKeys  int           // keys of the "keys" workload; default 10,000
+	// BenchmarkRequests is -n for redis-benchmark (-c 50 -P 16), when it is
+	// on the PATH; 0 skips it.
+	BenchmarkRequests int
+	// Rounds of every command on every workload, interleaved in a new random
+	// order each round; the report shows the medians. Default 1.
+	Rounds int
+	// Only, when set, keeps only the commands whose name it matches (and
+	// INCR).
+	Only *regexp.Regexp
+	Seed uint64
+	Log  io.Writer
+}
+
+// CeilingRow is one script on one workload, pipelined.
+type CeilingRow struct {
+	Name, Workload string
+	GoOps          float64 // decisions/s of the pipelined Go loop (median over rounds)
+	GoAllowed      float64 // share of them allowed (median)
+	GoErrs         uint64  // over all rounds
+	FirstErr       string
+	UsecPerCall    float64 // INFO commandstats usec_per_call of the command (median)
+	RedisCPU       float64 // Redis's CPU time (user+sys) / wall time during the Go loop (median)
+	RBOps          float64 // redis-benchmark requests/s (median), 0 when not run
+	RBErr          string
+
+	goOps, goAllowed, usec, cpu, rbOps []float64
+}
+
+// CeilingReport is the outcome of Ceiling.
+type CeilingReport struct {
+	Rows   []CeilingRow
+	Config CeilingConfig
+	RB     string // redis-benchmark command line shape, or why not run
+}
+
+// Ceiling measures how many decisions per second Redis executes for each of
+// redlimit's scripts, and for INCR and EVALSHA of `return 1`, when the
+// client pipelines: a Go loop of Conns goroutines each sending pipelines of
+// Depth commands, and redis-benchmark -c 50 -P 16 when it is installed. The
+// scripts' SHA and arguments are taken from what the library sends (a
+// go-redis hook records one real decision), so they are exactly the ones in
+// use.
+func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, error) {
+	if cfg.Duration <= 0 {
+		cfg.Duration = time.Second
+	}
+	if cfg.Depth <= 0 {
+		cfg.Depth = 32
+	}
+	if cfg.Conns <= 0 {
+		cfg.Conns = 4
+	}
+	if cfg.NumKeys <= 0 {
+		cfg.NumKeys = 10_000
+	}
+	rep := &CeilingReport{Config: cfg}
+	rbPath := ""
+	if cfg.BenchmarkRequests > 0 {
+		if p, err := exec.LookPath("redis-benchmark"); err == nil {
+			rbPath = p
+			rep.RB = fmt.Sprintf("redis-benchmark -h HOST -p PORT -c 50 -P 16 -n %d -q [-r %d] EVALSHA <sha> 1 <key> <args>", cfg.BenchmarkRequests, cfg.NumKeys)
+		} else {
+			rep.RB = "redis-benchmark not on the PATH: not run"
+		}
+	} else {
+		rep.RB = "redis-benchmark not run (-rb-requests 0)"
+	}
+	host, port, _ := strings.Cut(env.Addr, ":")
+
+	type job struct {
+		name string
+		// args returns the command for workload w, with keyPlaceholder
+		// where the limited key goes.
+		args func(w string) ([]any, error)
+		// allowed reads a reply for workload w.
+		allowed func(w string, reply any) bool
+	}
+	always := func(string, any) bool { return true }
+	firstIsOne := func(_ string, v any) bool { // redlimit and redis_rate: allowed first
+		a, ok := v.([]any)
+		return ok && len(a) > 0 && a[0] == int64(1)
+	}
+	var jobs []job
+	jobs = append(jobs, job{"INCR", func(string) ([]any, error) { return []any{"incr", keyPlaceholder}, nil }, always})
+	jobs = append(jobs, job{"EVALSHA return 1", func(string) ([]any, error) {
+		if err := return1.Load(ctx, env.RDB).Err(); err != nil {
+			return nil, err
+		}
+		return []any{"evalsha", return1.Hash(), "1", keyPlaceholder}, nil
+	}, always})
+	var scripted []Contender
+	for _, s := range redlimit.Strategies() {
+		scripted = append(scripted, Redlimit(s, Direct))
+	}
+	// The peers that run on our go-redis client (go-zero makes its own).
+	scripted = append(scripted, RedisRate(), Ulule())
+	for _, c := range scripted {
+		allowed := firstIsOne
+		if c.Name == Ulule().Name { // {count, ttl}: allowed while count <= limit
+			allowed = func(w string, v any) bool {
+				a, ok := v.([]any)
+				if !ok || len(a) == 0 {
+					return false
+				}
+				n, ok := a[0].(int64)
+				wl, _ := ceilingWorkload(w)
+				return ok && n <= int64(wl.Rate)
+			}
+		}
+		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureScript(ctx, env, c, w) }, allowed})
+	}
+	if cfg.Only != nil {
+		var keep []job
+		for _, j := range jobs {
+			if j.name == "INCR" || cfg.Only.MatchString(j.name) {
+				keep = append(keep, j)
+			}
+		}
+		jobs = keep
+	}
+	if cfg.Rounds < 1 {
+		cfg.Rounds = 1
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0xce11))
+
+	for _, wname := range []string{"one", "keys", "hot"} {
+		rows := make([]*CeilingRow, len(jobs))
+		cmds := make([][]any, len(jobs))
+		for i, j := range jobs {
+			if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+				return rep, err
+			}
+			args, err := j.args(wname)
+			if err != nil {
+				return rep, fmt.Errorf("bench: ceiling %s %s: %w", j.name, wname, err)
+			}
+			cmds[i] = args
+			rows[i] = &CeilingRow{Name: j.name, Workload: wname}
+		}
+		var keys []string
+		if wname == "keys" {
+			keys = make([]string, cfg.NumKeys)
+			for i := range keys {
+				keys[i] = "user:" + strconv.Itoa(i)
+			}
+		} else {
+			keys = []string{wname}
+		}
+		for round := range cfg.Rounds {
+			for _, i := range rng.Perm(len(jobs)) {
+				if err := ctx.Err(); err != nil {
+					return rep, err
+				}
+				j, row, args := jobs[i], rows[i], cmds[i]
+				if err := env.RDB.ConfigResetStat(ctx).Err(); err != nil {
+					return rep, err
+				}
+				cpu0, _ := redisCPU(ctx, env)
+				t0 := time.Now()
+				ops, allowed, errs, first := pipelined(ctx, env, cfg, args, keys, func(v any) bool { return j.allowed(wname, v) })
+				el := time.Since(t0)
+				cpu1, _ := redisCPU(ctx, env)
+				row.goOps = append(row.goOps, float64(ops)/el.Seconds())
+				if ops > 0 {
+					row.goAllowed = append(row.goAllowed, float64(allowed)/float64(ops))
+				}
+				row.GoErrs += errs
+				if row.FirstErr == "" {
+					row.FirstErr = first
+				}
+				row.cpu = append(row.cpu, (cpu1-cpu0)/el.Seconds())
+				if u, err := usecPerCall(ctx, env, strings.ToLower(args[0].(string))); err == nil {
+					row.usec = append(row.usec, u)
+				}
+				if rbPath != "" {
+					rb, err := redisBenchmark(ctx, rbPath, host, port, cfg, args, wname)
+					if err != nil {
+						row.RBErr = err.Error()
+					} else {
+						row.rbOps = append(row.rbOps, rb)
+					}
+				}
+			}
+			if cfg.Log != nil {
+				fmt.Fprintf(cfg.Log, "ceiling %s round %d/%d done\n", wname, round+1, cfg.Rounds)
+			}
+		}
+		for _, row := range rows {
+			row.GoOps, row.GoAllowed = median(row.goOps), median(row.goAllowed)
+			row.RedisCPU, row.UsecPerCall, row.RBOps = median(row.cpu), median(row.usec), median(row.rbOps)
+			rep.Rows = append(rep.Rows, *row)
+		}
+	}
+	return rep, nil
+}
+
+const keyPlaceholder = "\x00KEY\x00"
+
+// captureScript makes one decision of contender c for workload w on a client
+// whose hook records the EVALSHA the contender sends, and returns it with the
+// limited key replaced by keyPlaceholder.
+func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
+	opts := *env.RDB.Options()
+	rdb := redis.NewClient(&opts)
+	defer rdb.Close()
+	hook := &captureHook{}
+	rdb.AddHook(hook)
+	const probe = "capture"
+	wl, err := ceilingWorkload(w)
+	if err != nil {
+		return nil, err
+	}
+	wl.Keys = []string{probe}
+	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
+	if err != nil {
+		return nil, err
+	}
+	if release != nil {
+		defer release()
+	}
+	if _, err := dec(ctx, 0); err != nil {
+		return nil, err
+	}
+	args := hook.get()
+	if len(args) < 4 || strings.ToLower(fmt.Sprint(args[0])) != "evalsha" {
+		return nil, fmt.Errorf("captured %v, want an EVALSHA", args)
+	}
+	key := fmt.Sprint(args[3])
+	tmpl := strings.Replace(key, probe, keyPlaceholder, 1)
+	if tmpl == key {
+		return nil, fmt.Errorf("key %q does not hold %q", key, probe)
+	}
+	args[3] = tmpl
+	return args, nil
+}
+
+// ceilingWorkload is workload w with one key; the hot key's limit is 100/s,
+// offered far more.
+func ceilingWorkload(w string) (*Workload, error) { return MakeWorkload(w, 1, 100) }
+
+type captureHook struct {
+	mu   sync.Mutex
+	args []any
+}
+
+func (h *captureHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *captureHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 0 && strings.EqualFold(fmt.Sprint(a[0]), "evalsha") {
+			h.mu.Lock()
+			if h.args == nil {
+				h.args = append([]any(nil), a...)
+			}
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *captureHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *captureHook) get() []any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]any(nil), h.args...)
+}
+
+// withKey returns args with keyPlaceholder replaced by key.
+func withKey(args []any, key string) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		if s, ok := a.(string); ok && strings.Contains(s, keyPlaceholder) {
+			a = strings.Replace(s, keyPlaceholder, key, 1)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// pipelined runs cfg.Conns goroutines that each send pipelines of cfg.Depth
+// copies of args (over keys, round-robin) for cfg.Duration.
+func pipelined(ctx context.Context, env *Env, cfg CeilingConfig, args []any, keys []string, isAllowed func(any) bool) (ops, allowed, errs uint64, first string) {
+	cmds := make([][]any, len(keys))
+	for i, k := range keys {
+		cmds[i] = withKey(args, k)
+	}
+	var stop atomic.Bool
+	var nOps, nAllowed, nErrs atomic.Uint64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for g := range cfg.Conns {
+		wg.Go(func() {
+			pipe := env.RDB.Pipeline()
+			k := g * 7919
+			for !stop.Load() {
+				for range cfg.Depth {
+					pipe.Do(ctx, cmds[k%len(cmds)]...)
+					k++
+				}
+				res, _ := pipe.Exec(ctx)
+				var o, a, e uint64
+				for _, c := range res {
+					o++
+					v, err := c.(*redis.Cmd).Result()
+					if err != nil {
+						e++
+						firstErr.CompareAndSwap(nil, err.Error())
+						continue
+					}
+					if isAllowed(v) {
+						a++
+					}
+				}
+				nOps.Add(o)
+				nAllowed.Add(a)
+				nErrs.Add(e)
+			}
+		})
+	}
+	select {
+	case <-time.After(cfg.Duration):
+	case <-ctx.Done():
+	}
+	stop.Store(true)
+	wg.Wait()
+	if v, ok := firstErr.Load().(string); ok {
+		first = v
+	}
+	return nOps.Load(), nAllowed.Load(), nErrs.Load(), first
+}
+
+func infoFields(ctx context.Context, env *Env, section string) (map[string]string, error) {
+	info, err := env.RDB.Info(ctx, section).Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// redisCPU returns the server's used_cpu_user + used_cpu_sys, in seconds.
+func redisCPU(ctx context.Context, env *Env) (float64, error) {
+	m, err := infoFields(ctx, env, "cpu")
+	if err != nil {
+		return 0, err
+	}
+	u, err1 := strconv.ParseFloat(m["used_cpu_user"], 64)
+	s, err2 := strconv.ParseFloat(m["used_cpu_sys"], 64)
+	return u + s, errors.Join(err1, err2)
+}
+
+// usecPerCall returns INFO commandstats' usec_per_call of cmd: the time
+// Redis spent executing it (for EVALSHA, the script), not parsing or I/O.
+func usecPerCall(ctx context.Context, env *Env, cmd string) (float64, error) {
+	m, err := infoFields(ctx, env, "commandstats")
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range strings.Split(m["cmdstat_"+cmd], ",") {
+		if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no cmdstat_%s", cmd)
+}
+
+var rbRate = regexp.MustCompile(`([0-9.]+) requests per second`)
+
+// redisBenchmark runs redis-benchmark -c 50 -P 16 on the command, with a
+// random key among cfg.NumKeys for the "keys" workload.
+func redisBenchmark(ctx context.Context, path, host, port string, cfg CeilingConfig, args []any, wname string) (float64, error) {
+	key := wname
+	rb := []string{"-h", host, "-p", port, "-c", "50", "-P", "16", "-n", strconv.Itoa(cfg.BenchmarkRequests), "-q"}
+	if wname == "keys" {
+		key = "user:__rand_int__"
+		rb = append(rb, "-r", strconv.Itoa(cfg.NumKeys))
+	}
+	for _, a := range withKey(args, key) {
+		rb = append(rb, fmt.Sprint(a))
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, rb...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %w: %s", err, lastLine(string(out)))
+	}
+	m := rbRate.FindAllStringSubmatch(string(out), -1)
+	if len(m) == 0 {
+		return 0, fmt.Errorf("redis-benchmark: no rate in %q", lastLine(string(out)))
+	}
+	return strconv.ParseFloat(m[len(m)-1][1], 64)
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexAny(s, "\r\n"); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// Markdown writes the report.
+func (r *CeilingReport) Markdown(w io.Writer) {
+	c := r.Config
+	fmt.Fprintf(w, "### Redis's ceiling for our scripts (pipelined)\n\n")
+	fmt.Fprintf(w, "Median over %d interleaved round(s). Go loop: %d goroutines, each sending pipelines of %d commands for %v. "+
+		"µs/call: INFO commandstats usec_per_call (time inside the command or script, without parsing and I/O); "+
+		"1e6/µs is the bound if Redis did nothing else. Redis CPU: its user+sys CPU seconds per wall second during the Go loop "+
+		"(1.0 = one core saturated). redis-benchmark: %s.\n\n", c.Rounds, c.Conns, c.Depth, c.Duration, r.RB)
+	fmt.Fprintf(w, "| workload | command | Go pipelined ops/s | allowed | Redis CPU | µs/call | 1e6/µs | redis-benchmark ops/s |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, row := range r.Rows {
+		bound := "–"
+		if row.UsecPerCall > 0 {
+			bound = fmt.Sprintf("%.0f", 1e6/row.UsecPerCall)
+		}
+		rb := "–"
+		if row.RBOps > 0 {
+			rb = fmt.Sprintf("%.0f", row.RBOps)
+		} else if row.RBErr != "" {
+			rb = "error"
+		}
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f%% | %.2f | %.2f | %s | %s |\n",
+			row.Workload, row.Name, row.GoOps, 100*row.GoAllowed, row.RedisCPU, row.UsecPerCall, bound, rb)
+	}
+	fmt.Fprintln(w)
+	for _, row := range r.Rows {
+		if row.GoErrs > 0 || row.RBErr != "" {
+			fmt.Fprintf(w, "- %s %s: %d Go errors (%s) %s\n", row.Workload, row.Name, row.GoErrs, row.FirstErr, row.RBErr)
+		}
+	}
+}

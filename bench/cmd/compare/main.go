@@ -1,0 +1,203 @@
+// Command compare measures redlimit against its peers and the plainest Redis
+// round trips, on a redis-server it starts itself on a free loopback port
+// (or an embedded miniredis with -miniredis). See bench/README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redlimit/redlimit/bench"
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+// run does the work, so that its deferred calls (which stop redis-server)
+// run before the process exits.
+func run() error {
+	var (
+		rounds     = flag.Int("rounds", 3, "interleaved rounds; the tables show the median")
+		duration   = flag.Duration("duration", 900*time.Millisecond, "run time per contender per round")
+		warmup     = flag.Duration("warmup", 100*time.Millisecond, "warm-up per contender before the first round of each block")
+		concFlag   = flag.String("conc", "1,8,64", "concurrency levels (goroutines), comma-separated")
+		workloads  = flag.String("workloads", "one,keys,hot", "workloads: one, keys, hot")
+		only       = flag.String("only", "", "regexp: measure only the contenders whose name matches (the INCR floor is always kept)")
+		hotRate    = flag.Int("hot-rate", 0, "limit per second of the hot workload; 0 = EVALSHA `return 1` throughput / 100, calibrated per concurrency")
+		numKeys    = flag.Int("keys", 10_000, "keys of the keys workload")
+		useMini    = flag.Bool("miniredis", false, "run against an embedded miniredis instead of redis-server (measures the library and client, not Redis)")
+		memory     = flag.Bool("memory", false, "measure the Redis memory each limiter keeps per key, instead of throughput")
+		ceiling    = flag.Bool("ceiling", false, "measure how many decisions/s Redis executes for each of our scripts when pipelined")
+		autopipe   = flag.Bool("autopipeline", false, "run the redlimit strategies through go-redis's AutoPipeliner (concurrency from -conc, default 64,512)")
+		depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
+		conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
+		rbN        = flag.Int("rb-requests", 100_000, "-ceiling: requests per redis-benchmark run (0 = skip redis-benchmark)")
+		out        = flag.String("out", "", "also write the Markdown report to this file")
+		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
+		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the shuffled order")
+	)
+	flag.Parse()
+	concSet := false
+	flag.Visit(func(f *flag.Flag) { concSet = concSet || f.Name == "conc" })
+	if *autopipe && !concSet {
+		*concFlag = "64,512"
+	}
+	conc, err := parseInts(*concFlag)
+	if err != nil {
+		return err
+	}
+
+	var onlyRe *regexp.Regexp
+	if *only != "" {
+		if onlyRe, err = regexp.Compile(*only); err != nil {
+			return err
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	var addr string
+	if *useMini {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return err
+		}
+		defer m.Close()
+		addr = m.Addr()
+	} else {
+		s, err := redistest.StartServer()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		addr = s.Addr
+	}
+	env, err := bench.NewEnv(addr, redistest.TunedOptions(addr), *useMini)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+
+	var sb strings.Builder
+	w := io.MultiWriter(os.Stdout, &sb)
+	server := "redis-server " + serverVersion(env) + " at " + addr
+	if *useMini {
+		server = "embedded miniredis at " + addr
+	}
+	fmt.Fprintf(w, "<!-- %s; %s -->\n\n", server, time.Now().Format(time.RFC3339))
+
+	switch {
+	case *memory:
+		if *useMini {
+			return fmt.Errorf("-memory needs redis-server: miniredis has no MEMORY USAGE")
+		}
+		rep, err := bench.Memory(ctx, env, *numKeys)
+		if err != nil {
+			return err
+		}
+		rep.Markdown(w)
+	case *ceiling:
+		if *useMini {
+			return fmt.Errorf("-ceiling needs redis-server: it measures Redis itself")
+		}
+		rep, err := bench.Ceiling(ctx, env, bench.CeilingConfig{
+			Duration: *duration, Depth: *depth, Conns: *conns, NumKeys: *numKeys,
+			BenchmarkRequests: *rbN, Rounds: *rounds, Only: onlyRe, Seed: *seed, Log: os.Stderr,
+		})
+		if err != nil {
+			return err
+		}
+		rep.Markdown(w)
+	default:
+		cfg := bench.Config{
+			Env: env, Workloads: strings.Split(*workloads, ","), Concurrency: conc,
+			Rounds: *rounds, Duration: *duration, Warmup: *warmup,
+			NumKeys: *numKeys, HotRate: *hotRate, Seed: *seed, Log: os.Stderr,
+		}
+		cs := bench.Contenders()
+		if *autopipe {
+			if err := env.EnableAutoPipeline(); err != nil {
+				return err
+			}
+			cs = bench.AutoPipelineContenders()
+			rep, err := bench.CheckNoScript(ctx, env)
+			if err != nil {
+				return err
+			}
+			rep.Markdown(w)
+		}
+		if onlyRe != nil {
+			var keep []bench.Contender
+			for _, c := range cs {
+				if c.Name == "INCR" || onlyRe.MatchString(c.Name) {
+					keep = append(keep, c)
+				}
+			}
+			cs = keep
+		}
+		cfg.Contenders = cs
+		rep, err := bench.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		rep.Markdown(w)
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(sb.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func serverVersion(env *bench.Env) string {
+	info, err := env.RDB.Info(context.Background(), "server").Result()
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad concurrency %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

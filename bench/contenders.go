@@ -1,0 +1,326 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit"
+	ulule "github.com/ulule/limiter/v3"
+	ulredis "github.com/ulule/limiter/v3/drivers/store/redis"
+	gzlimit "github.com/zeromicro/go-zero/core/limit"
+	"github.com/zeromicro/go-zero/core/logx"
+	gzredis "github.com/zeromicro/go-zero/core/stores/redis"
+)
+
+func init() {
+	// Importing go-zero starts its stat goroutine, which logs CPU and memory
+	// to stdout every minute, and its limiters log every Redis error: keep
+	// that out of the report.
+	logx.Disable()
+}
+
+// Contenders returns everything the default comparison measures: the five
+// redlimit strategies, the peers, and the two floors.
+func Contenders() []Contender {
+	var cs []Contender
+	for _, s := range redlimit.Strategies() {
+		cs = append(cs, Redlimit(s, Direct))
+	}
+	cs = append(cs, RedisRate(), GoZeroToken(), GoZeroPeriod(), Ulule())
+	cs = append(cs, Incr(Direct), EvalReturn1(Direct))
+	return cs
+}
+
+// Via chooses the client a contender sends its commands through.
+type Via int
+
+const (
+	// Direct uses Env.RDB, one pooled connection per command in flight.
+	Direct Via = iota
+	// ViaAutoPipeline uses Env.AP, go-redis's experimental AutoPipeliner,
+	// which batches the commands of concurrent callers.
+	ViaAutoPipeline
+)
+
+func (v Via) client(env *Env) (redis.UniversalClient, error) {
+	if v == ViaAutoPipeline {
+		if env.AP == nil {
+			return nil, errors.New("no AutoPipeliner in this environment")
+		}
+		return env.AP, nil
+	}
+	return env.RDB, nil
+}
+
+func (v Via) suffix() string {
+	if v == ViaAutoPipeline {
+		return " via AutoPipeliner"
+	}
+	return ""
+}
+
+// Redlimit measures one redlimit strategy. The fallback policy is
+// FallbackError, so that a Redis failure shows as an error instead of a fast
+// in-process answer.
+func Redlimit(s redlimit.Strategy, via Via) Contender {
+	return Contender{
+		Name: "redlimit " + s.String() + via.suffix(),
+		Kind: "redlimit",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			rdb, err := via.client(env)
+			if err != nil {
+				return nil, nil, err
+			}
+			lim := redlimit.Limit{Rate: w.Rate, Period: w.Period}
+			if s == redlimit.SlidingLog && lim.Rate > redlimit.MaxSlidingLogRate {
+				lim.Rate = redlimit.MaxSlidingLogRate
+			}
+			l, err := redlimit.New(rdb, s, lim, redlimit.WithFallback(redlimit.FallbackError))
+			if err != nil {
+				return nil, nil, err
+			}
+			keys := w.Keys
+			dec := func(ctx context.Context, i int) (bool, error) {
+				res, err := l.Allow(ctx, keys[i])
+				return res.Allowed, err
+			}
+			return dec, func() { l.(io.Closer).Close() }, nil
+		},
+	}
+}
+
+func prefixed(prefix string, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = prefix + k
+	}
+	return out
+}
+
+// RedisRate measures github.com/go-redis/redis_rate/v10: GCRA in one Lua
+// script, Redis time, run with Script.Run (EVALSHA) on the shared client.
+func RedisRate() Contender {
+	return Contender{
+		Name: "redis_rate (GCRA)",
+		Kind: "peer",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			rl := redis_rate.NewLimiter(env.RDB)
+			limit := redis_rate.Limit{Rate: w.Rate, Burst: w.Rate, Period: w.Period}
+			keys := w.Keys // redis_rate prefixes "rate:"
+			dec := func(ctx context.Context, i int) (bool, error) {
+				res, err := rl.Allow(ctx, keys[i], limit)
+				if err != nil {
+					return false, err
+				}
+				return res.Allowed > 0, nil
+			}
+			return dec, nil, nil
+		},
+	}
+}
+
+// Ulule measures github.com/ulule/limiter/v3 with its go-redis store: a
+// fixed window that starts at the first hit (INCRBY + PEXPIRE in Lua).
+func Ulule() Contender {
+	return Contender{
+		Name: "ulule/limiter (fixed window)",
+		Kind: "peer",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			store, err := ulredis.NewStoreWithOptions(env.RDB, ulule.StoreOptions{Prefix: "ulule"})
+			if err != nil {
+				return nil, nil, err
+			}
+			lim := ulule.New(store, ulule.Rate{Period: w.Period, Limit: int64(w.Rate)})
+			keys := w.Keys
+			dec := func(ctx context.Context, i int) (bool, error) {
+				c, err := lim.Get(ctx, keys[i])
+				if err != nil {
+					return false, err
+				}
+				return !c.Reached, nil
+			}
+			return dec, nil, nil
+		},
+	}
+}
+
+// gozeroStore is go-zero's own Redis wrapper, pointed at the server under
+// test. go-zero builds its go-redis client itself (one per address, shared):
+// pool 10×GOMAXPROCS (20 here, as ours), MaxRetries 3, MinIdleConns 8,
+// go-redis's default 3 s read timeout, a circuit-breaker hook and a
+// duration (metrics and slow-log) hook. None of that can be set from
+// outside, so it does not get our tuned options. The hook added here only
+// counts errors, which its TokenLimiter hides behind a bool.
+type gozeroStore struct {
+	rds   *gzredis.Redis
+	errs  atomic.Uint64 // failed commands, but NOSCRIPT (which Script.Run recovers from)
+	evals atomic.Uint64 // EVALSHA commands that reached the client (past go-zero's breaker)
+}
+
+// countHook runs after go-zero's own hooks, so it sees only the commands
+// that its circuit breaker let through.
+type countHook struct{ gs *gozeroStore }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			h.gs.evals.Add(1)
+		}
+		err := next(ctx, cmd)
+		if err != nil && !errors.Is(err, redis.Nil) && !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			h.gs.errs.Add(1)
+		}
+		return err
+	}
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (e *Env) gozero() (*gozeroStore, error) {
+	e.gzOnce.Do(func() {
+		gs := &gozeroStore{}
+		rds, err := gzredis.NewRedis(gzredis.RedisConf{Host: e.Addr, Type: gzredis.NodeType},
+			gzredis.WithHook(countHook{gs}))
+		if err != nil {
+			e.gzErr = err
+			return
+		}
+		gs.rds = rds
+		e.gz = gs
+	})
+	return e.gz, e.gzErr
+}
+
+func gozeroErrors(env *Env) uint64 {
+	if env.gz == nil {
+		return 0
+	}
+	return env.gz.errs.Load()
+}
+
+func gozeroEvals(env *Env) uint64 {
+	if env.gz == nil {
+		return 0
+	}
+	return env.gz.evals.Load()
+}
+
+// perSecond converts a workload's limit to the whole events per second that
+// go-zero takes.
+func perSecond(w *Workload) (rate, periodSeconds int, err error) {
+	if w.Period%time.Second != 0 {
+		return 0, 0, fmt.Errorf("go-zero needs a period in whole seconds, not %v", w.Period)
+	}
+	return int(int64(w.Rate) * int64(time.Second) / int64(w.Period)), int(w.Period / time.Second), nil
+}
+
+// GoZeroToken measures go-zero's TokenLimiter (the Stripe-gist token bucket,
+// two keys, client clock in whole seconds). It is one limiter per key, so
+// the "keys" workload gets one TokenLimiter per key, made before the run.
+func GoZeroToken() Contender {
+	return Contender{
+		Name: "go-zero TokenLimiter",
+		Kind: "peer",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			gs, err := env.gozero()
+			if err != nil {
+				return nil, nil, err
+			}
+			rate, _, err := perSecond(w)
+			if err != nil {
+				return nil, nil, err
+			}
+			lims := make([]*gzlimit.TokenLimiter, len(w.Keys))
+			for i, k := range w.Keys {
+				lims[i] = gzlimit.NewTokenLimiter(rate, w.Rate, gs.rds, "gzt:"+k)
+			}
+			dec := func(ctx context.Context, i int) (bool, error) {
+				return lims[i].AllowCtx(ctx), nil
+			}
+			return dec, nil, nil
+		},
+		Errors:     gozeroErrors,
+		RedisCalls: gozeroEvals,
+	}
+}
+
+// GoZeroPeriod measures go-zero's PeriodLimit (a fixed window: INCRBY, and
+// EXPIRE on the first hit, in Lua).
+func GoZeroPeriod() Contender {
+	return Contender{
+		Name: "go-zero PeriodLimit",
+		Kind: "peer",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			gs, err := env.gozero()
+			if err != nil {
+				return nil, nil, err
+			}
+			_, secs, err := perSecond(w)
+			if err != nil {
+				return nil, nil, err
+			}
+			pl := gzlimit.NewPeriodLimit(secs, w.Rate, gs.rds, "gzp:")
+			keys := w.Keys
+			dec := func(ctx context.Context, i int) (bool, error) {
+				code, err := pl.TakeCtx(ctx, keys[i])
+				if err != nil {
+					return false, err
+				}
+				return code == gzlimit.Allowed || code == gzlimit.HitQuota, nil
+			}
+			return dec, nil, nil
+		},
+		Errors: gozeroErrors,
+	}
+}
+
+// Incr is the first floor: one INCR per decision, the cheapest write a
+// limiter could make.
+func Incr(via Via) Contender {
+	return Contender{
+		Name: "INCR" + via.suffix(),
+		Kind: "floor",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			rdb, err := via.client(env)
+			if err != nil {
+				return nil, nil, err
+			}
+			keys := prefixed("incr:", w.Keys)
+			dec := func(ctx context.Context, i int) (bool, error) {
+				return true, rdb.Incr(ctx, keys[i]).Err()
+			}
+			return dec, nil, nil
+		},
+	}
+}
+
+var return1 = redis.NewScript("return 1")
+
+// EvalReturn1 is the second floor: EVALSHA of a script that does nothing,
+// the cost of running any script at all.
+func EvalReturn1(via Via) Contender {
+	return Contender{
+		Name: "EVALSHA return 1" + via.suffix(),
+		Kind: "floor",
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			rdb, err := via.client(env)
+			if err != nil {
+				return nil, nil, err
+			}
+			keys := prefixed("e1:", w.Keys)
+			dec := func(ctx context.Context, i int) (bool, error) {
+				return true, return1.Run(ctx, rdb, keys[i:i+1]).Err()
+			}
+			return dec, nil, nil
+		},
+	}
+}
