@@ -32,7 +32,7 @@ func BenchmarkStateKeyEscaped(b *testing.B) {
 func BenchmarkParseReply(b *testing.B) {
 	b.ReportAllocs()
 	l := &RateLimiter{alg: tokenBucket, limit: PerSecond(10)}
-	reply := []any{int64(1), int64(9), int64(0), int64(100000), int64(0), int64(0)}
+	reply := []any{int64(0), int64(9), int64(0), int64(100000)}
 	for b.Loop() {
 		if _, _, err := l.parse(reply); err != nil {
 			b.Fatal(err)
@@ -134,7 +134,7 @@ type stubClient struct {
 }
 
 func newStubClient() *stubClient {
-	reply := []any{int64(1), int64(9), int64(0), int64(100000), int64(0), int64(0)}
+	reply := []any{int64(0), int64(9), int64(0), int64(100000)}
 	return &stubClient{cmd: redis.NewCmdResult(reply, nil)}
 }
 

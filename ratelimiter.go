@@ -295,24 +295,30 @@ func (l *RateLimiter) eval(ctx context.Context, state string, n int, maxDelay ti
 		a.keys[1] = state + blockSuffix
 		keys = a.keys[:2]
 	}
-	md := argNoMaxDelay
+	// The optional arguments (max delay, block) are sent only when needed.
+	a.args = [6]any{l.argRate, l.argPeriod, l.argBurst, n, argNoMaxDelay, l.argBlock}
+	args := a.args[:4]
 	if maxDelay >= 0 && l.alg.queue {
-		md = int64(maxDelay / time.Microsecond)
+		a.args[4] = int64(maxDelay / time.Microsecond)
+		args = a.args[:5]
 	}
-	a.args = [6]any{l.argRate, l.argPeriod, l.argBurst, n, md, l.argBlock}
-	reply, err := l.alg.script.Run(ctx, l.rdb, keys, a.args[:]...).Slice()
+	if l.cfg.block > 0 {
+		args = a.args[:6]
+	}
+	reply, err := l.alg.script.Run(ctx, l.rdb, keys, args...).Slice()
 	if err != nil {
 		return Result{}, 0, err
 	}
 	return l.parse(reply)
 }
 
-// parse decodes a script reply (see scripts/common.lua).
+// parse decodes a script reply (see scripts/common.lua): code, remaining,
+// delay or retry after, reset after.
 func (l *RateLimiter) parse(reply []any) (Result, reason, error) {
-	if len(reply) != 6 {
-		return Result{}, 0, fmt.Errorf("redlimit: %v: script replied %d values, want 6", l.alg.strategy, len(reply))
+	if len(reply) != 4 {
+		return Result{}, 0, fmt.Errorf("redlimit: %v: script replied %d values, want 4", l.alg.strategy, len(reply))
 	}
-	var v [6]int64
+	var v [4]int64
 	for i, x := range reply {
 		n, ok := x.(int64)
 		if !ok {
@@ -320,13 +326,18 @@ func (l *RateLimiter) parse(reply []any) (Result, reason, error) {
 		}
 		v[i] = n
 	}
+	why := reason(v[0])
+	wait := time.Duration(max(v[2], 0)) * time.Microsecond
 	res := Result{
-		Allowed:    v[0] == 1,
+		Allowed:    why == reasonAllowed,
 		Limit:      l.limit,
 		Remaining:  int(max(v[1], 0)),
-		RetryAfter: time.Duration(max(v[2], 0)) * time.Microsecond,
 		ResetAfter: time.Duration(max(v[3], 0)) * time.Microsecond,
-		Delay:      time.Duration(max(v[4], 0)) * time.Microsecond,
 	}
-	return res, reason(v[5]), nil
+	if res.Allowed {
+		res.Delay = wait
+	} else {
+		res.RetryAfter = wait
+	}
+	return res, why, nil
 }

@@ -2,7 +2,7 @@
 -- aligned to multiples of period since the Unix epoch (Redis server time).
 --
 -- KEYS[1]  string: the number of events admitted in the current window. It
---          expires at the end of that window (PEXPIREAT, rounded up to the
+--          expires at the end of that window (PXAT, rounded up to the
 --          millisecond), so an existing key whose expiry is the current
 --          window's end holds the current count.
 -- ARGV     see common.lua; burst and max delay are ignored.
@@ -14,8 +14,7 @@
 -- backwards, the key expires later than the current window: its count is
 -- kept until then, so a clock step never admits more.
 
-local start = now - (now % period)
-local window_end = start + period
+local window_end = now - (now % period) + period
 local end_ms = math.ceil(window_end / 1000)
 
 local count = 0
@@ -24,9 +23,8 @@ if v then
   local exp = redis.call('PEXPIRETIME', KEYS[1])
   if exp >= end_ms then
     count = tonumber(v)
-    if exp > end_ms then window_end = exp * 1000 end
-  elseif exp < 0 then
-    count = tonumber(v)
+    end_ms = exp
+    window_end = math.max(window_end, exp * 1000)
   end
 end
 
@@ -37,15 +35,12 @@ end
 
 if n > 0 then
   if count > 0 then
-    redis.call('INCRBY', KEYS[1], n)
+    redis.call('INCRBY', KEYS[1], n) -- keeps the expiry
   else
-    redis.call('SET', KEYS[1], n)
-  end
-  if count == 0 or redis.call('PEXPIRETIME', KEYS[1]) < 0 then
-    redis.call('PEXPIREAT', KEYS[1], math.ceil(window_end / 1000))
+    redis.call('SET', KEYS[1], n, 'PXAT', end_ms)
   end
 end
 
 local reset = 0
-if count + n > 0 then reset = window_end - now end
-return allow(remaining - n, reset, 0)
+if count + n > 0 then reset = math.ceil(window_end - now) end
+return {0, remaining - n, 0, reset}

@@ -18,27 +18,34 @@
 
 local function gcra(with_delay)
   local T = period / rate
-  local tat = tonumber(redis.call('GET', KEYS[1]) or '0') / 4
-  local base = tat
-  if base < now then base = now end
-  local avail = burst - (base - now) / T
-  local delay = 0
-  if with_delay then delay = base - now end
+  local base = now
+  local v = redis.call('GET', KEYS[1])
+  if v then
+    local tat = tonumber(v) / 4
+    if tat > now then base = tat end
+  end
+  local used = base - now
+  local avail = burst - used / T
 
   if n > avail + 1e-6 then
     -- Computed in time units, which are exact when T is a whole number of µs.
-    local retry = math.ceil((base - now) + (n - burst) * T - 1e-3)
+    local retry = math.ceil(used + (n - burst) * T - 1e-3)
     if (avail + retry / T) + 1e-6 < n then retry = retry + 1 end
-    return deny(avail, retry, base - now)
+    return deny(avail, retry, used)
   end
-  if with_delay and max_delay >= 0 and delay > max_delay then
-    return {0, math.floor(avail + 1e-6), math.ceil(delay - max_delay), math.ceil(base - now), 0, 3}
+  local delay = 0
+  if with_delay then
+    delay = used
+    local max_delay = tonumber(ARGV[5]) or -1
+    if max_delay >= 0 and delay > max_delay then
+      return {3, math.floor(avail + 1e-6), math.ceil(delay - max_delay), math.ceil(used)}
+    end
   end
   if n == 0 then
-    return allow(avail + 1e-6, base - now, delay)
+    return {0, math.floor(avail + 1e-6), math.ceil(delay), math.ceil(used)}
   end
   local new_tat = base + n * T
-  redis.call('SET', KEYS[1], math.ceil(new_tat * 4), 'PX', ttl_ms(new_tat - now))
-  return allow(avail - n + 1e-6, new_tat - now, delay)
+  redis.call('SET', KEYS[1], math.ceil(new_tat * 4), 'PX', math.ceil((new_tat - now) / 1000))
+  return {0, math.floor(avail - n + 1e-6), math.ceil(delay), math.ceil(new_tat - now)}
 end
 

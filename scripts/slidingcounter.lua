@@ -22,6 +22,17 @@
 
 local PACK = 67108864 -- 2^26
 
+-- floor_div and ceil_div divide integers exactly (as long as they are below
+-- 2^53), correcting the rounding of the floating-point quotient.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function ceil_div(a, b)
+  return -floor_div(-a, b)
+end
+
 local cw = math.floor(now / period)
 local cur, prev, w = 0, 0, cw
 local v = redis.call('GET', KEYS[1])
@@ -80,4 +91,4 @@ if n > 0 then
   end
   redis.call('SET', KEYS[1], value, 'PXAT', math.ceil((w + 2) * period / 1000))
 end
-return allow(remaining - n, reset_after(cur + n), 0)
+return {0, remaining - n, 0, reset_after(cur + n)}

@@ -42,9 +42,9 @@ if n > 0 then
     end
   end
   if newest == nil or newest < now then newest = now end
-  redis.call('PEXPIRE', KEYS[1], ttl_ms(newest + period - now))
+  redis.call('PEXPIRE', KEYS[1], math.ceil((newest + period - now) / 1000))
 end
 
 local reset = 0
 if newest ~= nil then reset = newest + period - now end
-return allow(rate - count - n, reset, 0)
+return {0, rate - count - n, 0, reset}
