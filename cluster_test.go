@@ -123,7 +123,7 @@ func TestClusterKeySlots(t *testing.T) {
 // SCRIPT FLUSH on every master in the middle of a load is invisible.
 func TestClusterScriptFlush(t *testing.T) {
 	rdb := clusterClient(t, realCluster(t), time.Second)
-	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000), WithPrefix("flush"))
+	lim, err := NewTokenBucket(rdb, PerSecond(100_000), WithPrefix("flush"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestClusterFailover(t *testing.T) {
 	redistest.SkipOrFail(t, err)
 	defer c.Close()
 	rdb := clusterClient(t, c, 0)
-	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000))
+	lim, err := NewTokenBucket(rdb, PerSecond(100_000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestClusterMasterDownNoReplicas(t *testing.T) {
 	redistest.SkipOrFail(t, err)
 	defer c.Close()
 	rdb := clusterClient(t, c, time.Second)
-	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000))
+	lim, err := NewTokenBucket(rdb, PerSecond(100_000))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func faultLimiter(t *testing.T, addr string, opts ...Option) (*RateLimiter, *red
 	rdb := redis.NewClient(redistest.TunedOptions(addr))
 	tr := &transitions{}
 	opts = append([]Option{WithOnTransition(tr.record)}, opts...)
-	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000), opts...)
+	lim, err := NewTokenBucket(rdb, PerSecond(100_000), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestFaultFlapping(t *testing.T) {
 	verifyNoLeak(t)
 	rdb := redis.NewClient(redistest.TunedOptions(proxy.Addr))
 	tr := &transitions{}
-	lim, err := NewTokenBucket(rdb, PerSecond(1_000_000), WithOnTransition(tr.record))
+	lim, err := NewTokenBucket(rdb, PerSecond(100_000), WithOnTransition(tr.record))
 	if err != nil {
 		t.Fatal(err)
 	}

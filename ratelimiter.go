@@ -47,6 +47,10 @@ type RateLimiter struct {
 
 var argNoMaxDelay any = int64(-1)
 
+// minBucketInterval is the shortest Period/Rate a TokenBucket or
+// LeakyBucket accepts.
+const minBucketInterval = 10 * time.Microsecond
+
 func newRateLimiter(alg *algorithm, rdb redis.UniversalClient, limit Limit, opts []Option) (*RateLimiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("redlimit: %v: nil Redis client: %w", alg.strategy, ErrInvalidArgument)
@@ -54,6 +58,13 @@ func newRateLimiter(alg *algorithm, rdb redis.UniversalClient, limit Limit, opts
 	l, err := limit.validate(alg.maxRate)
 	if err != nil {
 		return nil, err
+	}
+	if alg.bucket && l.Period < time.Duration(l.Rate)*minBucketInterval {
+		// The buckets keep time in quarter microseconds and round each
+		// admission up to one (see scripts/gcra.lua): finer intervals would
+		// lose more than 2.5% to rounding.
+		return nil, fmt.Errorf("redlimit: %v %v: Period/Rate must be at least %v (at most 100,000 events per second per key): %w",
+			alg.strategy, l, minBucketInterval, ErrInvalidLimit)
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {

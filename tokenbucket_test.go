@@ -42,3 +42,18 @@ func TestTokenBucketFractionalInterval(t *testing.T) {
 		t.Fatalf("after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)
 	}
 }
+
+// At the finest interval allowed, 10µs, the bucket still limits, and its
+// key's TTL is never 0 (the TAT is under a millisecond ahead).
+func TestTokenBucketFinestInterval(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100_000, Period: time.Second, Burst: 10})
+	us := time.Microsecond
+	run(t, b, lim, "k", []step{
+		{n: 1, allowed: true, remaining: 9, reset: 10 * us},
+		{n: 9, allowed: true, remaining: 0, reset: 100 * us},
+		{n: 1, allowed: false, remaining: 0, retry: 10 * us, reset: 100 * us},
+		{advance: 30 * us, n: 3, allowed: true, remaining: 0, reset: 100 * us},
+	})
+	checkTTL(t, b.rdb, lim.stateKey("k"), time.Millisecond)
+}

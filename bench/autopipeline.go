@@ -74,7 +74,7 @@ func CheckNoScript(ctx context.Context, env *Env) (*NoScriptReport, error) {
 		l.(io.Closer).Close()
 	}
 
-	l, err := redlimit.New(env.AP, redlimit.TokenBucket, redlimit.PerSecond(1_000_000), redlimit.WithFallback(redlimit.FallbackError))
+	l, err := redlimit.New(env.AP, redlimit.TokenBucket, redlimit.PerSecond(100_000), redlimit.WithFallback(redlimit.FallbackError))
 	if err != nil {
 		return nil, err
 	}

@@ -251,23 +251,27 @@ func (c *Config) defaults() {
 	}
 }
 
-// neverDeny is the limit of the "one" and "keys" workloads: high enough that
-// nothing is denied (SlidingLog is capped at its maximum, 100,000/s, which
-// this machine does not reach).
-const neverDeny = 1_000_000_000
+// neverDeny is the limit of the "one" and "keys" workloads, per
+// neverDenyPeriod: high enough that nothing is denied (SlidingLog is capped
+// at its maximum, 100,000, which this machine does not reach), with an
+// interval (10µs) that redlimit's buckets accept.
+const (
+	neverDeny       = 1_000_000_000
+	neverDenyPeriod = 10_000 * time.Second
+)
 
 // MakeWorkload returns the named workload; hotRate is the "hot" limit per
 // second.
 func MakeWorkload(name string, numKeys, hotRate int) (*Workload, error) {
 	switch name {
 	case "one":
-		return &Workload{Name: name, Keys: []string{"one"}, Rate: neverDeny, Period: time.Second}, nil
+		return &Workload{Name: name, Keys: []string{"one"}, Rate: neverDeny, Period: neverDenyPeriod}, nil
 	case "keys":
 		keys := make([]string, numKeys)
 		for i := range keys {
 			keys[i] = "user:" + strconv.Itoa(i)
 		}
-		return &Workload{Name: name, Keys: keys, Rate: neverDeny, Period: time.Second}, nil
+		return &Workload{Name: name, Keys: keys, Rate: neverDeny, Period: neverDenyPeriod}, nil
 	case "hot":
 		return &Workload{Name: name, Keys: []string{"hot"}, Rate: max(hotRate, 1), Period: time.Second}, nil
 	}
@@ -387,7 +391,7 @@ func findContender(cs []Contender, name string) *Contender {
 // (and time out, past a few hundred), without adding throughput.
 func calibrate(ctx context.Context, env *Env, c Contender, conc int) (float64, error) {
 	conc = min(conc, 64)
-	w := &Workload{Name: "calibrate", Keys: []string{"calibrate"}, Rate: neverDeny, Period: time.Second}
+	w := &Workload{Name: "calibrate", Keys: []string{"calibrate"}, Rate: neverDeny, Period: neverDenyPeriod}
 	dec, release, err := c.Setup(env, w)
 	if err != nil {
 		return 0, err

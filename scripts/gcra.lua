@@ -12,25 +12,27 @@
 --          integer value takes about 88 bytes in Redis where a fraction
 --          takes 120). A missing key is a full bucket. It expires at the TAT.
 --
--- Fractions: token counts are compared with a tolerance of 1e-6 token, so
+-- Fractions: token counts are compared with a tolerance of 1e-3 token, so
 -- that rounding of T (for example 1 s / 3) never turns an exact refill into
 -- a missing token.
 
 local function gcra(with_delay)
   local T = period / rate
-  local base = now
+  -- used: how far the TAT is ahead of now, in µs. Working with this offset,
+  -- not the absolute TAT, keeps fractions of a µs that a double holding a
+  -- µs timestamp (precision 0.25µs) would lose.
+  local used = 0
   local v = redis.call('GET', KEYS[1])
   if v then
-    local tat = tonumber(v) / 4
-    if tat > now then base = tat end
+    used = tonumber(v) / 4 - now
+    if used < 0 then used = 0 end
   end
-  local used = base - now
   local avail = burst - used / T
 
-  if n > avail + 1e-6 then
+  if n > avail + 1e-3 then
     -- Computed in time units, which are exact when T is a whole number of µs.
     local retry = math.ceil(used + (n - burst) * T - 1e-3)
-    if (avail + retry / T) + 1e-6 < n then retry = retry + 1 end
+    if (avail + retry / T) + 1e-3 < n then retry = retry + 1 end
     return deny(avail, retry, used)
   end
   local delay = 0
@@ -38,14 +40,17 @@ local function gcra(with_delay)
     delay = used
     local max_delay = tonumber(ARGV[5]) or -1
     if max_delay >= 0 and delay > max_delay then
-      return {3, math.floor(avail + 1e-6), math.ceil(delay - max_delay), math.ceil(used)}
+      return {3, math.floor(avail + 1e-3), math.ceil(delay - max_delay), math.ceil(used)}
     end
   end
   if n == 0 then
-    return {0, math.floor(avail + 1e-6), math.ceil(delay), math.ceil(used)}
+    return {0, math.floor(avail + 1e-3), math.ceil(delay), math.ceil(used)}
   end
-  local new_tat = base + n * T
-  redis.call('SET', KEYS[1], math.ceil(new_tat * 4), 'PX', math.ceil((new_tat - now) / 1000))
-  return {0, math.floor(avail - n + 1e-6), math.ceil(delay), math.ceil(new_tat - now)}
+  -- The new TAT, rounded up to a quarter µs (the stored unit): an admission
+  -- costs at most 0.25µs more than T, never less.
+  local ahead = math.ceil((used + n * T) * 4)
+  local ttl = math.ceil(ahead / 4000)
+  if ttl < 1 then ttl = 1 end
+  redis.call('SET', KEYS[1], now * 4 + ahead, 'PX', ttl)
+  return {0, math.floor(avail - n + 1e-3), math.ceil(delay), math.ceil(ahead / 4)}
 end
-
