@@ -102,9 +102,13 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		allowed func(w string, reply any) bool
 	}
 	always := func(string, any) bool { return true }
-	firstIsOne := func(_ string, v any) bool { // redlimit and redis_rate: allowed first
+	firstIsOne := func(_ string, v any) bool { // redis_rate: 1 (the cost) first when allowed
 		a, ok := v.([]any)
 		return ok && len(a) > 0 && a[0] == int64(1)
+	}
+	firstIsZero := func(_ string, v any) bool { // redlimit: code 0 first when allowed
+		a, ok := v.([]any)
+		return ok && len(a) > 0 && a[0] == int64(0)
 	}
 	var jobs []job
 	jobs = append(jobs, job{"INCR", func(string) ([]any, error) { return []any{"incr", keyPlaceholder}, nil }, always})
@@ -122,6 +126,9 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 	scripted = append(scripted, RedisRate(), Ulule())
 	for _, c := range scripted {
 		allowed := firstIsOne
+		if c.Kind == "redlimit" {
+			allowed = firstIsZero
+		}
 		if c.Name == Ulule().Name { // {count, ttl}: allowed while count <= limit
 			allowed = func(w string, v any) bool {
 				a, ok := v.([]any)
