@@ -13,22 +13,7 @@ import (
 )
 
 // decisions records what an observer saw.
-type decisions struct {
-	mu  sync.Mutex
-	got []Decision
-}
-
-func (d *decisions) record(x Decision) {
-	d.mu.Lock()
-	d.got = append(d.got, x)
-	d.mu.Unlock()
-}
-
-func (d *decisions) last() Decision {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.got[len(d.got)-1]
-}
+type decisions = recorder[Decision]
 
 // Penalty blocking: once denied, a key is denied for the block's length,
 // exactly, with RetryAfter the time left; Reset lifts it.
@@ -47,10 +32,10 @@ func TestBlock(t *testing.T) {
 				{advance: 5*time.Second - ms, n: 1, allowed: false, remaining: 0, retry: ms, reset: ms},
 				{advance: ms, n: 1, allowed: true, remaining: 0, reset: resetAfterOne(s)},
 			})
-			if got := seen.got[2].DeniedBy; got != DeniedByBlock {
+			if got := seen.list()[2].DeniedBy; got != DeniedByBlock {
 				t.Errorf("a call during the block was denied by %v, want block", got)
 			}
-			if got := seen.got[1].DeniedBy; got != DeniedByLimit {
+			if got := seen.list()[1].DeniedBy; got != DeniedByLimit {
 				t.Errorf("the first denial was by %v, want limit", got)
 			}
 			// Reset lifts a block.

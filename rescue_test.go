@@ -14,6 +14,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // keyHook counts the commands sent to Redis that name a given substring
@@ -40,36 +42,37 @@ func (h *keyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// transitions records the switches a limiter reports.
-type transitions struct {
+// recorder keeps what a hook reports (transitions, decisions), safe for
+// concurrent use.
+type recorder[T any] struct {
 	mu  sync.Mutex
-	got []Transition
+	got []T
 }
 
-func (tr *transitions) record(t Transition) {
-	tr.mu.Lock()
-	tr.got = append(tr.got, t)
-	tr.mu.Unlock()
+func (r *recorder[T]) record(x T) {
+	r.mu.Lock()
+	r.got = append(r.got, x)
+	r.mu.Unlock()
 }
 
-func (tr *transitions) list() []Transition {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	return append([]Transition(nil), tr.got...)
+func (r *recorder[T]) list() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]T(nil), r.got...)
 }
+
+func (r *recorder[T]) last() T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[len(r.got)-1]
+}
+
+// transitions records the switches a limiter reports.
+type transitions = recorder[Transition]
 
 // tunedClient is a client with the options the README recommends.
 func tunedClient(t testing.TB, addr string) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           100 * time.Millisecond,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-	})
+	rdb := redis.NewClient(redistest.TunedOptions(addr))
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
