@@ -110,7 +110,7 @@ func BenchmarkDecisionMiniredis(b *testing.B) {
 		b.Run(s.String(), func(b *testing.B) {
 			m := miniredis.RunT(b)
 			rdb := tunedClient(b, m.Addr())
-			lim, err := New(rdb, s, Limit{Rate: 1000, Period: time.Millisecond})
+			lim, err := New(rdb, s, Limit{Rate: 100, Period: time.Millisecond})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -37,7 +37,7 @@ run_example cluster
 run_example prometheus -selftest
 
 echo "== micro-benchmarks, once each"
-go test -run '^$' -bench . -benchtime=1x ./... >/dev/null
+bench_out=$(go test -run '^$' -bench . -benchtime=1x ./... 2>&1) || { echo "$bench_out" >&2; exit 1; }
 
 echo "== tests"
 for m in "${modules[@]}"; do
