@@ -3,7 +3,10 @@ package redlimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,10 +275,18 @@ func scriptFlush(ctx context.Context, rdb redis.UniversalClient) error {
 	return rdb.ScriptFlush(ctx).Err()
 }
 
-// prefixFor gives each test its own key prefix, so tests can share a Redis.
+// prefixFor gives each test its own key prefix, so tests can share a Redis
+// (also across -count runs, which find the keys earlier runs left).
 func prefixFor(t *testing.T) string {
-	return "t:" + strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(t.Name())
+	p, _ := testPrefixes.LoadOrStore(t, fmt.Sprintf("t%d:%s", testRun.Add(1),
+		strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(t.Name())))
+	return p.(string)
 }
+
+var (
+	testPrefixes sync.Map // *testing.T -> prefix
+	testRun      atomic.Int64
+)
 
 func TestBehaviourMiniredis(t *testing.T) {
 	testBehaviour(t, func(t *testing.T) *backend {
