@@ -280,3 +280,44 @@ func TestDenyCacheHotKeyRedis(t *testing.T) {
 		}
 	}
 }
+
+// n = 0 only reports: after a limit was lowered (state is shared across
+// Rate changes) it reports 0 remaining, and never starts a block.
+func TestReportNeverBlocks(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			ctx := context.Background()
+			old := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 10})
+			if _, err := old.AllowN(ctx, "k", 10); err != nil {
+				t.Fatal(err)
+			}
+			lowered := newLimiter(t, b.rdb, s, Limit{Rate: 5, Period: time.Second, Burst: 5}, WithBlock(time.Minute))
+			res, err := lowered.AllowN(ctx, "k", 0)
+			if err != nil || !res.Allowed || res.Remaining != 0 || res.RetryAfter != 0 {
+				t.Fatalf("n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
+			}
+			if n, _ := b.rdb.Exists(ctx, lowered.stateKey("k")+blockSuffix).Result(); n != 0 {
+				t.Fatal("n=0 started a block")
+			}
+		})
+	}
+}
+
+// The deny cache stays within its size under a flood of denied keys.
+func TestDenyCacheBounded(t *testing.T) {
+	c := newDenyCache(lruShards * 10)
+	for i := range 10_000 {
+		c.remember(fmt.Sprint("k", i), 1, time.Hour)
+	}
+	n := 0
+	for i := range c.shards {
+		if got := len(c.shards[i].until); got > 10 {
+			t.Fatalf("shard %d holds %d entries, want at most 10", i, got)
+		}
+		n += len(c.shards[i].until)
+	}
+	if n == 0 {
+		t.Fatal("the cache holds nothing")
+	}
+}

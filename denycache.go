@@ -10,8 +10,9 @@ import (
 // so that calls for them within that time are denied without a round trip.
 // RetryAfter is for the n that was denied: a call for fewer events may be
 // allowed sooner, so an entry denies only calls for at least that n.
-// Entries expire; when a shard is full, expired entries are swept and, if
-// none were, an arbitrary one is dropped (which only costs a round trip).
+// Entries expire; when a shard is full, a few entries are looked at (in
+// the map's random order) and the expired ones dropped, or else the first
+// one (which only costs a round trip): constant work per insert.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [lruShards]denyShard
@@ -74,16 +75,20 @@ func (c *denyCache) remember(key string, n int, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.until[key]; !ok && len(s.until) >= s.max {
+		looked := 0
 		for k, old := range s.until {
 			if old.until <= now {
 				delete(s.until, k)
 			}
-		}
-		if len(s.until) >= s.max {
-			for k := range s.until {
-				delete(s.until, k)
+			if looked++; looked == 8 {
 				break
 			}
+		}
+		for k := range s.until {
+			if len(s.until) < s.max {
+				break
+			}
+			delete(s.until, k)
 		}
 	}
 	s.until[key] = denial{until: now + int64(d), n: n}

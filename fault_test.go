@@ -380,6 +380,17 @@ func TestFaultServerStates(t *testing.T) {
 		}
 		waitBack(t, lim, 2*time.Second)
 	})
+	t.Run("NOREPLICAS", func(t *testing.T) {
+		srv := redistest.Start(t, "--min-replicas-to-write", "1")
+		lim, _, tr := faultLimiter(t, srv.Addr)
+		res, err := lim.Allow(context.Background(), "k")
+		if err != nil || !res.Degraded {
+			t.Fatalf("writes refused for want of replicas: %+v, %v; want a fallback decision", res, err)
+		}
+		if got := tr.list(); len(got) != 1 || !redis.HasErrorPrefix(got[0].Err, "NOREPLICAS") {
+			t.Fatalf("transitions = %+v, want one caused by NOREPLICAS", got)
+		}
+	})
 	t.Run("BUSY", func(t *testing.T) {
 		srv := redistest.Start(t, "--busy-reply-threshold", "100")
 		lim, _, tr := faultLimiter(t, srv.Addr)

@@ -60,3 +60,16 @@ func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
 		t.Fatalf("PEXPIRETIME = %v ms, want the second window's end, t0+%v", exp, want)
 	}
 }
+
+// A period that is not a whole number of milliseconds: RetryAfter is exact
+// to the microsecond, though the counter expires in whole milliseconds.
+func TestFixedWindowSubMillisecond(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 1, Period: 1500 * time.Microsecond})
+	us := time.Microsecond
+	run(t, b, lim, "k", []step{
+		{n: 1, allowed: true, remaining: 0, reset: 1500 * us},
+		{advance: 200 * us, n: 1, allowed: false, remaining: 0, retry: 1300 * us, reset: 1300 * us},
+		{advance: 1300 * us, n: 1, allowed: true, remaining: 0, reset: 1500 * us},
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"testing"
@@ -156,4 +157,9 @@ func mustErrorIs(t *testing.T, err, target error) {
 	if !errors.Is(err, target) {
 		t.Fatalf("err = %v, want one wrapping %v", err, target)
 	}
+}
+
+// interval is the time one event is worth: Period/Rate, rounded up.
+func (l Limit) interval() time.Duration {
+	return time.Duration(math.Ceil(float64(l.Period) / float64(l.Rate)))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -195,11 +194,6 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 		l.Burst = l.Rate
 	}
 	return l, nil
-}
-
-// interval is the time one event is worth: Period/Rate.
-func (l Limit) interval() time.Duration {
-	return time.Duration(math.Ceil(float64(l.Period) / float64(l.Rate)))
 }
 
 // checkKey rejects keys that cannot be limited.

@@ -324,6 +324,8 @@ func TestConstructorValidation(t *testing.T) {
 		{"bucket interval below 10µs", TokenBucket, Limit{Rate: 100_001, Period: time.Second}, nil, false},
 		{"leaky interval below 10µs", LeakyBucket, Limit{Rate: 200, Period: time.Millisecond}, nil, false},
 		{"window at a billion per second", FixedWindow, Limit{Rate: 1e9, Period: time.Second}, nil, true},
+		{"bucket taking 100 years to refill", TokenBucket, Limit{Rate: 1, Period: time.Hour, Burst: 876_000}, nil, true},
+		{"bucket taking longer to refill", TokenBucket, Limit{Rate: 1, Period: 3 * time.Hour, Burst: 1 << 40}, nil, false},
 		{"unknown strategy", Strategy(9), PerSecond(1), nil, false},
 		{"empty prefix", TokenBucket, PerSecond(1), []Option{WithPrefix("")}, false},
 		{"prefix with {", TokenBucket, PerSecond(1), []Option{WithPrefix("a{b")}, false},

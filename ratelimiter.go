@@ -59,6 +59,11 @@ func newRateLimiter(alg *algorithm, rdb redis.UniversalClient, limit Limit, opts
 	if err != nil {
 		return nil, err
 	}
+	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
+		// A full bucket's worth of time must fit the TAT's range.
+		return nil, fmt.Errorf("redlimit: %v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
+			alg.strategy, l, MaxPeriod, ErrInvalidLimit)
+	}
 	if alg.bucket && l.Period < time.Duration(l.Rate)*minBucketInterval {
 		// The buckets keep time in quarter microseconds and round each
 		// admission up to one (see scripts/gcra.lua): finer intervals would
@@ -139,7 +144,9 @@ func (l *RateLimiter) WaitN(ctx context.Context, key string, n int) error {
 		maxDelay := time.Duration(-1)
 		deadline, hasDeadline := ctx.Deadline()
 		if hasDeadline {
-			maxDelay = time.Until(deadline)
+			// Keep a margin for the round trip: a leaky bucket slot whose
+			// delay ends past the deadline would be taken for nothing.
+			maxDelay = time.Until(deadline) - waitMargin
 			if maxDelay <= 0 {
 				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
 			}
@@ -163,6 +170,10 @@ func (l *RateLimiter) WaitN(ctx context.Context, key string, n int) error {
 		}
 	}
 }
+
+// waitMargin is the time WaitN keeps, before ctx's deadline, for the round
+// trip that takes a leaky bucket slot.
+const waitMargin = time.Millisecond
 
 // sleep waits for d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) error {

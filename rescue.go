@@ -20,8 +20,8 @@ import (
 //
 // Redis is marked unavailable by the first call that fails for a reason that
 // says so: a refused, reset or closed connection, EOF, an i/o or pool
-// timeout, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM or
-// BUSY reply. From then on calls do not touch Redis: they are answered at
+// timeout, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM,
+// BUSY, NOREPLICAS or MISCONF reply. From then on calls do not touch Redis: they are answered at
 // in-process speed, with Result.Degraded set, and a monitor goroutine probes
 // Redis every ping interval (see [WithPingInterval]) by running a small
 // script that reads TIME and writes a key in the failing key's slot (so a
@@ -188,8 +188,17 @@ func (r *rescue) notify(t Transition) {
 	}
 }
 
-// monitor probes Redis until two probes in a row succeed, then switches back.
+// monitor probes Redis until two probes in a row succeed, then switches
+// back. It tells the transition hook after it is done, so that the hook may
+// call Close.
 func (r *rescue) monitor() {
+	if outage, back := r.watch(); back {
+		r.notify(Transition{Strategy: r.l.alg.strategy, Outage: outage})
+	}
+}
+
+// watch is the monitor's loop; it reports whether Redis is back.
+func (r *rescue) watch() (time.Duration, bool) {
 	defer r.wg.Done()
 	every := r.l.cfg.pingInterval
 	tick := time.NewTicker(every)
@@ -201,7 +210,7 @@ func (r *rescue) monitor() {
 	for {
 		select {
 		case <-r.stop:
-			return
+			return 0, false
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(every, 100*time.Millisecond))
@@ -227,8 +236,7 @@ func (r *rescue) monitor() {
 		r.running = false
 		r.down.Store(false)
 		r.mu.Unlock()
-		r.notify(Transition{Strategy: r.l.alg.strategy, Outage: outage})
-		return
+		return outage, true
 	}
 }
 
@@ -370,5 +378,6 @@ func isUnavailable(err error) bool {
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
 		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
 		redis.IsMasterDownError(err) || redis.IsOOMError(err) ||
-		redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY")
+		redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY ") ||
+		redis.HasErrorPrefix(err, "NOREPLICAS") || redis.HasErrorPrefix(err, "MISCONF")
 }

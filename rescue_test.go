@@ -354,3 +354,39 @@ func TestFallbackKeysBounded(t *testing.T) {
 		t.Fatalf("heap grew %d MB, want at most the documented 40 MB", grew>>20)
 	}
 }
+
+// The transition hook may call Close, even from the monitor's switch back.
+func TestCloseFromTransitionHook(t *testing.T) {
+	verifyNoLeak(t)
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	var lim *RateLimiter
+	closed := make(chan error, 1)
+	lim, err := NewTokenBucket(rdb, PerSecond(10), WithPingInterval(10*time.Millisecond),
+		WithOnTransition(func(tr Transition) {
+			if !tr.Down {
+				closed <- lim.Close()
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if res, err := lim.Allow(context.Background(), "k"); err != nil || !res.Degraded {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close from the hook did not return")
+	}
+	if _, err := lim.Allow(context.Background(), "k"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}

@@ -17,8 +17,9 @@ var slidingCounter = &algorithm{
 //
 // The estimate assumes the previous window's events were spread evenly, so
 // it can admit a little more or less than the exact log when they were not;
-// it never admits more than 2×Rate in any Period. It keeps one small Redis
-// hash per key and writes only when it admits.
+// it never admits more than 2×Rate in any Period. It keeps one Redis
+// string per key (the two counts packed in one integer) and writes only
+// when it admits.
 func NewSlidingCounter(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
 	return newRateLimiter(slidingCounter, rdb, limit, opts)
 }

@@ -34,9 +34,19 @@ func TestTokenBucketFractionalInterval(t *testing.T) {
 		}
 	}
 	res, err := lim.Allow(ctx, "k")
-	if err != nil || res.Allowed || res.RetryAfter != 333334*time.Microsecond {
-		t.Fatalf("4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
+	// 333333.3µs, less the tolerance for rounding (see gcra.lua).
+	if err != nil || res.Allowed || res.RetryAfter != 333333*time.Microsecond {
+		t.Fatalf("4th Allow: %+v, %v; want denied, retry 333333µs", res, err)
 	}
+	b.advance(333332 * time.Microsecond)
+	if res, _ := lim.Allow(ctx, "k"); res.Allowed {
+		t.Fatalf("allowed 1µs before RetryAfter: %+v", res)
+	}
+	b.advance(time.Microsecond)
+	if res, _ := lim.Allow(ctx, "k"); !res.Allowed {
+		t.Fatalf("denied at RetryAfter: %+v", res)
+	}
+	b.advance(time.Second - 333333*time.Microsecond)
 	b.advance(time.Second)
 	if res, err := lim.AllowN(ctx, "k", 0); err != nil || res.Remaining != 3 {
 		t.Fatalf("after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)

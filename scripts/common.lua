@@ -44,7 +44,14 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- deny answers a denial by the limit and starts the penalty block, if any.
+-- n = 0 only reports, so it is never denied and never writes: it can find
+-- remaining below 0 after a limit was lowered (limiters that differ only in
+-- rate or burst share state), and then reports 0 remaining.
 local function deny(remaining, retry, reset)
+  if n == 0 then
+    if remaining < 0 then remaining = 0 end
+    return {0, math.floor(remaining), 0, math.ceil(reset)}
+  end
   if block > 0 then
     redis.call('SET', KEYS[2], now + block, 'PX', math.ceil(block / 1000))
     if retry < block then retry = block end

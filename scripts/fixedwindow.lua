@@ -23,8 +23,10 @@ if v then
   local exp = redis.call('PEXPIRETIME', KEYS[1])
   if exp >= end_ms then
     count = tonumber(v)
-    end_ms = exp
-    window_end = math.max(window_end, exp * 1000)
+    if exp > end_ms then -- the clock went back: the count lasts until its expiry
+      end_ms = exp
+      window_end = exp * 1000
+    end
   end
 end
 

@@ -67,7 +67,7 @@ func TestInspectAndReset(t *testing.T) {
 		"retry-after": "0s",
 		"reset-after": "300ms",
 		// 3 tokens of 100ms: the bucket is full again in 300ms.
-		state:               "string 300ms 7573824002200000",
+		state:               "string 300ms 631065602200000",
 		state + blockSuffix: "(missing) - -",
 	} {
 		if got := field(stdout, name); got != want {
@@ -112,9 +112,9 @@ func TestInspectStrategies(t *testing.T) {
 		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 2", "2", "3.75s"},
 		// The counter's two counts are packed in one integer (here c=2, p=0).
 		// T = 500ms: 2 events fill the bucket again in 1s; the value is the
-		// time it is full again, in quarter microseconds.
-		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 1s 7573824005000000", "2", "1s"},
-		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 1s 7573824005000000", "2", "1s"},
+		// time it is full again, in quarter microseconds since 2025.
+		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 1s 631065605000000", "2", "1s"},
+		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 1s 631065605000000", "2", "1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.strategy.String(), func(t *testing.T) {
