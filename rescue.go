@@ -126,7 +126,6 @@ type rescue struct {
 	l      *RateLimiter
 	down   atomic.Bool
 	locals *lru[*rate.Limiter]
-	probe  *redis.Script
 	every  rate.Limit // events per second of each local limiter
 	burst  int        // burst of each local limiter (1 for the leaky bucket's queue)
 
@@ -150,7 +149,6 @@ func newRescue(l *RateLimiter) *rescue {
 	r := &rescue{
 		l:      l,
 		locals: newLRU[*rate.Limiter](l.cfg.localKeys),
-		probe:  probeScript,
 		stop:   make(chan struct{}),
 		every:  rate.Limit(float64(l.limit.Rate) / l.limit.Period.Seconds() * l.cfg.share),
 		burst:  1,
@@ -214,7 +212,7 @@ func (r *rescue) watch() (time.Duration, bool) {
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(every, 100*time.Millisecond))
-		err := r.probe.Run(ctx, r.l.rdb, []string{key}).Err()
+		err := probeScript.Run(ctx, r.l.rdb, []string{key}).Err()
 		cancel()
 		if err != nil {
 			ok = 0
