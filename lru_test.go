@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestLRUBoundAndSecondChance(t *testing.T) {
@@ -16,19 +19,11 @@ func TestLRUBoundAndSecondChance(t *testing.T) {
 		c.getOrAdd(hot, mk) // used between every insert: never evicted
 		c.getOrAdd("k"+strconv.Itoa(i), mk)
 	}
-	if got := c.len(); got > lruShards*4 {
-		t.Fatalf("holds %d keys, want at most %d", got, lruShards*4)
-	}
-	if got := c.getOrAdd(hot, mk); got != first {
-		t.Fatalf("the hot key was evicted and made again (%d, want %d)", got, first)
-	}
+	require.LessOrEqual(t, c.len(), lruShards*4, "keys held")
+	require.Equal(t, first, c.getOrAdd(hot, mk), "the hot key was evicted and made again")
 	c.remove(hot)
-	if got := c.getOrAdd(hot, mk); got == first {
-		t.Fatal("remove did not forget the key")
-	}
-	if got := c.len(); got > lruShards*4 {
-		t.Fatalf("holds %d keys after remove and add, want at most %d", got, lruShards*4)
-	}
+	require.NotEqual(t, first, c.getOrAdd(hot, mk), "remove did not forget the key")
+	require.LessOrEqual(t, c.len(), lruShards*4, "keys held after remove and add")
 }
 
 func TestLRUConcurrent(t *testing.T) {
@@ -38,9 +33,7 @@ func TestLRUConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 2000 {
 				k := strconv.Itoa((g*7 + i) % 300)
-				if v := c.getOrAdd(k, func() *int { x := i; return &x }); v == nil {
-					t.Error("nil value")
-				}
+				assert.NotNil(t, c.getOrAdd(k, func() *int { x := i; return &x }), "value of %s", k)
 				if i%50 == 0 {
 					c.remove(k)
 				}
@@ -48,7 +41,5 @@ func TestLRUConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := c.len(); got > 64 {
-		t.Fatalf("holds %d keys, want at most 64", got)
-	}
+	require.LessOrEqual(t, c.len(), 64, "keys held")
 }
