@@ -308,7 +308,7 @@ func TestReportNeverBlocks(t *testing.T) {
 func TestDenyCacheBounded(t *testing.T) {
 	c := newDenyCache(lruShards * 10)
 	for i := range 10_000 {
-		c.remember(fmt.Sprint("k", i), 1, time.Hour)
+		c.remember(fmt.Sprint("k", i), 1, 0, time.Hour, 0)
 	}
 	n := 0
 	for i := range c.shards {

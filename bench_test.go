@@ -15,7 +15,7 @@ import (
 
 func BenchmarkStateKey(b *testing.B) {
 	b.ReportAllocs()
-	l := &RateLimiter{cfg: defaultConfig(), suffix: "}:tb1000000"}
+	l := benchLimiter(b)
 	for b.Loop() {
 		_ = l.stateKey("user:12345")
 	}
@@ -23,18 +23,30 @@ func BenchmarkStateKey(b *testing.B) {
 
 func BenchmarkStateKeyEscaped(b *testing.B) {
 	b.ReportAllocs()
-	l := &RateLimiter{cfg: defaultConfig(), suffix: "}:tb1000000"}
+	l := benchLimiter(b)
 	for b.Loop() {
 		_ = l.stateKey("{user}:12345")
 	}
 }
 
+// benchLimiter is a token bucket on a client that is never used.
+func benchLimiter(b *testing.B) *RateLimiter {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	b.Cleanup(func() { rdb.Close() })
+	l, err := NewTokenBucket(rdb, PerSecond(10))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l
+}
+
 func BenchmarkParseReply(b *testing.B) {
 	b.ReportAllocs()
-	l := &RateLimiter{alg: tokenBucket, limit: PerSecond(10)}
-	reply := []any{int64(0), int64(9), int64(0), int64(100000)}
+	l := benchLimiter(b)
+	reply := []any{int64(0), int64(9), int64(0), int64(100000), int64(1)}
 	for b.Loop() {
-		if _, _, err := l.parse(reply); err != nil {
+		if _, _, err := l.parse(reply, l.own); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -75,12 +87,11 @@ func BenchmarkRateAllow(b *testing.B) {
 
 func BenchmarkDenyCacheHit(b *testing.B) {
 	c := newDenyCache(10_000)
-	c.remember("hot", 1, time.Hour)
-	limit := PerSecond(10)
+	c.remember("hot", 1, 0, time.Hour, 0)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, ok := c.lookup("hot", 1, limit); !ok {
+			if _, ok := c.lookup("hot", 1, 0); !ok {
 				b.Fatal("miss")
 			}
 		}
@@ -90,13 +101,12 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 func BenchmarkDenyCacheMiss(b *testing.B) {
 	c := newDenyCache(10_000)
 	for i := range 5000 {
-		c.remember("k"+strconv.Itoa(i), 1, time.Hour)
+		c.remember("k"+strconv.Itoa(i), 1, 0, time.Hour, 0)
 	}
-	limit := PerSecond(10)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, ok := c.lookup("absent", 1, limit); ok {
+			if _, ok := c.lookup("absent", 1, 0); ok {
 				b.Fatal("hit")
 			}
 		}
@@ -134,7 +144,7 @@ type stubClient struct {
 }
 
 func newStubClient() *stubClient {
-	reply := []any{int64(0), int64(9), int64(0), int64(100000)}
+	reply := []any{int64(0), int64(9), int64(0), int64(100000), int64(1)}
 	return &stubClient{cmd: redis.NewCmdResult(reply, nil)}
 }
 

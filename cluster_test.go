@@ -181,7 +181,7 @@ func TestClusterFailover(t *testing.T) {
 	back := time.Duration(-1)
 	for time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		if !lim.rescue.isDown() {
+		if !lim.rescue.anyDown() {
 			if res, err := lim.Allow(context.Background(), key); err == nil && !res.Degraded {
 				back = ld.now() - killAt
 				break
@@ -234,7 +234,7 @@ func TestClusterMasterDownNoReplicas(t *testing.T) {
 	}
 	upAt := ld.now()
 	deadline := time.Now().Add(10 * time.Second)
-	for lim.rescue.isDown() && time.Now().Before(deadline) {
+	for lim.rescue.anyDown() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)

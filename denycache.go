@@ -3,19 +3,26 @@ package redlimit
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // denyCache remembers keys that Redis denied, until the RetryAfter it gave,
 // so that calls for them within that time are denied without a round trip.
-// RetryAfter is for the n that was denied: a call for fewer events may be
-// allowed sooner, so an entry denies only calls for at least that n.
+// RetryAfter is for the n that was denied under the limits that denied it:
+// a call for fewer events may be allowed sooner and one for more later, and
+// a call under other limits (WithLimitFunc) is another question, so an
+// entry answers only calls for the same n under the same limits.
 // Entries expire; when a shard is full, a few entries are looked at (in
 // the map's random order) and the expired ones dropped, or else the first
 // one (which only costs a round trip): constant work per insert.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [lruShards]denyShard
+	// epoch counts Resets. A denial is remembered only if no Reset came
+	// since its call was sent, so that a denial in flight during a Reset
+	// cannot outlive it.
+	epoch atomic.Uint64
 }
 
 type denyShard struct {
@@ -25,8 +32,9 @@ type denyShard struct {
 }
 
 type denial struct {
-	until int64 // ns since epoch0 (monotonic)
-	n     int   // the n that was denied
+	until int64  // ns since epoch0 (monotonic)
+	n     int    // the n that was denied
+	sig   uint64 // the limits that denied it
 }
 
 // epoch0 anchors the monotonic clock the cache compares against.
@@ -48,13 +56,14 @@ func (c *denyCache) shard(key string) *denyShard {
 	return &c.shards[maphash.String(c.seed, key)%lruShards]
 }
 
-// lookup returns a denial if n events for key are known to be denied now.
-func (c *denyCache) lookup(key string, n int, limit Limit) (Result, bool) {
+// lookup returns a denial if n events for key under the limits sig are
+// known to be denied now. The caller fills in the Result's limit.
+func (c *denyCache) lookup(key string, n int, sig uint64) (Result, bool) {
 	s := c.shard(key)
 	s.mu.RLock()
 	d, ok := s.until[key]
 	s.mu.RUnlock()
-	if !ok || n < d.n {
+	if !ok || n != d.n || sig != d.sig {
 		return Result{}, false
 	}
 	left := d.until - monoNow()
@@ -62,11 +71,12 @@ func (c *denyCache) lookup(key string, n int, limit Limit) (Result, bool) {
 		return Result{}, false
 	}
 	wait := time.Duration(left)
-	return Result{Limit: limit, RetryAfter: wait, ResetAfter: wait}, true
+	return Result{RetryAfter: wait, ResetAfter: wait}, true
 }
 
-// remember records that n events for key are denied for d from now.
-func (c *denyCache) remember(key string, n int, d time.Duration) {
+// remember records that n events for key under the limits sig are denied
+// for d from now, unless a Reset came after epoch (read before the call).
+func (c *denyCache) remember(key string, n int, sig uint64, d time.Duration, epoch uint64) {
 	if d <= 0 {
 		return
 	}
@@ -74,6 +84,9 @@ func (c *denyCache) remember(key string, n int, d time.Duration) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if c.epoch.Load() != epoch {
+		return
+	}
 	if _, ok := s.until[key]; !ok && len(s.until) >= s.max {
 		looked := 0
 		for k, old := range s.until {
@@ -91,13 +104,14 @@ func (c *denyCache) remember(key string, n int, d time.Duration) {
 			delete(s.until, k)
 		}
 	}
-	s.until[key] = denial{until: now + int64(d), n: n}
+	s.until[key] = denial{until: now + int64(d), n: n, sig: sig}
 }
 
-// forget drops key.
+// forget drops key, and any denial of any key still in flight.
 func (c *denyCache) forget(key string) {
 	s := c.shard(key)
 	s.mu.Lock()
+	c.epoch.Add(1)
 	delete(s.until, key)
 	s.mu.Unlock()
 }

@@ -2,13 +2,6 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var fixedWindow = &algorithm{
-	strategy: FixedWindow,
-	code:     "fw",
-	script:   loadScript("fixedwindow.lua"),
-	maxRate:  MaxRate,
-}
-
 // NewFixedWindow returns a limiter that allows at most limit.Rate events in
 // each window of limit.Period, windows aligned to multiples of Period since
 // the Unix epoch on the Redis server's clock. RetryAfter and ResetAfter run
@@ -19,5 +12,5 @@ var fixedWindow = &algorithm{
 // client can get Rate events at the end of one window and Rate more at the
 // start of the next, 2×Rate within a short time.
 func NewFixedWindow(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
-	return newRateLimiter(fixedWindow, rdb, limit, opts)
+	return newRateLimiter(FixedWindow, rdb, limit, opts)
 }

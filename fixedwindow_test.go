@@ -36,10 +36,11 @@ func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
 	if _, err := lim.AllowN(ctx, "k", 2); err != nil {
 		t.Fatal(err)
 	}
-	// Put the key back as if it had not expired yet, with the expiry of the
-	// first window (t0 + 1.5ms, rounded up to 2ms).
+	// Put the key back as if it had not expired yet: the first window's
+	// count and last digit, with its expiry (t0 + 1.5ms, rounded up to 2ms).
+	w0 := t0.UnixMicro() / 1500
 	b.advance(1500 * time.Microsecond) // t0+1.5ms: the second window
-	if err := b.rdb.Set(ctx, key, 2, 0).Err(); err != nil {
+	if err := b.rdb.Set(ctx, key, 2*10+w0%10, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err(); err != nil {
@@ -52,13 +53,15 @@ func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
 	if !res.Allowed || res.Remaining != 1 {
 		t.Fatalf("after the window edge: %+v, want allowed with 1 remaining", res)
 	}
-	exp, err := b.rdb.PExpireTime(ctx, key).Result()
+	v, err := b.rdb.Get(ctx, key).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := exp, 3*time.Millisecond; got != want+time.Duration(t0.UnixMilli())*time.Millisecond {
-		t.Fatalf("PEXPIRETIME = %v ms, want the second window's end, t0+%v", exp, want)
+	if got, want := v, 1*10+(w0+1)%10; got != want {
+		t.Fatalf("stored %d, want %d: the second window's count and digit", got, want)
 	}
+	// The second window ends at t0+3ms: 1.5ms from now, rounded up.
+	checkTTL(t, b.rdb, key, 2*time.Millisecond)
 }
 
 // A period that is not a whole number of milliseconds: RetryAfter is exact

@@ -2,15 +2,6 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var leakyBucket = &algorithm{
-	strategy: LeakyBucket,
-	code:     "lb",
-	script:   loadScript("gcra.lua", "leakybucket.lua"),
-	maxRate:  MaxRate,
-	bucket:   true,
-	queue:    true,
-}
-
 // NewLeakyBucket returns a limiter that works as a queue draining one event
 // every T = limit.Period / limit.Rate. An admitted event gets the next free
 // slot, and Result.Delay says how long the caller should wait before acting
@@ -27,5 +18,5 @@ var leakyBucket = &algorithm{
 // It keeps one Redis string per key (the time at which the queue is empty)
 // and writes only when it admits.
 func NewLeakyBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
-	return newRateLimiter(leakyBucket, rdb, limit, opts)
+	return newRateLimiter(LeakyBucket, rdb, limit, opts)
 }

@@ -2,6 +2,8 @@ package redlimit
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -81,11 +83,11 @@ type Result struct {
 	Delay      time.Duration // LeakyBucket: wait this long before acting, to keep the leak rate; else 0
 	Degraded   bool          // decided without Redis (see FallbackPolicy); false otherwise
 	Shadowed   bool          // shadow mode (WithShadow): the limit would have denied, but Allowed is true
+	Rule       string        // Policy: the deciding rule's name (see Policy); empty for a RateLimiter
 }
 
 // Limiter decides, per key, whether events may happen. All implementations
-// in this package are safe for concurrent use, and also implement
-// io.Closer (Close stops the fallback monitor).
+// in this package are safe for concurrent use.
 type Limiter interface {
 	// Allow is shorthand for AllowN(ctx, key, 1).
 	Allow(ctx context.Context, key string) (Result, error)
@@ -103,6 +105,9 @@ type Limiter interface {
 	WaitN(ctx context.Context, key string, n int) error
 	// Reset forgets all state of key (in Redis and in this process).
 	Reset(ctx context.Context, key string) error
+	// Close stops the limiter's fallback monitor and makes later calls
+	// return ErrClosed. It does not close the Redis client.
+	Close() error
 }
 
 // Strategy names a rate-limiting algorithm. See the package documentation
@@ -165,7 +170,7 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 	case LeakyBucket:
 		return NewLeakyBucket(rdb, limit, opts...)
 	}
-	return nil, fmt.Errorf("redlimit: %v: %w", s, ErrInvalidLimit)
+	return nil, fmt.Errorf("redlimit: unknown strategy %v: %w", s, ErrInvalidLimit)
 }
 
 // validate checks a limit against the rules every strategy shares and
@@ -204,10 +209,22 @@ func checkKey(key string) error {
 	return nil
 }
 
+// MaxKeyLen is the longest key kept as it is in Redis key names. A longer
+// key is replaced by "%h" and the hex SHA-256 of the key (66 bytes), still
+// inside the hash tag, so that one key is one cluster slot and a huge key
+// (an attacker's header, say) costs neither Redis memory nor time on every
+// call. "%h" cannot come out of escaping, so a hashed key never meets a
+// short one.
+const MaxKeyLen = 256
+
 // escapeKey makes a user key safe to put inside a hash tag: '%', '{' and '}'
 // are percent-encoded, so the tag ends at the first '}' and two different
-// keys never give the same Redis key.
+// keys never give the same Redis key; keys longer than MaxKeyLen are hashed.
 func escapeKey(key string) string {
+	if len(key) > MaxKeyLen {
+		sum := sha256.Sum256([]byte(key))
+		return "%h" + hex.EncodeToString(sum[:])
+	}
 	if !strings.ContainsAny(key, "%{}") {
 		return key
 	}
@@ -250,6 +267,15 @@ type config struct {
 	denyCache    int
 	shadow       bool
 	observer     func(Decision)
+	clientClock  bool
+	now          func() time.Time // the client clock (tests set it)
+	limitFunc    func(ctx context.Context, key string) (Limit, error)
+	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
+	reserveTTL   time.Duration
+
+	// Derived by validate, as script arguments.
+	argBlock      any
+	argReserveTTL any
 }
 
 func defaultConfig() config {
@@ -260,6 +286,8 @@ func defaultConfig() config {
 		share:        1,
 		localKeys:    100_000,
 		denyCache:    0,
+		now:          time.Now,
+		reserveTTL:   time.Hour,
 	}
 }
 
@@ -286,7 +314,13 @@ func (c *config) validate() error {
 		return bad("block %v must be at most %v", c.block, MaxPeriod)
 	case c.denyCache < 0:
 		return bad("deny cache size %d must not be negative", c.denyCache)
+	case c.now == nil:
+		return bad("nil clock")
+	case c.reserveTTL < time.Second || c.reserveTTL > MaxPeriod:
+		return bad("reservation lifetime %v must be between 1s and %v", c.reserveTTL, MaxPeriod)
 	}
+	c.argBlock = int64(c.block / time.Microsecond)
+	c.argReserveTTL = int64(c.reserveTTL / time.Millisecond)
 	return nil
 }
 

@@ -195,13 +195,14 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				if _, err := lim.AllowN(ctx, "k", capacity(l, s)); err != nil {
 					t.Fatal(err)
 				}
-				// How long the state matters, at most.
+				// How long the state matters, at most. A bucket lives at
+				// least one period, so that a lowered rate finds what was used.
 				most := map[Strategy]time.Duration{
-					FixedWindow:    l.Period,                              // until the window ends
-					SlidingLog:     l.Period,                              // until the newest event leaves
-					SlidingCounter: 2 * l.Period,                          // until the next window ends
-					TokenBucket:    time.Duration(l.Burst) * l.interval(), // until full
-					LeakyBucket:    time.Duration(l.Burst) * l.interval(), // until empty
+					FixedWindow:    l.Period,                                           // until the window ends
+					SlidingLog:     l.Period,                                           // until the newest event leaves
+					SlidingCounter: 2 * l.Period,                                       // until the next window ends
+					TokenBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until full
+					LeakyBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until empty
 				}[s]
 				checkTTL(t, b.rdb, lim.stateKey("k"), most)
 				if res, err := lim.Allow(ctx, "k"); err != nil || res.Allowed {
@@ -328,8 +329,9 @@ func TestConstructorValidation(t *testing.T) {
 		{"negative burst", TokenBucket, Limit{Rate: 1, Period: time.Second, Burst: -1}, nil, false},
 		{"burst too large", TokenBucket, Limit{Rate: 1, Period: time.Second, Burst: MaxRate + 1}, nil, false},
 		{"bucket interval 10µs", TokenBucket, Limit{Rate: 100_000, Period: time.Second}, nil, true},
-		{"bucket interval below 10µs", TokenBucket, Limit{Rate: 100_001, Period: time.Second}, nil, false},
-		{"leaky interval below 10µs", LeakyBucket, Limit{Rate: 200, Period: time.Millisecond}, nil, false},
+		{"bucket interval below 10µs", TokenBucket, Limit{Rate: 100_001, Period: time.Second}, nil, true},
+		{"leaky interval below 10µs", LeakyBucket, Limit{Rate: 200, Period: time.Millisecond}, nil, true},
+		{"bucket at a trillion per second", TokenBucket, Limit{Rate: MaxRate, Period: time.Second}, nil, true},
 		{"window at a billion per second", FixedWindow, Limit{Rate: 1e9, Period: time.Second}, nil, true},
 		{"bucket taking 100 years to refill", TokenBucket, Limit{Rate: 1, Period: time.Hour, Burst: 876_000}, nil, true},
 		{"bucket taking longer to refill", TokenBucket, Limit{Rate: 1, Period: 3 * time.Hour, Burst: 1 << 40}, nil, false},

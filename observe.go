@@ -37,7 +37,8 @@ func (d DeniedBy) String() string {
 
 // Decision describes one call, for the hook set by [WithObserver].
 type Decision struct {
-	Strategy Strategy
+	Strategy Strategy // the deciding rule's strategy
+	Rule     string   // Policy: the deciding rule's name
 	Key      string
 	N        int
 	Allowed  bool          // what the caller was told
@@ -98,19 +99,26 @@ func deniedBy(why reason) DeniedBy {
 }
 
 // call makes one decision and applies shadow mode and the observer.
-func (l *RateLimiter) call(ctx context.Context, key string, n int, maxDelay time.Duration) (Result, reason, error) {
+func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
 	var start time.Time
-	if l.cfg.observer != nil {
+	if e.cfg.observer != nil {
 		start = time.Now()
 	}
-	res, why, err := l.decide(ctx, key, n, maxDelay)
-	shadowed := err == nil && l.cfg.shadow && !res.Allowed && why != reasonMaxDelay
+	res, why, err := e.decide(ctx, key, n, maxDelay, rs, rid)
+	shadowed := err == nil && e.cfg.shadow && !res.Allowed && why != reasonMaxDelay
 	if shadowed {
 		res.Allowed, res.Shadowed, res.RetryAfter = true, true, 0
 	}
-	if f := l.cfg.observer; f != nil {
+	if f := e.cfg.observer; f != nil {
+		st := rs.rules[0].alg.strategy
+		for i := range rs.rules {
+			if rs.rules[i].name == res.Rule {
+				st = rs.rules[i].alg.strategy
+			}
+		}
 		f(Decision{
-			Strategy: l.alg.strategy,
+			Strategy: st,
+			Rule:     res.Rule,
 			Key:      key,
 			N:        n,
 			Allowed:  res.Allowed,

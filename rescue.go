@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/time/rate"
 )
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
@@ -121,13 +119,12 @@ func WithOnTransition(f func(Transition)) Option {
 	return optionFunc(func(c *config) { c.onTransition = f })
 }
 
-// rescue holds a limiter's fallback state.
+// rescue holds a limiter's fallback state: whether Redis is marked down,
+// the monitor that probes it, and the in-process stand-ins (fallback.go).
 type rescue struct {
-	l      *RateLimiter
+	e      *engine
 	down   atomic.Bool
-	locals *lru[*rate.Limiter]
-	every  rate.Limit // events per second of each local limiter
-	burst  int        // burst of each local limiter (1 for the leaky bucket's queue)
+	locals *lru[*localSet]
 
 	mu       sync.Mutex
 	cause    error     // the error that marked Redis down
@@ -145,21 +142,29 @@ var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1],
 
 const probeSuffix = ":p"
 
-func newRescue(l *RateLimiter) *rescue {
-	r := &rescue{
-		l:      l,
-		locals: newLRU[*rate.Limiter](l.cfg.localKeys),
+func newRescue(e *engine) *rescue {
+	return &rescue{
+		e:      e,
+		locals: newLRU[*localSet](e.cfg.localKeys),
 		stop:   make(chan struct{}),
-		every:  rate.Limit(float64(l.limit.Rate) / l.limit.Period.Seconds() * l.cfg.share),
-		burst:  1,
 	}
-	if !l.alg.queue {
-		r.burst = r.scaled(l.maxN())
-	}
-	return r
 }
 
-func (r *rescue) isDown() bool { return r.down.Load() }
+// anyDown reports whether any calls go to the fallback.
+func (r *rescue) anyDown() bool { return r.down.Load() }
+
+// isDown reports whether calls for the state key state go to the fallback.
+func (r *rescue) isDown(state string) bool { return r.down.Load() }
+
+// outage reports whether err, met on the state key state, means that Redis
+// cannot answer now; if so it marks Redis down.
+func (r *rescue) outage(ctx context.Context, err error, state string) bool {
+	if !isUnavailable(err) {
+		return false
+	}
+	r.markDown(err, state)
+	return true
+}
 
 // markDown marks Redis unavailable because of err, met on state's key, and
 // starts the monitor.
@@ -177,11 +182,11 @@ func (r *rescue) markDown(err error, state string) {
 	r.wg.Add(1)
 	go r.monitor()
 	r.mu.Unlock()
-	r.notify(Transition{Strategy: r.l.alg.strategy, Down: true, Err: err})
+	r.notify(Transition{Strategy: r.e.own.rules[0].alg.strategy, Down: true, Err: err})
 }
 
 func (r *rescue) notify(t Transition) {
-	if f := r.l.cfg.onTransition; f != nil {
+	if f := r.e.cfg.onTransition; f != nil {
 		f(t)
 	}
 }
@@ -191,14 +196,14 @@ func (r *rescue) notify(t Transition) {
 // call Close.
 func (r *rescue) monitor() {
 	if outage, back := r.watch(); back {
-		r.notify(Transition{Strategy: r.l.alg.strategy, Outage: outage})
+		r.notify(Transition{Strategy: r.e.own.rules[0].alg.strategy, Outage: outage})
 	}
 }
 
 // watch is the monitor's loop; it reports whether Redis is back.
 func (r *rescue) watch() (time.Duration, bool) {
 	defer r.wg.Done()
-	every := r.l.cfg.pingInterval
+	every := r.e.cfg.pingInterval
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	r.mu.Lock()
@@ -212,7 +217,7 @@ func (r *rescue) watch() (time.Duration, bool) {
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(every, 100*time.Millisecond))
-		err := probeScript.Run(ctx, r.l.rdb, []string{key}).Err()
+		err := probeScript.Run(ctx, r.e.rdb, []string{key}).Err()
 		cancel()
 		if err != nil {
 			ok = 0
@@ -221,7 +226,7 @@ func (r *rescue) watch() (time.Duration, bool) {
 			// go-redis does only every ClusterStateReloadInterval (60s by
 			// default). Ask for a reload (go-redis runs at most one at a
 			// time, 200ms apart).
-			if cc, isCluster := r.l.rdb.(*redis.ClusterClient); isCluster {
+			if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
 				cc.ReloadState(context.Background())
 			}
 			continue
@@ -247,118 +252,6 @@ func (r *rescue) close() {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
-}
-
-// forget drops key's in-process limiter.
-func (r *rescue) forget(key string) { r.locals.remove(key) }
-
-// decide answers without Redis, by the fallback policy.
-func (r *rescue) decide(key string, n int, maxDelay time.Duration) (Result, reason, error) {
-	l := r.l
-	switch l.cfg.fallback {
-	case FallbackAllow:
-		return Result{Allowed: true, Limit: l.limit, Remaining: l.maxN(), Degraded: true}, reasonAllowed, nil
-	case FallbackDeny:
-		wait := l.cfg.pingInterval
-		return Result{Limit: l.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
-	case FallbackError:
-		r.mu.Lock()
-		cause := r.cause
-		r.mu.Unlock()
-		return Result{}, 0, fmt.Errorf("redlimit: %v %q: %w: %w", l.alg.strategy, key, ErrUnavailable, cause)
-	}
-	lim := r.locals.getOrAdd(key, r.newLocal)
-	now := time.Now()
-	if l.alg.queue {
-		return r.reserve(lim, now, n, maxDelay)
-	}
-	// The rate and burst come from r, not from lim's getters, which lock.
-	res := Result{Limit: l.limit, Degraded: true}
-	every := float64(r.every)
-	allowed := lim.AllowN(now, n)
-	tokens := lim.TokensAt(now)
-	res.Remaining = int(max(tokens, 0))
-	res.ResetAfter = seconds((float64(r.burst) - tokens) / every)
-	if allowed {
-		res.Allowed = true
-		return res, reasonAllowed, nil
-	}
-	if n > r.burst {
-		// This instance's share of the limit can never admit n at once.
-		res.RetryAfter = l.cfg.pingInterval
-	} else {
-		res.RetryAfter = seconds((float64(n) - tokens) / every)
-	}
-	return res, reasonLimit, nil
-}
-
-// reserve is the leaky bucket's stand-in: lim has burst 1, so consecutive
-// reservations are spaced by T, and at most the queue's capacity may wait.
-func (r *rescue) reserve(lim *rate.Limiter, now time.Time, n int, maxDelay time.Duration) (Result, reason, error) {
-	l := r.l
-	res := Result{Limit: l.limit, Degraded: true}
-	capacity := r.scaled(l.limit.Burst)
-	interval := seconds(1 / float64(r.every))
-	if n == 0 {
-		// Report: one reservation, cancelled at once.
-		rv := lim.ReserveN(now, 1)
-		d := rv.DelayFrom(now)
-		rv.CancelAt(now)
-		res.Allowed = true
-		res.Delay = d
-		res.ResetAfter = d
-		res.Remaining = max(capacity-int(d/interval), 0)
-		return res, reasonAllowed, nil
-	}
-	first := lim.ReserveN(now, 1)
-	last := first
-	var rest []*rate.Reservation
-	for i := 1; i < n; i++ {
-		last = lim.ReserveN(now, 1)
-		rest = append(rest, last)
-	}
-	delay, lastDelay := first.DelayFrom(now), last.DelayFrom(now)
-	over := lastDelay - time.Duration(capacity-1)*interval
-	why := reasonAllowed
-	switch {
-	case over > 0 || n > capacity:
-		why = reasonLimit
-		res.RetryAfter = max(over, interval)
-	case maxDelay >= 0 && delay > maxDelay:
-		why = reasonMaxDelay
-		res.RetryAfter = delay - maxDelay
-	}
-	if why != reasonAllowed {
-		for i := len(rest) - 1; i >= 0; i-- {
-			rest[i].CancelAt(now)
-		}
-		first.CancelAt(now)
-		res.ResetAfter = delay
-		res.Remaining = max(capacity-int(delay/interval), 0)
-		return res, why, nil
-	}
-	res.Allowed = true
-	res.Delay = delay
-	res.ResetAfter = lastDelay + interval
-	res.Remaining = max(capacity-int(lastDelay/interval)-1, 0)
-	return res, reasonAllowed, nil
-}
-
-// newLocal makes the in-process stand-in for one key.
-func (r *rescue) newLocal() *rate.Limiter {
-	return rate.NewLimiter(r.every, r.burst)
-}
-
-// scaled applies the fallback share to a capacity, keeping at least 1.
-func (r *rescue) scaled(capacity int) int {
-	return max(int(math.Floor(float64(capacity)*r.l.cfg.share)), 1)
-}
-
-func seconds(s float64) time.Duration {
-	if s <= 0 {
-		return 0
-	}
-	return time.Duration(math.Ceil(s * float64(time.Second)))
 }
 
 // isUnavailable reports whether err says that Redis cannot answer now, as

@@ -207,7 +207,7 @@ func TestNotAnOutage(t *testing.T) {
 	if got := tr.list(); len(got) != 0 {
 		t.Fatalf("transitions = %+v, want none", got)
 	}
-	if lim.rescue.isDown() {
+	if lim.rescue.anyDown() {
 		t.Fatal("marked down")
 	}
 }

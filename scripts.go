@@ -9,11 +9,11 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// loadScript returns common.lua followed by the named parts, as one script.
-// Each strategy's script is that concatenation, so a decision is one EVALSHA
-// of one self-contained script.
+// loadScript returns the named parts, concatenated, as one script. A
+// decision script is common.lua, the strategies' parts and decide.lua, so
+// that a decision is one EVALSHA of one self-contained script.
 func loadScript(parts ...string) *redis.Script {
-	src := mustRead("common.lua")
+	src := ""
 	for _, p := range parts {
 		src += mustRead(p)
 	}

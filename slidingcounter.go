@@ -2,13 +2,6 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var slidingCounter = &algorithm{
-	strategy: SlidingCounter,
-	code:     "sc",
-	script:   loadScript("slidingcounter.lua"),
-	maxRate:  MaxRate,
-}
-
 // NewSlidingCounter returns a limiter that approximates the sliding log in
 // constant memory: the estimate for the last Period is the previous aligned
 // window's count, weighted by how much of that window still overlaps the
@@ -21,5 +14,5 @@ var slidingCounter = &algorithm{
 // string per key (the two counts packed in one integer) and writes only
 // when it admits.
 func NewSlidingCounter(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
-	return newRateLimiter(slidingCounter, rdb, limit, opts)
+	return newRateLimiter(SlidingCounter, rdb, limit, opts)
 }

@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -39,7 +40,8 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 		{n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: 1500 * ms},
 	})
 	v, err := b.rdb.Get(t.Context(), lim.stateKey("k")).Result()
-	if err != nil || v != "700000000:600000000" {
+	// c:p:w, w the window index (t0 + 1.5s, in whole seconds).
+	if want := fmt.Sprintf("700000000:600000000:%d", t0.Unix()+1); err != nil || v != want {
 		t.Fatalf("stored %q, %v; want the counts as text", v, err)
 	}
 }

@@ -7,13 +7,6 @@ import "github.com/redis/go-redis/v9"
 // so a key at its limit holds Rate of them.
 const MaxSlidingLogRate = 100_000
 
-var slidingLog = &algorithm{
-	strategy: SlidingLog,
-	code:     "sl",
-	script:   loadScript("slidinglog.lua"),
-	maxRate:  MaxSlidingLogRate,
-}
-
 // NewSlidingLog returns a limiter that allows at most limit.Rate events in
 // any interval of length limit.Period: exact, with no window edge. Burst is
 // ignored, and Rate is at most [MaxSlidingLogRate].
@@ -22,5 +15,5 @@ var slidingLog = &algorithm{
 // so its memory grows with Rate; prefer SlidingCounter when Rate is large.
 // Denials write nothing.
 func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
-	return newRateLimiter(slidingLog, rdb, limit, opts)
+	return newRateLimiter(SlidingLog, rdb, limit, opts)
 }

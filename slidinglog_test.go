@@ -48,10 +48,18 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 	}
 	// An AllowN larger than one ZADD chunk (500 events) works too.
 	big := newLimiter(t, b.rdb, SlidingLog, PerSecond(2000))
-	if res, err := big.AllowN(ctx, "big", 1500); err != nil || !res.Allowed || res.Remaining != 500 {
-		t.Fatalf("AllowN(1500): %+v, %v", res, err)
+	for range 2 {
+		if _, err := big.AllowN(ctx, "big", MaxSlidingLogN); err != nil {
+			t.Fatalf("AllowN(%d): %v", MaxSlidingLogN, err)
+		}
 	}
-	if n, _ := b.rdb.ZCard(ctx, big.stateKey("big")).Result(); n != 1500 {
-		t.Fatalf("ZCARD = %d, want 1500", n)
+	if n, _ := b.rdb.ZCard(ctx, big.stateKey("big")).Result(); n != 2*MaxSlidingLogN {
+		t.Fatalf("ZCARD = %d, want %d", n, 2*MaxSlidingLogN)
+	}
+	// More than MaxSlidingLogN in one call is refused, and writes nothing.
+	_, err = big.AllowN(ctx, "other", MaxSlidingLogN+1)
+	mustErrorIs(t, err, ErrInvalidArgument)
+	if n, _ := b.rdb.Exists(ctx, big.stateKey("other")).Result(); n != 0 {
+		t.Fatalf("a refused AllowN wrote its key")
 	}
 }

@@ -2,14 +2,6 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-var tokenBucket = &algorithm{
-	strategy: TokenBucket,
-	code:     "tb",
-	script:   loadScript("gcra.lua", "tokenbucket.lua"),
-	maxRate:  MaxRate,
-	bucket:   true,
-}
-
 // NewTokenBucket returns a limiter with a bucket of limit.Burst tokens (Rate
 // when Burst is 0), refilled continuously at Rate tokens per Period, and
 // full when first used. Each event takes a token. It allows bursts of up to
@@ -19,5 +11,5 @@ var tokenBucket = &algorithm{
 // again, the GCRA form of a token bucket) that expires when the bucket is
 // full, and writes only when it admits.
 func NewTokenBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
-	return newRateLimiter(tokenBucket, rdb, limit, opts)
+	return newRateLimiter(TokenBucket, rdb, limit, opts)
 }

@@ -313,6 +313,7 @@ func (f *fake) Wait(ctx context.Context, key string) error { return f.WaitN(ctx,
 func (f *fake) WaitN(context.Context, string, int) error { return f.err }
 
 func (f *fake) Reset(context.Context, string) error { return f.err }
+func (f *fake) Close() error                        { return nil }
 
 func (f *fake) lastKey() string {
 	f.mu.Lock()

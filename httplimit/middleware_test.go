@@ -46,6 +46,7 @@ func (f *fakeLimiter) WaitN(context.Context, string, int) error {
 }
 
 func (f *fakeLimiter) Reset(context.Context, string) error { return nil }
+func (f *fakeLimiter) Close() error                        { return nil }
 
 func (f *fakeLimiter) calls() []string {
 	f.mu.Lock()

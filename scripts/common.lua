@@ -1,73 +1,93 @@
--- common.lua is prepended to every strategy script (see scripts.go); it is not
--- run on its own. It reads the arguments all strategies share, takes the time
--- from the Redis server, applies a penalty block, and defines deny.
+-- common.lua is the head of every decision script (see scripts.go): it reads
+-- the arguments, takes the time, applies a penalty block and defines the
+-- helpers the strategies share. The strategies' files follow it, then
+-- decide.lua, which checks every rule and writes only if all of them allow.
+-- A single-strategy limiter is a policy of one rule.
 --
--- KEYS[1]  the strategy's state key (one Redis key per limited key)
--- KEYS[2]  the penalty block key; present only when ARGV[6] > 0. It is built
---          from the same hash tag as KEYS[1], so both are in one cluster slot.
--- ARGV[1]  rate: events allowed per period (integer >= 1)
--- ARGV[2]  period in microseconds (integer >= 1000)
--- ARGV[3]  burst: bucket or queue capacity (integer >= 1)
--- ARGV[4]  n: events asked for (integer >= 0; 0 reports without consuming)
--- ARGV[5]  optional: max delay in microseconds the caller can wait (leaky
---          bucket); absent or -1 = any
--- ARGV[6]  optional: block in microseconds: once denied by the limit, deny
---          everything for this long; absent or 0 = off
--- (Callers leave out the optional arguments they do not need: every
--- argument costs encoding on both sides of the round trip.)
+-- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
+--             tag (one cluster slot)
+-- KEYS[k+1]   the penalty block key; present only when ARGV[5] > 0
+-- KEYS[k+1 or k+2]  the reservation record (a hash); present only when
+--             ARGV[6] is not empty
+-- ARGV[1]  n: events asked for (integer >= 0; 0 reports without consuming)
+-- ARGV[2]  k: the number of rules (1 to 16)
+-- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
+-- ARGV[4]  max delay in µs the caller can wait (leaky bucket), -1 = any
+-- ARGV[5]  block in µs: once denied by a limit, deny everything for this
+--          long; 0 = off
+-- ARGV[6]  reservation id, or '': record an admitted call as a reservation
+--          that settle.lua can settle once (see reserve.go)
+-- ARGV[7]  reservation record lifetime in ms (used with ARGV[6])
+-- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
+--          'lb'), rate (events per period, >= 1), period (µs, >= 1000),
+--          burst (bucket or queue capacity, >= 1)
 --
--- Reply: an array of four integers (Redis truncates Lua floats, so every
+-- Reply: an array of five integers (Redis truncates Lua floats, so every
 -- value is rounded here, times up):
---   [1] code: 0 allowed, 1 denied by the limit, 2 denied by a block,
+--   [1] code: 0 allowed, 1 denied by a limit, 2 denied by a block,
 --       3 denied because the wait would exceed the max delay
---   [2] remaining events that could still be allowed now
+--   [2] remaining events that could still be allowed now (the least over
+--       the rules)
 --   [3] when allowed: the delay, µs, to wait before acting (leaky bucket;
---       else 0); when denied: the retry after, µs
---   [4] reset after, µs: until the key is back at its full allowance
+--       else 0); when denied: the retry after, µs (the longest among the
+--       denying rules: after it every rule allows the same n)
+--   [4] reset after, µs: until every rule is back at its full allowance
+--   [5] the deciding rule, 1..k: when denied, the denying rule with the
+--       longest retry; when allowed, the rule with the fewest remaining;
+--       0 for a block
 --
--- Numbers: Lua numbers are doubles. Times are integer microseconds (below
--- 2^53 until the year 2255). Numbers are never turned into strings with
--- tostring or '..' (that keeps only 14 digits); redis.call converts them
--- exactly, and string.format('%d') is used where a string is needed.
+-- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
+-- integer µs. Numbers are never turned into strings with tostring or '..'
+-- (that keeps only 14 digits); redis.call converts them exactly, and
+-- string.format('%d') is used where a string is needed.
 --
--- Cost: every redis.call and every closure made per call shows in Redis's
--- time per script, so this part makes one call (TIME, plus one GET only
--- with a block) and one closure.
+-- Redis 6.0 compatibility: no PXAT, no PEXPIRETIME. Every expiry is
+-- relative (PX), computed from the same clock as now, so a client clock
+-- (ARGV[3]) that is offset from the server's still gives the right lifetime.
 
-local rate = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
-local burst = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
-local block = tonumber(ARGV[6]) or 0
+local n = tonumber(ARGV[1])
+local nrules = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local max_delay = tonumber(ARGV[4])
+local block = tonumber(ARGV[5])
+local rid = ARGV[6]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
--- deny answers a denial by the limit and starts the penalty block, if any.
--- n = 0 only reports, so it is never denied and never writes: it can find
--- remaining below 0 after a limit was lowered (limiters that differ only in
--- rate or burst share state), and then reports 0 remaining.
-local function deny(remaining, retry, reset)
-  if n == 0 then
-    if remaining < 0 then remaining = 0 end
-    return {0, math.floor(remaining), 0, math.ceil(reset)}
-  end
-  if block > 0 then
-    redis.call('SET', KEYS[2], now + block, 'PX', math.ceil(block / 1000))
-    if retry < block then retry = block end
-    if reset < block then reset = block end
-    remaining = 0
-  end
-  return {1, math.floor(remaining), math.ceil(retry), math.ceil(reset)}
+if now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-if block > 0 then
-  local b = redis.call('GET', KEYS[2])
-  if b then
-    local left = tonumber(b) - now
-    if left > 0 then
-      return {2, 0, math.ceil(left), math.ceil(left)}
-    end
-  end
+-- floor_div and ceil_div divide integers exactly (as long as they are below
+-- 2^53), correcting the rounding of the floating-point quotient.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function ceil_div(a, b)
+  return -floor_div(-a, b)
 end
 
+-- ms returns a PX lifetime for d µs: rounded up, never 0.
+local function ms(d)
+  local v = math.ceil(d / 1000)
+  if v < 1 then v = 1 end
+  return v
+end
+
+-- writes collects the commands of the rules that allow; decide.lua runs
+-- them only if every rule allows.
+local writes = {}
+local function write(cmd)
+  writes[#writes + 1] = cmd
+end
+
+-- S maps a strategy code to its check function. A check function reads one
+-- rule's state and returns
+--   ok, avail, wait, reset_now, reset_next
+-- ok: the n events fit; avail: events that fit now (may be < 0 after a
+-- lowered limit); wait: when ok, the delay (leaky bucket); else the retry
+-- after; reset_now: until full with no more traffic; reset_next: the same
+-- after the n events; tag: what a reservation must remember to settle
+-- (see settle.lua). When ok and n > 0 it queues its writes with write().
+local S = {}

@@ -1,48 +1,46 @@
 -- fixedwindow.lua: at most rate events in each window of period, windows
--- aligned to multiples of period since the Unix epoch (Redis server time).
+-- aligned to multiples of period since the Unix epoch (on the clock of now).
 --
--- KEYS[1]  string: the number of events admitted in the current window. It
---          expires at the end of that window (PXAT, rounded up to the
---          millisecond), so an existing key whose expiry is the current
---          window's end holds the current count.
--- ARGV     see common.lua; burst and max delay are ignored.
--- Reply    see common.lua. Retry after and reset after: until the window ends.
---
--- Denials write nothing. A key left over from the previous window (it can
--- live up to 2 ms past its window's end, since expiry is in whole ms) is
--- recognised by its expiry time and counted as 0. If the server clock went
--- backwards, the key expires later than the current window: its count is
--- kept until then, so a clock step never admits more.
+-- State: a string holding the integer count * 10 + (w % 10), w the window
+-- index floor(now / period); it expires at the end of window w (PX, rounded
+-- up to the ms). The last digit tells the key's window from a key left over
+-- from the previous one (a key can outlive its window by up to 1 ms), and
+-- from a window ahead of now (the clock went back: the count is kept until
+-- its window ends, so a clock step never admits more). INCRBY n * 10 adds
+-- to the count and keeps the digit and the expiry. An integer value keeps
+-- the key at 88 bytes.
+-- Retry after and reset after: until the window ends. Burst is ignored.
+-- Tag (for a reservation): the window index.
 
-local window_end = now - (now % period) + period
-local end_ms = math.ceil(window_end / 1000)
-
-local count = 0
-local v = redis.call('GET', KEYS[1])
-if v then
-  local exp = redis.call('PEXPIRETIME', KEYS[1])
-  if exp >= end_ms then
-    count = tonumber(v)
-    if exp > end_ms then -- the clock went back: the count lasts until its expiry
-      end_ms = exp
-      window_end = exp * 1000
+S.fw = function(key, rate, period, burst)
+  local cw = math.floor(now / period)
+  local w = cw
+  local count = 0
+  local v = redis.call('GET', key)
+  if v then
+    local x = tonumber(v)
+    local d = (cw - x) % 10 -- how many windows the key is behind now
+    if d == 0 then
+      count = math.floor(x / 10)
+    elseif d >= 5 then -- ahead: the clock went back
+      count = math.floor(x / 10)
+      w = cw + 10 - d
     end
   end
-end
-
-local remaining = rate - count
-if n > remaining then
-  return deny(remaining, window_end - now, window_end - now)
-end
-
-if n > 0 then
-  if count > 0 then
-    redis.call('INCRBY', KEYS[1], n) -- keeps the expiry
-  else
-    redis.call('SET', KEYS[1], n, 'PXAT', end_ms)
+  local left = (w + 1) * period - now
+  local avail = rate - count
+  if n > avail then
+    return false, avail, left, left, left
   end
+  if n > 0 then
+    if count > 0 then
+      write({'INCRBY', key, n * 10})
+    else
+      write({'SET', key, n * 10 + w % 10, 'PX', ms(left)})
+    end
+  end
+  local reset_now, reset_next = 0, left
+  if count > 0 then reset_now = left end
+  if count + n == 0 then reset_next = 0 end
+  return true, avail, 0, reset_now, reset_next, w
 end
-
-local reset = 0
-if count + n > 0 then reset = math.ceil(window_end - now) end
-return {0, remaining - n, 0, reset}

@@ -1,0 +1,491 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// algorithm is what one strategy adds to the shared engine.
+type algorithm struct {
+	strategy Strategy
+	code     string // in the Redis key after the hash tag, and in the script's arguments
+	maxRate  int    // largest Rate accepted
+	bucket   bool   // capacity is Burst (else Rate)
+	queue    bool   // leaky bucket: admitted events get a Delay
+}
+
+var algorithms = [...]*algorithm{
+	FixedWindow:    {strategy: FixedWindow, code: "fw", maxRate: MaxRate},
+	SlidingLog:     {strategy: SlidingLog, code: "sl", maxRate: MaxSlidingLogRate},
+	SlidingCounter: {strategy: SlidingCounter, code: "sc", maxRate: MaxRate},
+	TokenBucket:    {strategy: TokenBucket, code: "tb", maxRate: MaxRate, bucket: true},
+	LeakyBucket:    {strategy: LeakyBucket, code: "lb", maxRate: MaxRate, bucket: true, queue: true},
+}
+
+func algorithmOf(s Strategy) (*algorithm, bool) {
+	if s < FixedWindow || s > LeakyBucket {
+		return nil, false
+	}
+	return algorithms[s], true
+}
+
+// rule is one limit as the engine decides it: a single-strategy limiter has
+// one, a Policy up to MaxRules.
+type rule struct {
+	name   string
+	alg    *algorithm
+	limit  Limit  // validated, Burst filled in
+	suffix string // "}:" + code + period in µs: the state key after the tag
+	args   [4]any // the script's arguments for this rule: code, rate, period, burst
+}
+
+// newRule validates a limit for a strategy and prepares its arguments.
+func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
+	l, err := limit.validate(alg.maxRate)
+	if err != nil {
+		return rule{}, fmt.Errorf("redlimit: %v: %w", alg.strategy, err)
+	}
+	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
+		// The key's lifetime, the time to refill a whole bucket, must fit.
+		return rule{}, fmt.Errorf("redlimit: %v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
+			alg.strategy, l, MaxPeriod, ErrInvalidLimit)
+	}
+	periodUS := int64(l.Period / time.Microsecond)
+	return rule{
+		name:   name,
+		alg:    alg,
+		limit:  l,
+		suffix: "}:" + alg.code + strconv.FormatInt(periodUS, 10),
+		args:   [4]any{alg.code, int64(l.Rate), periodUS, int64(l.Burst)},
+	}, nil
+}
+
+// capacity is the most events one call can ever be allowed by the rule.
+func (r *rule) capacity() int {
+	if r.alg.bucket {
+		return r.limit.Burst
+	}
+	return r.limit.Rate
+}
+
+// MaxSlidingLogN is the most events one SlidingLog call may ask for: each
+// event is a sorted-set member written by the script, so n bounds the time
+// one call holds Redis (1,000 members take about 1.5 ms; 100,000 took 142
+// ms, past the 100 ms timeouts recommended for a limiter's client). Larger
+// n is an error wrapping ErrInvalidArgument; weigh calls with a
+// SlidingCounter or a bucket instead.
+const MaxSlidingLogN = 1000
+
+// ruleSet is the rules of one decision, with what the engine derives from
+// them once.
+type ruleSet struct {
+	rules  []rule
+	maxN   int    // the smallest capacity over the rules
+	sig    uint64 // identifies the limits, for the deny cache and the fallback
+	logCap bool   // a sliding-log rule caps n at MaxSlidingLogN
+}
+
+func newRuleSet(rules []rule) *ruleSet {
+	rs := &ruleSet{rules: rules, maxN: rules[0].capacity()}
+	h := uint64(14695981039346656037)
+	mix := func(v int64) {
+		for i := 0; i < 8; i++ {
+			h ^= uint64(byte(v >> (8 * i)))
+			h *= 1099511628211
+		}
+	}
+	for i := range rules {
+		r := &rules[i]
+		rs.maxN = min(rs.maxN, r.capacity())
+		if r.alg.strategy == SlidingLog {
+			rs.logCap = true
+		}
+		mix(int64(r.alg.strategy))
+		mix(int64(r.limit.Rate))
+		mix(int64(r.limit.Period))
+		mix(int64(r.limit.Burst))
+	}
+	return rs
+}
+
+// engine is what RateLimiter and Policy share: the Redis client, the
+// options, the script, the fallback and the deny cache.
+type engine struct {
+	rdb    redis.UniversalClient
+	cfg    config
+	own    *ruleSet      // the limiter's own rules
+	script *redis.Script // decides every strategy that the rules may use
+	kind   string        // in errors: the strategy's name or "policy"
+	clock  *clientClock  // nil: the server's TIME
+
+	rescue *rescue
+	denies *denyCache
+	limits limitCache // WithLimitFunc's limits, validated
+	closed atomic.Bool
+}
+
+func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
+	if isNilClient(rdb) {
+		return nil, fmt.Errorf("redlimit: %s: nil Redis client: %w", kind, ErrInvalidArgument)
+	}
+	cfg := defaultConfig()
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("redlimit: %s: option %d is nil: %w", kind, i, ErrInvalidArgument)
+		}
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkClient(rdb); err != nil {
+		return nil, fmt.Errorf("redlimit: %s: %w", kind, err)
+	}
+	e := &engine{
+		rdb:    rdb,
+		cfg:    cfg,
+		own:    newRuleSet(rules),
+		script: script,
+		kind:   kind,
+	}
+	if cfg.clientClock {
+		e.clock = newClientClock(rdb, cfg.now)
+	}
+	e.rescue = newRescue(e)
+	if cfg.denyCache > 0 {
+		e.denies = newDenyCache(cfg.denyCache)
+	}
+	return e, nil
+}
+
+// check rejects calls that cannot be decided.
+func (e *engine) check(key string, n int, rs *ruleSet) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("redlimit: n = %d is negative: %w", n, ErrInvalidArgument)
+	}
+	if n > rs.maxN {
+		return fmt.Errorf("redlimit: n = %d, but %s allows at most %d at once: %w",
+			n, e.describe(rs), rs.maxN, ErrExceedsLimit)
+	}
+	if rs.logCap && n > MaxSlidingLogN {
+		return fmt.Errorf("redlimit: n = %d: a sliding log takes at most %d events per call (use a sliding counter or a bucket to weigh calls): %w",
+			n, MaxSlidingLogN, ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (e *engine) describe(rs *ruleSet) string {
+	if len(rs.rules) == 1 {
+		return rs.rules[0].alg.strategy.String() + " " + rs.rules[0].limit.String()
+	}
+	s := "policy"
+	for i := range rs.rules {
+		s += " " + rs.rules[i].name + "=" + rs.rules[i].limit.String()
+	}
+	return s
+}
+
+// rulesFor returns the rules that decide key: the limiter's own, or those
+// of the limit function (see WithLimitFunc and WithRulesFunc).
+func (e *engine) rulesFor(ctx context.Context, key string) (*ruleSet, error) {
+	if e.cfg.limitFunc == nil && e.cfg.rulesFunc == nil {
+		return e.own, nil
+	}
+	return e.dynamicRules(ctx, key)
+}
+
+// allowN is AllowN for either kind of limiter.
+func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) {
+	rs, err := e.rulesFor(ctx, key)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := e.check(key, n, rs); err != nil {
+		return Result{}, err
+	}
+	res, _, err := e.call(ctx, key, n, -1, rs, "")
+	return res, err
+}
+
+// waitN is WaitN for either kind of limiter. It asks Redis about once per
+// RetryAfter, never more often.
+func (e *engine) waitN(ctx context.Context, key string, n int) error {
+	rs, err := e.rulesFor(ctx, key)
+	if err != nil {
+		return err
+	}
+	if err := e.check(key, n, rs); err != nil {
+		return err
+	}
+	for {
+		maxDelay := time.Duration(-1)
+		deadline, hasDeadline := ctx.Deadline()
+		if hasDeadline {
+			// Keep a margin for the round trip: a leaky bucket slot whose
+			// delay ends past the deadline would be taken for nothing.
+			maxDelay = time.Until(deadline) - waitMargin
+			if maxDelay <= 0 {
+				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
+			}
+		}
+		res, why, err := e.call(ctx, key, n, maxDelay, rs, "")
+		if err != nil {
+			return err
+		}
+		if res.Allowed {
+			return sleep(ctx, res.Delay)
+		}
+		wait := res.RetryAfter
+		if why == reasonMaxDelay || (hasDeadline && wait > time.Until(deadline)) {
+			return fmt.Errorf("redlimit: wait for %q needs %v more than the context allows: %w", key, wait, context.DeadlineExceeded)
+		}
+		if wait < time.Millisecond {
+			wait = time.Millisecond
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// waitMargin is the time WaitN keeps, before ctx's deadline, for the round
+// trip that takes a leaky bucket slot.
+const waitMargin = time.Millisecond
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("redlimit: wait: %w", ctx.Err())
+	}
+}
+
+// reset forgets all state of key for the given rules: their Redis keys, the
+// penalty block, and this process's fallback and deny-cache entries.
+func (e *engine) reset(ctx context.Context, key string) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	rs, err := e.rulesFor(ctx, key)
+	if err != nil {
+		return err
+	}
+	first := e.stateKey(key, &rs.rules[0])
+	e.rescue.forget(first)
+	if e.denies != nil {
+		e.denies.forget(first)
+	}
+	keys := make([]string, 0, len(rs.rules)+1)
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(first, rs, i))
+	}
+	keys = append(keys, first+blockSuffix)
+	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("redlimit: reset %q: %w", key, err)
+	}
+	return nil
+}
+
+// close stops the fallback monitor and makes later calls return ErrClosed.
+func (e *engine) close() error {
+	if e.closed.CompareAndSwap(false, true) {
+		e.rescue.close()
+	}
+	return nil
+}
+
+const (
+	blockSuffix   = ":b"
+	reserveSuffix = ":r"
+)
+
+// stateKey returns the Redis key of a rule's state for key.
+func (e *engine) stateKey(key string, r *rule) string {
+	return e.cfg.prefix + ":{" + escapeKey(key) + r.suffix
+}
+
+// ruleKey returns the state key of rule i of rs, from that of rule 0
+// (which also names the key in this process's maps).
+func ruleKey(first string, rs *ruleSet, i int) string {
+	if i == 0 {
+		return first
+	}
+	return first[:len(first)-len(rs.rules[0].suffix)] + rs.rules[i].suffix
+}
+
+// reason says what decided: the first field of a script reply, or a local one.
+type reason int8
+
+const (
+	reasonAllowed   reason = 0 // allowed
+	reasonLimit     reason = 1 // denied by the limit
+	reasonBlock     reason = 2 // denied by a penalty block
+	reasonMaxDelay  reason = 3 // denied: the wait would pass the caller's deadline
+	reasonDenyCache reason = 4 // denied by this process's deny cache
+)
+
+// decide makes one decision: from the deny cache, from Redis, or from the
+// fallback while Redis is down. rid, when not empty, records an admitted
+// call as a reservation.
+func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
+	state := e.stateKey(key, &rs.rules[0])
+	if e.denies != nil && n > 0 {
+		if res, ok := e.denies.lookup(state, n, rs.sig); ok {
+			res.Limit, res.Rule = rs.rules[0].limit, rs.rules[0].name
+			return res, reasonDenyCache, nil
+		}
+	}
+	if e.rescue.isDown(state) {
+		return e.rescue.decide(state, n, maxDelay, rs)
+	}
+	var epoch uint64
+	if e.denies != nil {
+		epoch = e.denies.epoch.Load()
+	}
+	res, why, err := e.eval(ctx, state, n, maxDelay, rs, rid)
+	if err != nil {
+		if ctxErr := callerDone(ctx); ctxErr != nil {
+			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, ctxErr)
+		}
+		if !e.rescue.outage(ctx, err, state) {
+			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
+		}
+		return e.rescue.decide(state, n, maxDelay, rs)
+	}
+	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
+		e.denies.remember(state, n, rs.sig, res.RetryAfter, epoch)
+	}
+	return res, why, nil
+}
+
+// callerDone returns the caller's context error, if the context is done or
+// its deadline has passed (a socket deadline set from it can fire a moment
+// before the context's own timer does).
+func callerDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// evalArgs holds the keys and arguments of one script call. go-redis
+// copies them into its command, so they are reused through a pool.
+type evalArgs struct {
+	keys []string
+	args []any
+}
+
+var evalArgsPool = sync.Pool{New: func() any {
+	return &evalArgs{keys: make([]string, 0, 4), args: make([]any, 0, 12)}
+}}
+
+var (
+	argZero       any = int64(0)
+	argNoMaxDelay any = int64(-1)
+	argNoRID      any = ""
+)
+
+// eval runs the decision script (see scripts/common.lua for its layout).
+func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
+	a := evalArgsPool.Get().(*evalArgs)
+	defer func() {
+		clear(a.keys)
+		clear(a.args)
+		a.keys, a.args = a.keys[:0], a.args[:0]
+		evalArgsPool.Put(a)
+	}()
+	for i := range rs.rules {
+		a.keys = append(a.keys, ruleKey(first, rs, i))
+	}
+	now := argZero
+	if e.clock != nil {
+		us, err := e.clock.nowMicros(ctx)
+		if err != nil {
+			return Result{}, 0, err
+		}
+		now = us
+	}
+	md := argNoMaxDelay
+	if maxDelay >= 0 {
+		md = int64(maxDelay / time.Microsecond)
+	}
+	block := argZero
+	if e.cfg.block > 0 {
+		block = e.cfg.argBlock
+		a.keys = append(a.keys, first+blockSuffix)
+	}
+	ridArg, life := argNoRID, argZero
+	if rid != "" {
+		ridArg, life = rid, e.cfg.argReserveTTL
+		a.keys = append(a.keys, first+reserveSuffix)
+	}
+	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
+	for i := range rs.rules {
+		a.args = append(a.args, rs.rules[i].args[:]...)
+	}
+	reply, err := e.script.Run(ctx, e.rdb, a.keys, a.args...).Slice()
+	if err != nil {
+		return Result{}, 0, err
+	}
+	return e.parse(reply, rs)
+}
+
+// parse decodes a script reply (see scripts/common.lua): code, remaining,
+// delay or retry after, reset after, deciding rule.
+func (e *engine) parse(reply []any, rs *ruleSet) (Result, reason, error) {
+	if len(reply) != 5 {
+		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want 5", e.kind, len(reply))
+	}
+	var v [5]int64
+	for i, x := range reply {
+		n, ok := x.(int64)
+		if !ok {
+			return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
+		}
+		v[i] = n
+	}
+	why := reason(v[0])
+	idx := int(v[4]) - 1
+	if idx < 0 || idx >= len(rs.rules) {
+		idx = 0 // a block: no rule decided
+	}
+	wait := time.Duration(max(v[2], 0)) * time.Microsecond
+	res := Result{
+		Allowed:    why == reasonAllowed,
+		Limit:      rs.rules[idx].limit,
+		Rule:       rs.rules[idx].name,
+		Remaining:  int(max(v[1], 0)),
+		ResetAfter: time.Duration(max(v[3], 0)) * time.Microsecond,
+	}
+	if res.Allowed {
+		res.Delay = wait
+	} else {
+		res.RetryAfter = wait
+	}
+	return res, why, nil
+}

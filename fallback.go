@@ -1,0 +1,238 @@
+package redlimit
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// localSet is the in-process stand-in of one key while Redis is down: one
+// golang.org/x/time/rate limiter per rule, decided all or nothing under mu.
+type localSet struct {
+	mu   sync.Mutex
+	sig  uint64 // the limits the stand-ins were made for
+	lims []localRule
+}
+
+type localRule struct {
+	lim      *rate.Limiter
+	every    float64 // events per second
+	burst    int     // capacity of lim (1 for a queue)
+	capacity int     // a queue's capacity in events; else burst
+	queue    bool
+}
+
+// forget drops the in-process stand-in of the key whose first state key
+// is state.
+func (r *rescue) forget(state string) { r.locals.remove(state) }
+
+// decide answers without Redis, by the fallback policy.
+func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet) (Result, reason, error) {
+	e := r.e
+	first := &rs.rules[0]
+	switch e.cfg.fallback {
+	case FallbackAllow:
+		return Result{Allowed: true, Limit: first.limit, Rule: first.name, Remaining: rs.maxN, Degraded: true}, reasonAllowed, nil
+	case FallbackDeny:
+		wait := e.cfg.pingInterval
+		return Result{Limit: first.limit, Rule: first.name, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
+	case FallbackError:
+		r.mu.Lock()
+		cause := r.cause
+		r.mu.Unlock()
+		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
+	}
+	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if set.sig != rs.sig {
+		// WithLimitFunc gave this key other limits: follow the latest.
+		*set = localSet{sig: rs.sig, lims: r.newLocal(rs).lims}
+	}
+	return r.decideLocked(set, n, maxDelay, rs)
+}
+
+// verdict is one stand-in's answer, before the set commits or cancels it.
+type verdict struct {
+	ok                   bool
+	why                  reason
+	avail                int
+	wait                 time.Duration // delay when ok, else retry after
+	resetNow, resetAfter time.Duration
+	rv                   []*rate.Reservation // a queue's reservations
+}
+
+func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet) (Result, reason, error) {
+	now := time.Now()
+	res := Result{Degraded: true}
+	var verdicts [MaxRules]verdict
+	denied, why := false, reasonAllowed
+	for i := range set.lims {
+		v := r.check(&set.lims[i], now, n, maxDelay)
+		verdicts[i] = v
+		if !v.ok {
+			denied = true
+			if v.why == reasonLimit || why == reasonAllowed {
+				why = v.why
+			}
+		}
+	}
+	deciding, fewest, longest := 0, math.MaxInt, time.Duration(-1)
+	for i := range set.lims {
+		v := &verdicts[i]
+		avail := v.avail
+		if !denied && n > 0 {
+			avail -= n
+		}
+		res.Remaining = min(res.Remaining, avail)
+		if i == 0 {
+			res.Remaining = avail
+		}
+		switch {
+		case denied && !v.ok:
+			if v.wait > longest {
+				deciding, longest = i, v.wait
+			}
+			res.ResetAfter = max(res.ResetAfter, v.resetNow)
+		case denied:
+			res.ResetAfter = max(res.ResetAfter, v.resetNow)
+		default:
+			if avail < fewest {
+				deciding, fewest = i, avail
+			}
+			res.ResetAfter = max(res.ResetAfter, v.resetAfter)
+			res.Delay = max(res.Delay, v.wait)
+		}
+	}
+	res.Remaining = max(res.Remaining, 0)
+	res.Limit, res.Rule = rs.rules[deciding].limit, rs.rules[deciding].name
+	if denied && n > 0 {
+		for i := range set.lims {
+			for j := len(verdicts[i].rv) - 1; j >= 0; j-- {
+				verdicts[i].rv[j].CancelAt(now)
+			}
+		}
+		res.RetryAfter = longest
+		res.Delay = 0
+		return res, why, nil
+	}
+	if n == 0 {
+		res.Delay = 0
+		res.Allowed = true
+		for i := range set.lims {
+			for j := len(verdicts[i].rv) - 1; j >= 0; j-- {
+				verdicts[i].rv[j].CancelAt(now)
+			}
+		}
+		return res, reasonAllowed, nil
+	}
+	for i := range set.lims {
+		if lr := &set.lims[i]; !lr.queue {
+			lr.lim.AllowN(now, n) // checked above, under the set's lock
+		}
+	}
+	res.Allowed = true
+	return res, reasonAllowed, nil
+}
+
+// check asks one stand-in whether n events fit, without taking them (a
+// queue takes its reservations; the set cancels them on a denial).
+func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+	if lr.queue {
+		return r.checkQueue(lr, now, n, maxDelay)
+	}
+	tokens := lr.lim.TokensAt(now)
+	v := verdict{ok: float64(n) <= tokens, avail: int(max(tokens, 0))}
+	v.resetNow = seconds((float64(lr.burst) - tokens) / lr.every)
+	v.resetAfter = seconds((float64(lr.burst) - tokens + float64(n)) / lr.every)
+	switch {
+	case v.ok:
+	case n > lr.burst:
+		// This instance's share of the limit can never admit n at once.
+		v.why, v.wait = reasonLimit, r.e.cfg.pingInterval
+	default:
+		v.why, v.wait = reasonLimit, seconds((float64(n)-tokens)/lr.every)
+	}
+	return v
+}
+
+// checkQueue is the leaky bucket's stand-in: lim has burst 1, so
+// consecutive reservations are spaced by T, and at most the queue's
+// capacity may wait.
+func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+	interval := seconds(1 / lr.every)
+	if n == 0 {
+		// Report: one reservation, cancelled at once.
+		rv := lr.lim.ReserveN(now, 1)
+		d := rv.DelayFrom(now)
+		rv.CancelAt(now)
+		return verdict{ok: true, avail: max(lr.capacity-int(d/interval), 0), resetNow: d, resetAfter: d}
+	}
+	rvs := make([]*rate.Reservation, n)
+	for i := range rvs {
+		rvs[i] = lr.lim.ReserveN(now, 1)
+	}
+	delay, lastDelay := rvs[0].DelayFrom(now), rvs[n-1].DelayFrom(now)
+	v := verdict{ok: true, rv: rvs, wait: delay, resetNow: delay}
+	v.avail = max(lr.capacity-int(delay/interval), 0)
+	over := lastDelay - time.Duration(lr.capacity-1)*interval
+	switch {
+	case over > 0 || n > lr.capacity:
+		v.ok, v.why, v.wait = false, reasonLimit, max(over, interval)
+	case maxDelay >= 0 && delay > maxDelay:
+		v.ok, v.why, v.wait = false, reasonMaxDelay, delay-maxDelay
+	}
+	if v.ok {
+		v.avail = lr.capacity - int(lastDelay/interval) - 1 + n // the caller takes n off
+		v.resetAfter = lastDelay + interval
+	}
+	return v
+}
+
+// newLocal makes the in-process stand-ins for one key.
+//
+// The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a token
+// bucket of Rate/Period per second with burst Rate; TokenBucket keeps
+// Rate/Period and Burst; LeakyBucket keeps its queue. Rates and capacities
+// are scaled by the fallback share. A capacity that the share makes
+// fractional, c = capacity × share, is kept on average: the bucket holds
+// ceil(c) but starts one token short with probability ceil(c) - c. So 20
+// instances sharing PerHour(5) with a share of 1/20 (c = 0.25) admit about
+// 5 at once between them, not 20.
+func (r *rescue) newLocal(rs *ruleSet) *localSet {
+	share := r.e.cfg.share
+	set := &localSet{sig: rs.sig, lims: make([]localRule, len(rs.rules))}
+	now := time.Now()
+	for i := range rs.rules {
+		ru := &rs.rules[i]
+		lr := localRule{
+			every: float64(ru.limit.Rate) / ru.limit.Period.Seconds() * share,
+			queue: ru.alg.queue,
+			burst: 1,
+		}
+		c := float64(ru.capacity()) * share
+		if lr.queue {
+			lr.capacity = max(int(math.Floor(c)), 1)
+		} else {
+			lr.burst = max(int(math.Ceil(c)), 1)
+			lr.capacity = lr.burst
+		}
+		lr.lim = rate.NewLimiter(rate.Limit(lr.every), lr.burst)
+		if !lr.queue && rand.Float64() < float64(lr.burst)-c {
+			lr.lim.AllowN(now, 1)
+		}
+		set.lims[i] = lr
+	}
+	return set
+}
+
+func seconds(s float64) time.Duration {
+	if s <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(s * float64(time.Second)))
+}

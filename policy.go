@@ -1,0 +1,171 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Rule is one limit of a Policy.
+type Rule struct {
+	// Name is shown in Result.Rule, headers and observers. Empty: the
+	// strategy and the period, such as "token-bucket-1s" or
+	// "fixed-window-1h" (see Policy.Rules).
+	Name     string
+	Strategy Strategy
+	Limit    Limit
+}
+
+// MaxRules is the most rules a Policy may have.
+const MaxRules = 16
+
+// Policy is a [Limiter] that holds several rules on one key, all or
+// nothing: n events are allowed only if every rule allows them, and a
+// denial consumes nothing in any rule. Every rule is decided in one atomic
+// script call, so a policy costs one round trip, as a single limiter does.
+//
+// For example "10 per second AND 1000 per hour":
+//
+//	p, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+//		{Name: "burst", Strategy: redlimit.TokenBucket, Limit: redlimit.PerSecond(10)},
+//		{Name: "hourly", Strategy: redlimit.SlidingCounter, Limit: redlimit.PerHour(1000)},
+//	})
+//
+// The Result of a call: Allowed only if every rule allows; Remaining the
+// least over the rules; when denied, RetryAfter the longest among the
+// denying rules (after it, with no other traffic, the same n is allowed by
+// all); ResetAfter the longest; Delay that of a leaky-bucket rule; Rule and
+// Limit the deciding rule's (when denied, the denying rule with the longest
+// RetryAfter; when allowed, the rule with the fewest Remaining).
+//
+// State: each rule keeps the state a single-strategy limiter of its
+// Strategy and Period keeps, under the same Redis key, in the key's one
+// cluster slot. So a rule and a [RateLimiter] (or a rule of another policy)
+// with the same Strategy, Period and prefix share state. Every option of
+// the single-strategy limiters works on a policy; its in-process fallback
+// is all or nothing too.
+//
+// It is safe for concurrent use. Call Close when done with it.
+type Policy struct {
+	*engine
+}
+
+// NewPolicy returns a limiter that decides every rule for a key in one
+// script call: n events are allowed only if every rule allows them, and a
+// denial consumes nothing in any rule. It returns an error wrapping
+// ErrInvalidLimit for no rules, more than [MaxRules], an invalid limit, two
+// rules with the same Strategy and Period (they would share one state), or
+// two with the same name.
+func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy, error) {
+	rs, err := policyRules(rules)
+	if err != nil {
+		return nil, err
+	}
+	e, err := newEngine(rdb, "policy", rs.rules, policyScript(), opts)
+	if err != nil {
+		return nil, err
+	}
+	if e.cfg.limitFunc != nil {
+		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidLimit)
+	}
+	return &Policy{engine: e}, nil
+}
+
+// policyRules checks a policy's rules and prepares them.
+func policyRules(rules []Rule) (*ruleSet, error) {
+	bad := func(format string, args ...any) (*ruleSet, error) {
+		return nil, fmt.Errorf("redlimit: policy: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case len(rules) == 0:
+		return bad("no rules")
+	case len(rules) > MaxRules:
+		return bad("%d rules, more than %d", len(rules), MaxRules)
+	}
+	out := make([]rule, len(rules))
+	for i, r := range rules {
+		alg, ok := algorithmOf(r.Strategy)
+		if !ok {
+			return bad("rule %d: unknown strategy %v", i, r.Strategy)
+		}
+		name := r.Name
+		if name == "" {
+			name = defaultRuleName(r.Strategy, r.Limit.Period)
+		}
+		ru, err := newRule(name, alg, r.Limit)
+		if err != nil {
+			return nil, fmt.Errorf("redlimit: policy: rule %q: %w", name, err)
+		}
+		for j := range out[:i] {
+			if out[j].name == name {
+				return bad("two rules named %q", name)
+			}
+			if out[j].suffix == ru.suffix {
+				return bad("rules %q and %q have the same strategy and period (they would share one state)", out[j].name, name)
+			}
+		}
+		out[i] = ru
+	}
+	return newRuleSet(out), nil
+}
+
+// defaultRuleName names a rule by its strategy and period: "fixed-window-1h",
+// "token-bucket-1s", "sliding-log-250ms".
+func defaultRuleName(s Strategy, p time.Duration) string {
+	units := []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}, {time.Microsecond, "us"}}
+	for _, u := range units {
+		if p >= u.d && p%u.d == 0 {
+			return s.String() + "-" + strconv.FormatInt(int64(p/u.d), 10) + u.name
+		}
+	}
+	return s.String() + "-" + strconv.FormatInt(int64(p), 10) + "ns"
+}
+
+// Rules returns the policy's rules, with default names and Burst filled in.
+func (p *Policy) Rules() []Rule {
+	out := make([]Rule, len(p.own.rules))
+	for i, r := range p.own.rules {
+		out[i] = Rule{Name: r.name, Strategy: r.alg.strategy, Limit: r.limit}
+	}
+	return out
+}
+
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (p *Policy) Allow(ctx context.Context, key string) (Result, error) {
+	return p.allowN(ctx, key, 1)
+}
+
+// AllowN reports whether n events may happen now for key under every rule,
+// and consumes them in every rule if so. See [Limiter]. n larger than the
+// smallest capacity among the rules is an error wrapping ErrExceedsLimit.
+func (p *Policy) AllowN(ctx context.Context, key string, n int) (Result, error) {
+	return p.allowN(ctx, key, n)
+}
+
+// Wait is shorthand for WaitN(ctx, key, 1).
+func (p *Policy) Wait(ctx context.Context, key string) error {
+	return p.waitN(ctx, key, 1)
+}
+
+// WaitN blocks until every rule allows n events for key and consumes them,
+// as [RateLimiter.WaitN] does.
+func (p *Policy) WaitN(ctx context.Context, key string, n int) error {
+	return p.waitN(ctx, key, n)
+}
+
+// Reset forgets all state of key under every rule, its penalty block, and
+// this process's fallback and deny-cache entries.
+func (p *Policy) Reset(ctx context.Context, key string) error {
+	return p.reset(ctx, key)
+}
+
+// Close stops the policy's fallback monitor, if one runs, and makes every
+// later call return ErrClosed. It does not close the Redis client. It is
+// safe to call more than once.
+func (p *Policy) Close() error { return p.close() }

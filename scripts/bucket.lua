@@ -1,0 +1,99 @@
+-- bucket.lua: the token bucket and the leaky bucket, which share one state.
+--
+-- The bucket holds burst tokens and refills continuously at rate tokens per
+-- period; each event takes a token. The state counts what is used, in exact
+-- integers: D = tokens used * period (µs), so that one event adds period and
+-- every µs that passes takes away rate. At now, D = max(0, D0 - (now - t0)
+-- * rate), and n events fit if D + n * period <= burst * period. Refill is
+-- never rounded (no event is free, none is lost) while burst * period stays
+-- below 2^53: for example a burst of 9e9 bytes at a Period of 1s.
+-- Because D counts tokens, not time, limiters that differ only in rate or
+-- burst share the state with its meaning kept: a user who has used 10
+-- tokens has used 10 under the new limit too.
+--
+-- State: a string, one of
+--   "<M><E><T>"  an integer (so the key takes 88 bytes): D rounded UP to
+--        M * 10^E, M below 10^8 and E one digit, and T the time of the
+--        write in ms, modulo 10^9, as 9 digits. Used while the key lives at
+--        most 5e8 ms (5.8 days), so that now - t is known from T. D is kept
+--        as of the start of the ms (the refill since then is added back, in
+--        exact integers), and rounding it up can only charge a hundred-
+--        millionth of D more than was used: never an event for free.
+--   "<D>:<t>"    otherwise: D exact and t the write time in µs (120 bytes).
+-- The key expires when the bucket is full again at the writer's rate, and
+-- lives at least one period, so that a lowered rate finds what was used.
+--
+-- The token bucket replies delay 0. The leaky bucket is a queue draining one
+-- event every period / rate: an admitted event waits D / rate µs (the queue
+-- ahead of it); the queue holds burst events. With a max delay (ARGV[4]) a
+-- slot it would have to wait for longer is refused (code 3) without taking
+-- it. Retry after: until n tokens are there. Reset after: until full.
+
+local TMOD = 1000000000 -- 1e9 ms
+
+local function bucket(key, rate, period, burst, queue)
+  local used = 0
+  local v = redis.call('GET', key)
+  if v then
+    local d0, elapsed
+    local sep = string.find(v, ':', 1, true)
+    if sep then
+      d0 = tonumber(string.sub(v, 1, sep - 1))
+      elapsed = now - tonumber(string.sub(v, sep + 1))
+    else
+      local len = string.len(v)
+      d0 = (tonumber(string.sub(v, 1, len - 10)) or 0) * 10 ^ tonumber(string.sub(v, len - 9, len - 9))
+      local t_ms = tonumber(string.sub(v, len - 8))
+      local d = (math.floor(now / 1000) - t_ms) % TMOD
+      if d > TMOD / 2 then d = d - TMOD end -- the clock went back
+      elapsed = d * 1000 + now % 1000
+    end
+    if elapsed < 0 then elapsed = 0 end -- the clock went back: no refill
+    used = d0 - elapsed * rate
+    if used < 0 then used = 0 end
+  end
+  local cap = burst * period
+  local avail = floor_div(cap - used, period)
+  local reset_now = ceil_div(used, rate)
+  local over = used + n * period - cap
+  if over > 0 then
+    return false, avail, ceil_div(over, rate), reset_now, reset_now
+  end
+  local delay = 0
+  if queue then
+    delay = reset_now
+    if max_delay >= 0 and delay > max_delay then
+      return false, avail, delay - max_delay, reset_now, reset_now, 0, 3
+    end
+  end
+  if n == 0 then
+    return true, avail, delay, reset_now, reset_now
+  end
+  used = used + n * period
+  local life = ceil_div(used, rate)
+  local ttl = life
+  if ttl < period then ttl = period end
+  local value
+  local sub = now % 1000 -- µs since the start of the ms
+  local at_ms = used + sub * rate -- D at the start of the ms
+  if ttl <= TMOD * 500 and at_ms < 1e17 then
+    local e = 0
+    local m = at_ms
+    while m >= 100000000 do
+      e = e + 1
+      m = ceil_div(at_ms, 10 ^ e)
+    end
+    value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
+  else
+    value = string.format('%d:%d', used, now)
+  end
+  write({'SET', key, value, 'PX', ms(ttl)})
+  return true, avail, delay, reset_now, life, 0
+end
+
+S.tb = function(key, rate, period, burst)
+  return bucket(key, rate, period, burst, false)
+end
+S.lb = function(key, rate, period, burst)
+  return bucket(key, rate, period, burst, true)
+end

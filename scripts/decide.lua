@@ -1,0 +1,75 @@
+-- decide.lua ends every decision script: it checks every rule, then writes
+-- only if all of them allow (a denial writes nothing, in any rule), records
+-- a reservation, and replies (see common.lua).
+
+local nkeys = nrules
+if block > 0 then
+  nkeys = nkeys + 1
+  local b = redis.call('GET', KEYS[nkeys])
+  if b then
+    local left = tonumber(b) - now
+    if left > 0 then
+      if n == 0 then -- n = 0 only reports: never denied
+        return {0, 0, 0, math.ceil(left), 0}
+      end
+      return {2, 0, math.ceil(left), math.ceil(left), 0}
+    end
+  end
+end
+
+local denied, code = false, 0
+local min_now, min_after, fewest = nil, nil, 1
+local delay, reset_ok, reset_denied = 0, 0, 0
+local retry, slowest = -1, 1
+local tags = {}
+for i = 1, nrules do
+  local a = 8 + 4 * (i - 1)
+  local ok, avail, w, reset_now, reset_next, tag, why = S[ARGV[a]](KEYS[i],
+    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+  tags[i] = tag or 0
+  if min_now == nil or avail < min_now then min_now = avail end
+  if min_after == nil or avail - n < min_after then min_after, fewest = avail - n, i end
+  if reset_now > reset_denied then reset_denied = reset_now end
+  if ok then
+    if w > delay then delay = w end
+    if reset_next > reset_ok then reset_ok = reset_next end
+  else
+    denied = true
+    if why == 3 then
+      if code == 0 then code = 3 end
+    else
+      code = 1
+    end
+    if w > retry then retry, slowest = w, i end
+  end
+end
+
+if denied and n > 0 then
+  -- n = 0 only reports: it is never denied (a lowered limit can leave a
+  -- rule over its allowance) and never writes.
+  if code == 1 and block > 0 then
+    redis.call('SET', KEYS[nkeys], now + block, 'PX', ms(block))
+    if retry < block then retry = block end
+    if reset_denied < block then reset_denied = block end
+    min_now = 0
+  end
+  if min_now < 0 then min_now = 0 end
+  return {code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest}
+end
+if n == 0 then
+  if min_now < 0 then min_now = 0 end
+  return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest}
+end
+
+for i = 1, #writes do
+  redis.call(unpack(writes[i]))
+end
+if rid ~= '' then
+  local rkey = KEYS[nkeys + 1]
+  local rec = {string.format('%d', n)}
+  for i = 1, nrules do rec[i + 1] = string.format('%d', tags[i]) end
+  redis.call('HSET', rkey, rid, table.concat(rec, ':'))
+  redis.call('PEXPIRE', rkey, tonumber(ARGV[7]))
+end
+if min_after < 0 then min_after = 0 end
+return {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
