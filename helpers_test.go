@@ -135,12 +135,33 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, key string) string {
 	if err != nil {
 		t.Fatalf("read %s: %v", key, err)
 	}
+	return fmt.Sprintf("%s %s expires %v", typ, val, expireTime(t, rdb, key))
+}
+
+// expireTime returns key's absolute expiry in ms: PEXPIRETIME, or on
+// servers before 7.0 the server's TIME plus PTTL, read in one script.
+func expireTime(t *testing.T, rdb redis.UniversalClient, key string) int64 {
+	t.Helper()
+	ctx := context.Background()
 	exp, err := rdb.PExpireTime(ctx, key).Result()
-	if err != nil {
+	if err == nil {
+		return int64(exp / time.Millisecond)
+	}
+	if !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
 		t.Fatalf("PEXPIRETIME %s: %v", key, err)
 	}
-	return fmt.Sprintf("%s %s expires %v", typ, val, exp)
+	v, err := expireScript.Run(ctx, rdb, []string{key}).Int64Slice()
+	if err != nil || len(v) != 2 {
+		t.Fatalf("TIME and PTTL %s: %v, %v", key, v, err)
+	}
+	if v[1] < 0 {
+		return v[1]
+	}
+	return v[0] + v[1]
 }
+
+var expireScript = redis.NewScript(`local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('PTTL', KEYS[1])}`)
 
 // capacity is the most events a fresh key admits at once.
 func capacity(l Limit, s Strategy) int {

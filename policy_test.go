@@ -1,0 +1,369 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newPolicy(t testing.TB, rdb redis.UniversalClient, rules []Rule, opts ...Option) *Policy {
+	t.Helper()
+	p, err := NewPolicy(rdb, rules, opts...)
+	require.NoError(t, err, "NewPolicy(%v)", rules)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestPolicyValidation(t *testing.T) {
+	b, _ := miniBackend(t)
+	tb := Rule{Strategy: TokenBucket, Limit: PerSecond(10)}
+	many := make([]Rule, MaxRules+1)
+	for i := range many {
+		many[i] = Rule{Strategy: FixedWindow, Limit: Limit{Rate: 10, Period: time.Duration(i+1) * time.Second}}
+	}
+	tests := []struct {
+		name  string
+		rules []Rule
+		opts  []Option
+	}{
+		{"no rules", nil, nil},
+		{"too many rules", many, nil},
+		{"same strategy and period", []Rule{tb, {Name: "other", Strategy: TokenBucket, Limit: PerSecond(20)}}, nil},
+		{"same name", []Rule{{Name: "a", Strategy: TokenBucket, Limit: PerSecond(1)}, {Name: "a", Strategy: FixedWindow, Limit: PerMinute(5)}}, nil},
+		{"invalid limit", []Rule{tb, {Strategy: FixedWindow, Limit: Limit{Rate: 0, Period: time.Second}}}, nil},
+		{"unknown strategy", []Rule{{Strategy: Strategy(42), Limit: PerSecond(1)}}, nil},
+		{"limit func on a policy", []Rule{tb}, []Option{WithLimitFunc(func(context.Context, string) (Limit, error) { return Limit{}, nil })}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewPolicy(b.rdb, tt.rules, tt.opts...)
+			require.ErrorIs(t, err, ErrInvalidLimit)
+			assert.Regexp(t, "^redlimit: ", err.Error())
+		})
+	}
+	// MaxRules rules are fine; default names are unique and readable.
+	p := newPolicy(t, b.rdb, many[:MaxRules])
+	assert.Equal(t, "fixed-window-1s", p.Rules()[0].Name)
+	assert.Equal(t, "fixed-window-16s", p.Rules()[MaxRules-1].Name)
+	p2 := newPolicy(t, b.rdb, []Rule{tb, {Strategy: SlidingLog, Limit: Limit{Rate: 5, Period: 250 * time.Millisecond}}})
+	assert.Equal(t, []Rule{
+		{Name: "token-bucket-1s", Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}},
+		{Name: "sliding-log-250ms", Strategy: SlidingLog, Limit: Limit{Rate: 5, Period: 250 * time.Millisecond, Burst: 5}},
+	}, p2.Rules())
+	// n above the smallest capacity can never be allowed.
+	_, err := p2.AllowN(t.Context(), "k", 6)
+	require.ErrorIs(t, err, ErrExceedsLimit)
+	_, err = p2.AllowN(t.Context(), "k", -1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = p2.AllowN(t.Context(), "", 1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// The Result of a policy: Remaining the least, RetryAfter the longest among
+// the denying rules, ResetAfter the longest, Rule and Limit the deciding
+// rule's; RetryAfter exact to the µs.
+func TestPolicyResult(t *testing.T) {
+	b, _ := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "second", Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Second, Burst: 5}},
+		{Name: "minute", Strategy: FixedWindow, Limit: PerMinute(8)},
+	})
+	ctx := t.Context()
+	res, err := p.AllowN(ctx, "k", 4)
+	require.NoError(t, err)
+	// Allowed: the rule with the fewest remaining decides (1 token < 4 in the window).
+	assert.Equal(t, Result{Allowed: true, Limit: Limit{Rate: 10, Period: time.Second, Burst: 5}, Remaining: 1,
+		ResetAfter: time.Minute, Rule: "second"}, res)
+	res, err = p.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	// Denied by the bucket only (the window has 4 left): retry when 2 more tokens are there.
+	assert.Equal(t, Result{Limit: Limit{Rate: 10, Period: time.Second, Burst: 5}, Remaining: 1,
+		RetryAfter: 200 * time.Millisecond, ResetAfter: time.Minute, Rule: "second"}, res)
+	b.advance(200*time.Millisecond - time.Microsecond)
+	res, err = p.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "1µs before RetryAfter: %+v", res)
+	b.advance(time.Microsecond)
+	res, err = p.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "at RetryAfter: %+v", res)
+	// Now the window has 1 left and the bucket is empty: both deny 2; the
+	// window's retry (until the minute ends) is the longer one.
+	res, err = p.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
+	assert.Equal(t, Result{Limit: PerMinute(8), Remaining: 0, RetryAfter: time.Minute - 200*time.Millisecond,
+		ResetAfter: time.Minute - 200*time.Millisecond, Rule: "minute"}, fill(res))
+}
+
+// fill puts Burst into a result's fixed-window limit, as the engine does.
+func fill(r Result) Result {
+	if r.Limit.Burst == r.Limit.Rate {
+		r.Limit.Burst = 0
+	}
+	return r
+}
+
+// 10 per second AND 100 per minute admits exactly what the tighter of the
+// two allows at each moment: each call is compared with two single-strategy
+// limiters asked first with n = 0 (which consumes nothing).
+func TestPolicyTighterOfTwo(t *testing.T) {
+	b, _ := miniBackend(t)
+	rules := []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Strategy: SlidingCounter, Limit: PerMinute(100)},
+	}
+	p := newPolicy(t, b.rdb, rules)
+	tb := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithPrefix("ref"))
+	sc := newLimiter(t, b.rdb, SlidingCounter, PerMinute(100), WithPrefix("ref"))
+	ctx := t.Context()
+	admitted := 0
+	for i := range 3000 { // 150 s, a call every 50ms: twice the bucket's rate
+		b.advance(50 * time.Millisecond)
+		a, err := tb.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		c, err := sc.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		want := a.Remaining >= 1 && c.Remaining >= 1
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, want, res.Allowed, "call %d at %v: policy %+v, bucket %+v, counter %+v", i, time.Duration(i+1)*50*time.Millisecond, res, a, c)
+		require.Equal(t, min(a.Remaining, c.Remaining)-btoi(want), res.Remaining, "call %d: remaining", i)
+		if want {
+			admitted++
+			_, err = tb.Allow(ctx, "k")
+			require.NoError(t, err)
+			_, err = sc.Allow(ctx, "k")
+			require.NoError(t, err)
+		}
+	}
+	// 150 s at 100 per minute, the tighter in the long run.
+	assert.InDelta(t, 250, admitted, 10, "admitted in 150 s")
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// A rule and a single-strategy limiter of the same strategy and period
+// share state.
+func TestPolicySharesStateWithLimiter(t *testing.T) {
+	b, _ := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "fw", Strategy: FixedWindow, Limit: PerMinute(5)},
+		{Name: "tb", Strategy: TokenBucket, Limit: PerSecond(100)},
+	})
+	single := newLimiter(t, b.rdb, FixedWindow, PerMinute(5))
+	ctx := t.Context()
+	_, err := single.AllowN(ctx, "k", 4)
+	require.NoError(t, err)
+	res, err := p.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, "fw", res.Rule)
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed)
+	res, err = single.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 0, res.Remaining)
+	require.NoError(t, p.Reset(ctx, "k"))
+	res, err = single.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 5, res.Remaining, "Reset of the policy forgets the shared state")
+}
+
+// Options work on a policy: block, shadow, deny cache, observer; the
+// leaky-bucket rule's delay is the result's.
+func TestPolicyOptions(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	rules := []Rule{
+		{Name: "pace", Strategy: LeakyBucket, Limit: Limit{Rate: 10, Period: time.Second, Burst: 3}},
+		{Name: "hour", Strategy: SlidingLog, Limit: PerHour(4)},
+	}
+	var seen []Decision
+	var mu sync.Mutex
+	p := newPolicy(t, b.rdb, rules, WithBlock(time.Minute), WithObserver(func(d Decision) {
+		mu.Lock()
+		seen = append(seen, d)
+		mu.Unlock()
+	}))
+	for i, delay := range []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond} {
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "call %d", i)
+		assert.Equal(t, delay, res.Delay, "call %d", i)
+	}
+	res, err := p.Allow(ctx, "k") // the queue is full
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, "pace", res.Rule)
+	// The block: everything denied for a minute, RetryAfter the block's.
+	b.advance(time.Second)
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, time.Minute-time.Second, res.RetryAfter)
+	mu.Lock()
+	require.Len(t, seen, 5)
+	assert.Equal(t, DeniedByLimit, seen[3].DeniedBy)
+	assert.Equal(t, "pace", seen[3].Rule)
+	assert.Equal(t, LeakyBucket, seen[3].Strategy)
+	assert.Equal(t, DeniedByBlock, seen[4].DeniedBy)
+	mu.Unlock()
+	require.NoError(t, p.Reset(ctx, "k"))
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "Reset lifts the block: %+v", res)
+
+	shadow := newPolicy(t, b.rdb, []Rule{{Strategy: FixedWindow, Limit: PerHour(1)}, {Strategy: TokenBucket, Limit: PerSecond(5)}},
+		WithShadow(), WithPrefix("shadow"))
+	for i := range 3 {
+		res, err := shadow.Allow(ctx, "k")
+		require.NoError(t, err)
+		assert.True(t, res.Allowed)
+		assert.Equal(t, i > 0, res.Shadowed, "call %d", i)
+	}
+
+	var by []DeniedBy
+	cached := newPolicy(t, b.rdb, []Rule{{Strategy: FixedWindow, Limit: PerHour(1)}, {Strategy: TokenBucket, Limit: PerSecond(5)}},
+		WithDenyCache(100), WithPrefix("cache"), WithObserver(func(d Decision) { by = append(by, d.DeniedBy) }))
+	for range 3 {
+		_, err := cached.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	assert.Equal(t, []DeniedBy{NotDenied, DeniedByLimit, DeniedByDenyCache}, by)
+}
+
+// A denied call leaves every Redis key of the policy byte for byte as it
+// was (DUMP and expiry), under 64 goroutines; and the tight rule admits
+// exactly its quota while the loose one is charged exactly that.
+func testPolicyAllOrNothing(t *testing.T, b *backend) {
+	ctx := context.Background()
+	rules := []Rule{
+		{Name: "loose", Strategy: TokenBucket, Limit: Limit{Rate: 1000, Period: time.Hour}},
+		{Name: "tight", Strategy: FixedWindow, Limit: PerHour(50)},
+		{Name: "log", Strategy: SlidingLog, Limit: PerHour(500)},
+		{Name: "counter", Strategy: SlidingCounter, Limit: PerHour(500)},
+	}
+	p := newPolicy(t, b.rdb, rules, WithPrefix(prefixFor(t)))
+	keys := func(key string) []string {
+		out := make([]string, len(p.own.rules))
+		first := p.stateKey(key, &p.own.rules[0])
+		for i := range out {
+			out[i] = ruleKey(first, p.own, i)
+		}
+		return out
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 20 {
+				res, err := p.Allow(ctx, "k")
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.False(t, res.Degraded)
+				if res.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(50), admitted.Load(), "the tight rule admits exactly its quota")
+	res, err := p.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 0, res.Remaining)
+	// Every rule was charged exactly the 50 admitted events.
+	for _, c := range []struct {
+		s     Strategy
+		limit Limit
+		left  int
+	}{{TokenBucket, rules[0].Limit, 950}, {SlidingLog, rules[2].Limit, 450}, {SlidingCounter, rules[3].Limit, 450}} {
+		l := newLimiter(t, b.rdb, c.s, c.limit, WithPrefix(prefixFor(t)))
+		res, err := l.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, c.left, res.Remaining, "%v after 50 admitted of %d calls", c.s, 64*20)
+	}
+	// Denied calls, 64 goroutines: nothing changes.
+	before := make([]string, 0, 4)
+	for _, k := range keys("k") {
+		before = append(before, dumpKey(t, b.rdb, k))
+	}
+	for range 64 {
+		wg.Go(func() {
+			for range 10 {
+				res, err := p.Allow(ctx, "k")
+				if assert.NoError(t, err) {
+					assert.False(t, res.Allowed)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, k := range keys("k") {
+		assert.Equal(t, before[i], dumpKey(t, b.rdb, k), "rule %s: a denied call changed its key", rules[i].Name)
+	}
+}
+
+// dumpKey returns a key's DUMP and its absolute expiry.
+func dumpKey(t *testing.T, rdb redis.UniversalClient, key string) string {
+	t.Helper()
+	d, err := rdb.Dump(context.Background(), key).Result()
+	if err != nil && redis.HasErrorPrefix(err, "WRONGTYPE") {
+		return snapshot(t, rdb, key) // miniredis dumps strings only
+	}
+	require.NoError(t, err, "DUMP %s", key)
+	return fmt.Sprintf("%x expires %d", d, expireTime(t, rdb, key))
+}
+
+func TestPolicyAllOrNothingMiniredis(t *testing.T) {
+	b, _ := miniBackend(t)
+	testPolicyAllOrNothing(t, b)
+}
+
+func TestPolicyAllOrNothingRedis(t *testing.T) {
+	testPolicyAllOrNothing(t, realBackend(t))
+}
+
+func TestPolicyAllOrNothingCluster(t *testing.T) {
+	rdb := clusterClient(t, realCluster(t), time.Second)
+	testPolicyAllOrNothing(t, &backend{name: "cluster", rdb: rdb, advance: time.Sleep})
+}
+
+// The fallback is all or nothing too: a denial by one stand-in takes
+// nothing from the others.
+func TestPolicyFallbackAllOrNothing(t *testing.T) {
+	b, m := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "bucket", Strategy: TokenBucket, Limit: Limit{Rate: 1, Period: time.Hour, Burst: 5}},
+		{Name: "window", Strategy: FixedWindow, Limit: PerHour(3)},
+	}, WithPingInterval(time.Hour))
+	m.Close()
+	ctx := t.Context()
+	for i := range 10 {
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		assert.Equal(t, i < 3, res.Allowed, "call %d: %+v", i, res)
+		if !res.Allowed {
+			assert.Equal(t, "window", res.Rule)
+		}
+	}
+	set := p.rescue.locals.getOrAdd(p.stateKey("k", &p.own.rules[0]), func() *localSet { t.Fatal("no stand-in"); return nil })
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	assert.InDelta(t, 2, set.lims[0].lim.TokensAt(time.Now()), 0.01, "the bucket's stand-in gave only what the policy admitted")
+}
