@@ -1,0 +1,198 @@
+package redlimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// At 1e9 events per second with a burst of 1e6 (a byte-rate limit), the
+// bucket is exact to the event: one µs refills 1000.
+func TestBucketByteRateExact(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000})
+			ctx := t.Context()
+			res, err := lim.AllowN(ctx, "k", 1_000_000)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			b.advance(time.Microsecond)
+			for i := range 1000 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "event %d of the 1000 refilled in 1µs", i+1)
+			}
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "the 1001st event in 1µs")
+			assert.Equal(t, time.Microsecond, res.RetryAfter)
+
+			b.advance(3 * time.Microsecond) // 3000 bytes
+			for i := range 2 {
+				res, err := lim.AllowN(ctx, "k", 1500)
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "packet %d of 1500 bytes", i+1)
+			}
+			res, err = lim.AllowN(ctx, "k", 1500)
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "a third packet in 3µs")
+			assert.Equal(t, 2*time.Microsecond, res.RetryAfter, "1500 bytes at 1e9/s, rounded up to the µs")
+		})
+	}
+}
+
+// A caller that keeps offering more than the limit gets at least 99.9% of
+// Burst + Rate·d, and never more, whatever its n.
+func TestBucketGreedyCallerGetsTheLimit(t *testing.T) {
+	cases := []struct {
+		limit Limit
+		step  time.Duration // between rounds of calls
+		d     time.Duration
+		ns    []int
+	}{
+		{Limit{Rate: 10_000, Period: time.Second, Burst: 100}, time.Millisecond, time.Second, []int{1, 3, 64, 100}},
+		{Limit{Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000}, 10 * time.Microsecond, 10 * time.Millisecond, []int{1500, 65536, 1_000_000}},
+		// With n = Burst a caller that comes back only every step loses the
+		// refill of up to one step per batch (the bucket is full): 1ms here.
+		{Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}, time.Millisecond, 10 * time.Second, []int{1, 2, 5}},
+	}
+	for _, c := range cases {
+		for _, n := range c.ns {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, c.limit)
+			ctx := t.Context()
+			total := 0
+			for elapsed := time.Duration(0); elapsed <= c.d; elapsed += c.step {
+				for {
+					res, err := lim.AllowN(ctx, "k", n)
+					require.NoError(t, err)
+					if !res.Allowed {
+						break
+					}
+					total += n
+				}
+				b.advance(c.step)
+			}
+			bound := float64(c.limit.Burst) + float64(c.limit.Rate)*c.d.Seconds()/c.limit.Period.Seconds()
+			assert.LessOrEqual(t, float64(total), bound, "%v n=%d: admitted past Burst + Rate·d", c.limit, n)
+			// n-sized calls can leave up to n-1 unused at the end.
+			assert.GreaterOrEqual(t, float64(total), 0.999*bound-float64(n-1), "%v n=%d: admitted %d of %.0f", c.limit, n, total, bound)
+		}
+	}
+}
+
+// Limiters that differ only in Rate or Burst share state with its meaning
+// kept: the number of tokens used (issue: a time-based state scaled it).
+func TestBucketRateChangeKeepsTokensUsed(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	fast := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Second, Burst: 10})
+	slow := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 10, Period: time.Second, Burst: 10})
+	res, err := fast.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	// Lowered to 10/s: the user has used 10 of 10, so nothing at once.
+	res, err = slow.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "lowered rate: %+v", res)
+	assert.Equal(t, 100*time.Millisecond, res.RetryAfter, "one token at 10/s")
+	b.advance(100 * time.Millisecond)
+	res, err = slow.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Remaining, "100ms at 10/s refills one token")
+
+	// Raised from 10/s to 100/s: 10 used, one token back in 10ms.
+	_, err = slow.Allow(ctx, "k2")
+	require.NoError(t, err)
+	_, err = slow.AllowN(ctx, "k2", 9)
+	require.NoError(t, err)
+	res, err = fast.Allow(ctx, "k2")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, 10*time.Millisecond, res.RetryAfter, "raised rate: one token at 100/s")
+
+	// A larger burst adds room; a smaller one leaves a debt.
+	bigger := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 10, Period: time.Second, Burst: 15})
+	res, err = bigger.AllowN(ctx, "k2", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 5, res.Remaining)
+	smaller := newLimiter(t, b.rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 4})
+	_, err = newLimiter(t, b.rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 8}).AllowN(ctx, "q", 8)
+	require.NoError(t, err)
+	res, err = smaller.AllowN(ctx, "q", 1)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, 500*time.Millisecond, res.RetryAfter, "8 queued, room for 4: wait until 5 have left")
+}
+
+// Remaining is never more than what AllowN then admits (a random walk of
+// n, time and limits that share state).
+func TestBucketRemainingIsAdmitted(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	limits := []Limit{
+		{Rate: 3, Period: time.Second, Burst: 100},
+		{Rate: 7, Period: time.Second, Burst: 100},
+		{Rate: 1000, Period: time.Second, Burst: 100},
+	}
+	var lims []*RateLimiter
+	for _, l := range limits {
+		lims = append(lims, newLimiter(t, b.rdb, TokenBucket, l))
+	}
+	seed := uint64(7)
+	next := func(n uint64) uint64 { seed = seed*6364136223846793005 + 1442695040888963407; return (seed >> 33) % n }
+	for i := range 600 {
+		lim := lims[next(uint64(len(lims)))]
+		b.advance(time.Duration(next(300_000)) * time.Microsecond)
+		res, err := lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		if res.Remaining > 0 {
+			got, err := lim.AllowN(ctx, "k", res.Remaining)
+			require.NoError(t, err)
+			require.True(t, got.Allowed, "step %d: Remaining %d, then AllowN(%d) denied: %+v", i, res.Remaining, res.Remaining, got)
+		}
+	}
+}
+
+// On real Redis, 16 goroutines sending AllowN(1500) at 1e8 bytes per
+// second for 2 s stay within Burst + Rate·d, d the span of the run
+// widened by the longest call.
+func TestBucketByteRateRedis(t *testing.T) {
+	b := realBackend(t)
+	limit := Limit{Rate: 100_000_000, Period: time.Second, Burst: 1_000_000}
+	lim := newLimiter(t, b.rdb, TokenBucket, limit, WithPrefix(prefixFor(t)))
+	ctx := context.Background()
+	var admitted atomic.Int64
+	var longest atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for time.Since(start) < 2*time.Second {
+				t0 := time.Now()
+				res, err := lim.AllowN(ctx, "bytes", 1500)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if d := time.Since(t0); int64(d) > longest.Load() {
+					longest.Store(int64(d))
+				}
+				assert.False(t, res.Degraded)
+				if res.Allowed {
+					admitted.Add(1500)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d := time.Since(start) + time.Duration(longest.Load())
+	bound := float64(limit.Burst) + float64(limit.Rate)*d.Seconds()
+	t.Logf("admitted %d bytes in %v (bound %.0f: %.1f%%)", admitted.Load(), d, bound, 100*float64(admitted.Load())/bound)
+	assert.LessOrEqual(t, float64(admitted.Load()), bound)
+}
