@@ -2,11 +2,11 @@ package grpclimit_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"testing"
 
 	"github.com/redlimit/redlimit/grpclimit"
+	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 )
@@ -31,22 +31,17 @@ func TestPeerKey(t *testing.T) {
 	} {
 		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tt.addr})
 		got, err := grpclimit.PeerKey(ctx, "/svc/M")
-		if err != nil {
-			t.Errorf("PeerKey(%v): %v", tt.addr, err)
+		if !assert.NoError(t, err, "PeerKey(%v)", tt.addr) {
 			continue
 		}
-		if got != tt.want {
-			t.Errorf("PeerKey(%v) = %q, want %q", tt.addr, got, tt.want)
-		}
+		assert.Equal(t, tt.want, got, "PeerKey(%v) = %q, want %q", tt.addr, got, tt.want)
 	}
 }
 
 func TestPeerKeyNoPeer(t *testing.T) {
 	t.Parallel()
 	_, err := grpclimit.PeerKey(context.Background(), "/svc/M")
-	if !errors.Is(err, grpclimit.ErrNoKey) {
-		t.Errorf("got error %v, want one wrapping ErrNoKey", err)
-	}
+	assert.ErrorIs(t, err, grpclimit.ErrNoKey, "got error %v, want one wrapping ErrNoKey", err)
 }
 
 func TestMetadataKeyValues(t *testing.T) {
@@ -71,13 +66,11 @@ func TestMetadataKeyValues(t *testing.T) {
 		}
 		got, err := key(ctx, "/svc/M")
 		if tt.wantErr {
-			if !errors.Is(err, grpclimit.ErrNoKey) {
-				t.Errorf("%v: got (%q, %v), want an error wrapping ErrNoKey", tt.md, got, err)
-			}
+			assert.ErrorIs(t, err, grpclimit.ErrNoKey, "%v: got (%q, %v), want an error wrapping ErrNoKey", tt.md, got, err)
 			continue
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("%v: got (%q, %v), want %q", tt.md, got, err, tt.want)
+		if assert.NoError(t, err, "%v: got (%q, %v), want %q", tt.md, got, err, tt.want) {
+			assert.Equal(t, tt.want, got, "%v: got (%q, %v), want %q", tt.md, got, err, tt.want)
 		}
 	}
 }
