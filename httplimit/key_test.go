@@ -1,11 +1,13 @@
 package httplimit_test
 
 import (
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/httplimit"
 )
@@ -84,12 +86,8 @@ func TestIPKey(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := httplimit.IPKey(tt.opts...)(tt.r)
-			if err != nil {
-				t.Fatalf("key: %v", err)
-			}
-			if got != tt.want {
-				t.Errorf("key = %q, want %q", got, tt.want)
-			}
+			require.NoError(t, err, "key")
+			assert.Equal(t, tt.want, got, "key = %q, want %q", got, tt.want)
 		})
 	}
 }
@@ -98,13 +96,10 @@ func TestIPKeyBadRemoteAddr(t *testing.T) {
 	t.Parallel()
 	for _, remote := range []string{"", "@", "example.com:80", "192.0.2.1:"} {
 		key, err := httplimit.IPKey()(request(remote))
-		if err == nil {
-			t.Errorf("RemoteAddr %q: key = %q, want an error", remote, key)
+		if !assert.Error(t, err, "RemoteAddr %q: key = %q, want an error", remote, key) {
 			continue
 		}
-		if errors.Is(err, httplimit.ErrNoKey) {
-			t.Errorf("RemoteAddr %q: error %v wraps ErrNoKey, want a server error", remote, err)
-		}
+		assert.NotErrorIs(t, err, httplimit.ErrNoKey, "RemoteAddr %q: error %v wraps ErrNoKey, want a server error", remote, err)
 	}
 }
 
@@ -112,20 +107,15 @@ func TestHeaderKey(t *testing.T) {
 	t.Parallel()
 	key := httplimit.HeaderKey("x-api-key")
 	got, err := key(request("192.0.2.1:1", "X-Api-Key", " secret-1 "))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "secret-1"; got != want {
-		t.Errorf("key = %q, want %q", got, want)
-	}
+	require.NoError(t, err)
+	want := "secret-1"
+	assert.Equal(t, want, got, "key = %q, want %q", got, want)
 	for _, r := range []*http.Request{
 		request("192.0.2.1:1"),
 		request("192.0.2.1:1", "X-Api-Key", "  "),
 	} {
 		got, err := key(r)
-		if !errors.Is(err, httplimit.ErrNoKey) {
-			t.Errorf("header %q: key = %q, err = %v, want ErrNoKey", r.Header.Get("X-Api-Key"), got, err)
-		}
+		assert.ErrorIs(t, err, httplimit.ErrNoKey, "header %q: key = %q, err = %v, want ErrNoKey", r.Header.Get("X-Api-Key"), got, err)
 	}
 }
 
@@ -146,12 +136,7 @@ func TestKeyPanics(t *testing.T) {
 		"policy newline":    func() { httplimit.Middleware(&fakeLimiter{}, httplimit.WithPolicyName("a\nb")) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("no panic")
-				}
-			}()
-			f()
+			assert.Panics(t, f, "no panic")
 		})
 	}
 }

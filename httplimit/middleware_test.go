@@ -14,6 +14,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
@@ -86,11 +88,9 @@ func serve(mw func(http.Handler) http.Handler, next http.Handler, r *http.Reques
 func wantHeaders(t *testing.T, h http.Header, want map[string]string) {
 	t.Helper()
 	for name, w := range want {
-		if got := h.Get(name); got != w {
-			t.Errorf("%s = %q, want %q", name, got, w)
-		}
-		if w == "" && len(h.Values(name)) != 0 {
-			t.Errorf("%s present (%q), want absent", name, h.Values(name))
+		assert.Equal(t, w, h.Get(name), "%s = %q, want %q", name, h.Get(name), w)
+		if w == "" {
+			assert.Empty(t, h.Values(name), "%s present (%q), want absent", name, h.Values(name))
 		}
 	}
 }
@@ -150,16 +150,11 @@ func TestAllowedHeaders(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			next := &okHandler{}
 			rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, tt.opts...), next, request("192.0.2.1:1"))
-			if got, want := rec.Code, http.StatusOK; got != want {
-				t.Errorf("status = %d, want %d", got, want)
-			}
-			if got, want := rec.Body.String(), "ok"; got != want {
-				t.Errorf("body = %q, want %q", got, want)
-			}
+			assert.Equal(t, http.StatusOK, rec.Code, "status = %d, want %d", rec.Code, http.StatusOK)
+			assert.Equal(t, "ok", rec.Body.String(), "body = %q, want %q", rec.Body.String(), "ok")
 			wantHeaders(t, rec.Header(), tt.want)
-			if !next.hasR || next.res != res {
-				t.Errorf("ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
-			}
+			assert.True(t, next.hasR, "ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
+			assert.Equal(t, res, next.res, "ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
 		})
 	}
 }
@@ -185,12 +180,8 @@ func TestHeaderValues(t *testing.T) {
 		res := redlimit.Result{Allowed: true, Limit: tt.limit, Remaining: tt.remaining, ResetAfter: tt.reset}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), &okHandler{}, request("192.0.2.1:1"))
 		h := rec.Header()
-		if got := h.Get(httplimit.HeaderRateLimitPolicy); got != tt.policy {
-			t.Errorf("%v reset %v: RateLimit-Policy = %q, want %q", tt.limit, tt.reset, got, tt.policy)
-		}
-		if got := h.Get(httplimit.HeaderRateLimit); got != tt.ratelimit {
-			t.Errorf("%v reset %v: RateLimit = %q, want %q", tt.limit, tt.reset, got, tt.ratelimit)
-		}
+		assert.Equal(t, tt.policy, h.Get(httplimit.HeaderRateLimitPolicy), "%v reset %v: RateLimit-Policy = %q, want %q", tt.limit, tt.reset, h.Get(httplimit.HeaderRateLimitPolicy), tt.policy)
+		assert.Equal(t, tt.ratelimit, h.Get(httplimit.HeaderRateLimit), "%v reset %v: RateLimit = %q, want %q", tt.limit, tt.reset, h.Get(httplimit.HeaderRateLimit), tt.ratelimit)
 	}
 }
 
@@ -216,15 +207,9 @@ func TestDenied(t *testing.T) {
 		}
 		next := &okHandler{}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithXRateLimitHeaders(true)), next, request("192.0.2.1:1"))
-		if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-			t.Errorf("RetryAfter %v: status = %d, want %d", tt.retry, got, want)
-		}
-		if got, want := rec.Body.String(), "Too Many Requests\n"; got != want {
-			t.Errorf("RetryAfter %v: body = %q, want %q", tt.retry, got, want)
-		}
-		if got, want := rec.Header().Get("Content-Type"), "text/plain; charset=utf-8"; got != want {
-			t.Errorf("RetryAfter %v: Content-Type = %q, want %q", tt.retry, got, want)
-		}
+		assert.Equal(t, http.StatusTooManyRequests, rec.Code, "RetryAfter %v: status = %d, want %d", tt.retry, rec.Code, http.StatusTooManyRequests)
+		assert.Equal(t, "Too Many Requests\n", rec.Body.String(), "RetryAfter %v: body = %q, want %q", tt.retry, rec.Body.String(), "Too Many Requests\n")
+		assert.Equal(t, "text/plain; charset=utf-8", rec.Header().Get("Content-Type"), "RetryAfter %v: Content-Type = %q, want %q", tt.retry, rec.Header().Get("Content-Type"), "text/plain; charset=utf-8")
 		wantHeaders(t, rec.Header(), map[string]string{
 			httplimit.HeaderRetryAfter:          tt.want,
 			httplimit.HeaderRateLimitPolicy:     `"default";q=5;w=1`,
@@ -233,9 +218,7 @@ func TestDenied(t *testing.T) {
 			httplimit.HeaderXRateLimitRemaining: "0",
 			httplimit.HeaderXRateLimitReset:     "1",
 		})
-		if got := next.count(); got != 0 {
-			t.Errorf("RetryAfter %v: next called %d times, want 0", tt.retry, got)
-		}
+		assert.Equal(t, 0, next.count(), "RetryAfter %v: next called %d times, want 0", tt.retry, next.count())
 	}
 }
 
@@ -244,26 +227,17 @@ func TestDeniedHandler(t *testing.T) {
 	res := redlimit.Result{Limit: redlimit.PerSecond(5), RetryAfter: 2500 * time.Millisecond}
 	denied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := httplimit.ResultFromContext(r.Context())
-		if !ok || got != res {
-			t.Errorf("ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
-		}
-		if got, want := w.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
-			t.Errorf("Retry-After in denied handler = %q, want %q", got, want)
-		}
+		assert.True(t, ok, "ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
+		assert.Equal(t, res, got, "ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
+		assert.Equal(t, "3", w.Header().Get(httplimit.HeaderRetryAfter), "Retry-After in denied handler = %q, want %q", w.Header().Get(httplimit.HeaderRetryAfter), "3")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
 		fmt.Fprint(w, `{"error":"slow down"}`)
 	})
 	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithDeniedHandler(denied)), &okHandler{}, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Body.String(), `{"error":"slow down"}`; got != want {
-		t.Errorf("body = %q, want %q", got, want)
-	}
-	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
-		t.Errorf("Retry-After = %q, want %q", got, want)
-	}
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code, "status = %d, want %d", rec.Code, http.StatusTooManyRequests)
+	assert.Equal(t, `{"error":"slow down"}`, rec.Body.String(), "body = %q, want %q", rec.Body.String(), `{"error":"slow down"}`)
+	assert.Equal(t, "3", rec.Header().Get(httplimit.HeaderRetryAfter), "Retry-After = %q, want %q", rec.Header().Get(httplimit.HeaderRetryAfter), "3")
 }
 
 func TestKeyError(t *testing.T) {
@@ -287,19 +261,11 @@ func TestKeyError(t *testing.T) {
 			next := &okHandler{}
 			mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key))
 			rec := serve(mw, next, tt.r)
-			if got := rec.Code; got != tt.code {
-				t.Errorf("status = %d, want %d", got, tt.code)
-			}
-			if got, want := rec.Body.String(), http.StatusText(tt.code)+"\n"; got != want {
-				t.Errorf("body = %q, want %q", got, want)
-			}
+			assert.Equal(t, tt.code, rec.Code, "status = %d, want %d", rec.Code, tt.code)
+			assert.Equal(t, http.StatusText(tt.code)+"\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), http.StatusText(tt.code)+"\n")
 			wantHeaders(t, rec.Header(), noHeaders())
-			if got := next.count(); got != 0 {
-				t.Errorf("next called %d times, want 0", got)
-			}
-			if got := lim.calls(); len(got) != 0 {
-				t.Errorf("limiter called with %q, want no call", got)
-			}
+			assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
+			assert.Empty(t, lim.calls(), "limiter called with %q, want no call", lim.calls())
 
 			// A custom handler gets the key function's error.
 			var gotErr error
@@ -309,11 +275,10 @@ func TestKeyError(t *testing.T) {
 					http.Error(w, "who are you", http.StatusUnauthorized)
 				}))
 			rec = serve(mw, next, tt.r)
-			if got, want := rec.Code, http.StatusUnauthorized; got != want {
-				t.Errorf("custom handler: status = %d, want %d", got, want)
-			}
-			if gotErr == nil || (tt.is != nil && !errors.Is(gotErr, tt.is)) {
-				t.Errorf("custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+			assert.Equal(t, http.StatusUnauthorized, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusUnauthorized)
+			assert.Error(t, gotErr, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+			if tt.is != nil {
+				assert.ErrorIs(t, gotErr, tt.is, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
 			}
 		})
 	}
@@ -325,16 +290,10 @@ func TestLimiterError(t *testing.T) {
 	lim := &fakeLimiter{err: errDown}
 	next := &okHandler{}
 	rec := serve(httplimit.Middleware(lim), next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusServiceUnavailable; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Body.String(), "Service Unavailable\n"; got != want {
-		t.Errorf("body = %q, want %q", got, want)
-	}
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code, "status = %d, want %d", rec.Code, http.StatusServiceUnavailable)
+	assert.Equal(t, "Service Unavailable\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), "Service Unavailable\n")
 	wantHeaders(t, rec.Header(), noHeaders())
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
-	}
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 
 	var gotErr error
 	mw := httplimit.Middleware(lim, httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
@@ -342,12 +301,8 @@ func TestLimiterError(t *testing.T) {
 		w.WriteHeader(http.StatusTeapot)
 	}))
 	rec = serve(mw, next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTeapot; got != want {
-		t.Errorf("custom handler: status = %d, want %d", got, want)
-	}
-	if !errors.Is(gotErr, redlimit.ErrUnavailable) {
-		t.Errorf("custom handler: err = %v, want one wrapping ErrUnavailable", gotErr)
-	}
+	assert.Equal(t, http.StatusTeapot, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusTeapot)
+	assert.ErrorIs(t, gotErr, redlimit.ErrUnavailable, "custom handler: err = %v, want one wrapping ErrUnavailable", gotErr)
 }
 
 func TestDegradedAndShadowedServed(t *testing.T) {
@@ -358,16 +313,10 @@ func TestDegradedAndShadowedServed(t *testing.T) {
 	} {
 		next := &okHandler{}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), next, request("192.0.2.1:1"))
-		if got, want := rec.Code, http.StatusOK; got != want {
-			t.Errorf("%+v: status = %d, want %d", res, got, want)
-		}
-		if got, want := next.count(), 1; got != want {
-			t.Errorf("%+v: next called %d times, want %d", res, got, want)
-		}
+		assert.Equal(t, http.StatusOK, rec.Code, "%+v: status = %d, want %d", res, rec.Code, http.StatusOK)
+		assert.Equal(t, 1, next.count(), "%+v: next called %d times, want %d", res, next.count(), 1)
 		want := fmt.Sprintf(`"default";r=%d;t=1`, res.Remaining)
-		if got := rec.Header().Get(httplimit.HeaderRateLimit); got != want {
-			t.Errorf("%+v: RateLimit = %q, want %q", res, got, want)
-		}
+		assert.Equal(t, want, rec.Header().Get(httplimit.HeaderRateLimit), "%+v: RateLimit = %q, want %q", res, rec.Header().Get(httplimit.HeaderRateLimit), want)
 	}
 }
 
@@ -384,10 +333,8 @@ func TestKeysPassed(t *testing.T) {
 	} {
 		serve(mw, &okHandler{}, r)
 	}
-	got := strings.Join(lim.calls(), " ")
-	if want := "192.0.2.1 203.0.113.9 203.0.113.5 2001:db8::/64"; got != want {
-		t.Errorf("keys = %q, want %q", got, want)
-	}
+	got, want := strings.Join(lim.calls(), " "), "192.0.2.1 203.0.113.9 203.0.113.5 2001:db8::/64"
+	assert.Equal(t, want, got, "keys = %q, want %q", got, want)
 }
 
 // miniLimiter returns a limiter of strategy s on a fresh miniredis whose
@@ -399,9 +346,7 @@ func miniLimiter(t *testing.T, s redlimit.Strategy, l redlimit.Limit) redlimit.L
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	lim, err := redlimit.New(rdb, s, l, redlimit.WithFallback(redlimit.FallbackError))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { lim.(*redlimit.RateLimiter).Close() })
 	return lim
 }
@@ -422,9 +367,7 @@ func TestIPv6GroupingRealLimiter(t *testing.T) {
 		{"192.0.2.1:2", http.StatusTooManyRequests},
 	} {
 		rec := serve(mw, &okHandler{}, request(step.remote))
-		if rec.Code != step.code {
-			t.Errorf("%s: status = %d, want %d", step.remote, rec.Code, step.code)
-		}
+		assert.Equal(t, step.code, rec.Code, "%s: status = %d, want %d", step.remote, rec.Code, step.code)
 		if step.code == http.StatusTooManyRequests {
 			wantHeaders(t, rec.Header(), map[string]string{
 				httplimit.HeaderRetryAfter:      "60",
@@ -453,21 +396,14 @@ func TestLeakyBucketDelay(t *testing.T) {
 		start := time.Now()
 		rec := serve(mw, next, request("192.0.2.1:1"))
 		elapsed := time.Since(start)
-		if rec.Code != step.code {
-			t.Errorf("request %d: status = %d, want %d", i+1, rec.Code, step.code)
-		}
-		if got := rec.Header().Get(httplimit.HeaderRetryAfter); got != step.retry {
-			t.Errorf("request %d: Retry-After = %q, want %q", i+1, got, step.retry)
-		}
+		assert.Equal(t, step.code, rec.Code, "request %d: status = %d, want %d", i+1, rec.Code, step.code)
+		assert.Equal(t, step.retry, rec.Header().Get(httplimit.HeaderRetryAfter), "request %d: Retry-After = %q, want %q", i+1, rec.Header().Get(httplimit.HeaderRetryAfter), step.retry)
 		if step.code == http.StatusOK {
-			if got := next.res.Delay; got != step.delay {
-				t.Errorf("request %d: Delay = %v, want %v", i+1, got, step.delay)
-			}
+			assert.Equal(t, step.delay, next.res.Delay, "request %d: Delay = %v, want %v", i+1, next.res.Delay, step.delay)
 			// A timer never fires early; the upper bound only catches a
 			// middleware that sleeps far too long.
-			if elapsed < step.delay || elapsed > step.delay+time.Second {
-				t.Errorf("request %d: served after %v, want about %v", i+1, elapsed, step.delay)
-			}
+			assert.True(t, elapsed >= step.delay && elapsed <= step.delay+time.Second,
+				"request %d: served after %v, want about %v", i+1, elapsed, step.delay)
 		}
 	}
 }
@@ -477,15 +413,9 @@ func TestMaxDelayZeroDenies(t *testing.T) {
 	res := redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(10), Remaining: 1, Delay: 1100 * time.Millisecond}
 	next := &okHandler{}
 	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(0)), next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "2"; got != want {
-		t.Errorf("Retry-After = %q, want %q", got, want)
-	}
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
-	}
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code, "status = %d, want %d", rec.Code, http.StatusTooManyRequests)
+	assert.Equal(t, "2", rec.Header().Get(httplimit.HeaderRetryAfter), "Retry-After = %q, want %q", rec.Header().Get(httplimit.HeaderRetryAfter), "2")
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 }
 
 // writeRecorder records whether anything was written.
@@ -510,13 +440,8 @@ func TestDelayContextEnds(t *testing.T) {
 	w := &writeRecorder{ResponseWriter: httptest.NewRecorder()}
 	start := time.Now()
 	httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(-1))(next).ServeHTTP(w, r)
-	if elapsed := time.Since(start); elapsed > 10*time.Second {
-		t.Errorf("returned after %v, want at once", elapsed)
-	}
-	if w.wrote {
-		t.Errorf("response written, want nothing (client gone)")
-	}
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
-	}
+	elapsed := time.Since(start)
+	assert.LessOrEqual(t, elapsed, 10*time.Second, "returned after %v, want at once", elapsed)
+	assert.False(t, w.wrote, "response written, want nothing (client gone)")
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 }
