@@ -12,12 +12,57 @@
 //		log.Fatal(err)
 //	}
 //	defer lim.Close()
-//	limit := httplimit.Middleware(lim,
-//		httplimit.WithKeyFunc(httplimit.IPKey(
-//			httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
-//		)),
-//	)
-//	http.ListenAndServe("127.0.0.1:8080", limit(mux))
+//	limit := httplimit.Middleware(lim) // key: the client address, RemoteAddr
+//	http.ListenAndServe(":8080", limit(mux))
+//
+// # Client address behind proxies
+//
+// By default the key is the peer's address, Request.RemoteAddr, and no
+// header is trusted: any client can write X-Forwarded-For. Behind reverse
+// proxies, every request has a proxy's address, so tell [IPKey] which one
+// header the proxies set, and the networks they connect from; the header is
+// then read from those peers only, and nothing else is ever read. When the
+// header is missing or unusable (garbage, a list where one address is
+// expected, fewer entries than proxies), the key is the peer's address,
+// which no client can choose. Pick the line that matches the deployment:
+//
+//	// No proxy: clients connect to the server itself (the default).
+//	httplimit.IPKey()
+//
+//	// nginx on the same host, with proxy_set_header X-Real-IP $remote_addr;
+//	// (it overwrites what the client sent; X-Forwarded-For is not read).
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("127.0.0.1/32")),
+//		httplimit.WithRealIPHeader("X-Real-IP"))
+//
+//	// nginx on 10.0.1.0/24 appending to X-Forwarded-For, with
+//	// proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+//	// (the client's own entries come first and are never read).
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.1.0/24")),
+//		httplimit.WithXForwardedFor(1))
+//
+//	// A cloud load balancer that appends one entry, such as AWS ALB (the
+//	// default "append" mode), its nodes in the VPC 10.0.0.0/16.
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/16")),
+//		httplimit.WithXForwardedFor(1))
+//
+//	// Google Cloud's external Application Load Balancer appends two: the
+//	// client, then the forwarding rule's address. Its proxies connect from
+//	// 35.191.0.0/16 and 130.211.0.0/22.
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(
+//			netip.MustParsePrefix("35.191.0.0/16"),
+//			netip.MustParsePrefix("130.211.0.0/22")),
+//		httplimit.WithXForwardedFor(2))
+//
+// Pass the result to [WithKeyFunc]. The hops of WithXForwardedFor count the
+// entries that the proxies append, usually one each (a CDN in front of the
+// load balancer adds one more), and every request must go through all of
+// them. Use WithRealIPHeader for CF-Connecting-IP or True-Client-IP when
+// the proxy sets it, and [WithForwarded] for the Forwarded field of RFC
+// 7239.
 //
 // # Response headers
 //
@@ -137,7 +182,8 @@ func defaultConfig() config {
 }
 
 // WithKeyFunc sets the function that finds a request's key. The default is
-// IPKey(), the client address from RemoteAddr with no proxy trusted. The key
+// IPKey(), the client address from RemoteAddr with no header trusted (see
+// the package documentation behind proxies). The key
 // is passed to the limiter as is: to give routes separate limits with one
 // limiter, make f add a prefix per route.
 func WithKeyFunc(f KeyFunc) Option {

@@ -324,16 +324,16 @@ func TestKeysPassed(t *testing.T) {
 	t.Parallel()
 	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"))
 	lim := &fakeLimiter{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
-	mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(httplimit.IPKey(trusted)))
+	mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(httplimit.IPKey(trusted, httplimit.WithXForwardedFor(1))))
 	for _, r := range []*http.Request{
 		request("192.0.2.1:1", "X-Forwarded-For", "203.0.113.9"), // spoofed
 		request("10.0.0.1:1", "X-Forwarded-For", "203.0.113.9"),  // from the proxy
-		request("10.0.0.1:1", "X-Real-IP", "203.0.113.5"),
+		request("10.0.0.1:1", "X-Real-IP", "203.0.113.5"),        // not the configured header
 		request("[2001:db8::1]:1"),
 	} {
 		serve(mw, &okHandler{}, r)
 	}
-	got, want := strings.Join(lim.calls(), " "), "192.0.2.1 203.0.113.9 203.0.113.5 2001:db8::/64"
+	got, want := strings.Join(lim.calls(), " "), "192.0.2.1 203.0.113.9 10.0.0.1 2001:db8::/64"
 	assert.Equal(t, want, got, "keys = %q, want %q", got, want)
 }
 
