@@ -3,9 +3,11 @@
 // [UnaryServerInterceptor] and [StreamServerInterceptor] ask the limiter
 // once per call, before the handler runs. A stream counts as one call when
 // it opens; its messages are not counted. The key of a call comes from a
-// [KeyFunc]: by default [PeerKey], the client's IP address; [MetadataKey]
-// reads it from request metadata such as "x-api-key"; [WithKeyFunc] takes
-// any function, and [WithPerMethod] gives every method its own limit.
+// [KeyFunc]: by default [PeerKey], the client's IP address; [IPKey] finds
+// that address behind proxies, from the one metadata entry they set;
+// [MetadataKey] reads the key from request metadata such as "x-api-key";
+// [WithKeyFunc] takes any function, and [WithPerMethod] gives every method
+// its own limit.
 //
 //	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(10))
 //	if err != nil {
