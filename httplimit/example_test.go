@@ -57,14 +57,14 @@ func Example() {
 	}
 	// Output:
 	// status 200
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=1;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=1;t=1
 	// status 200
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=0;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=0;t=1
 	// status 429
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=0;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=0;t=1
 	// Retry-After: 1
 }
 

@@ -67,19 +67,26 @@
 // # Response headers
 //
 // Every response that the limiter decided, allowed or denied, carries the
-// fields of the IETF draft draft-ietf-httpapi-ratelimit-headers (-09 and
-// later), written as Structured Fields:
+// fields of the IETF draft draft-ietf-httpapi-ratelimit-headers (-09 to
+// -11), written as Structured Fields. For a token bucket of 10 per second
+// with a Burst of 20, after one request:
 //
-//	RateLimit-Policy: "default";q=10;w=1
-//	RateLimit: "default";r=9;t=1
+//	RateLimit-Policy: "token-bucket";q=20;w=2
+//	RateLimit: "token-bucket";r=19;t=1
 //
-// where q is the limit's Rate, w its Period in seconds (rounded up, at least
-// 1), r the events remaining now and t the seconds until the key is back at
-// its full allowance (rounded up). The policy name "default" can be changed
-// with [WithPolicyName]. [WithXRateLimitHeaders] adds the older
-// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset fields. A
-// denied request also gets Retry-After, in whole seconds rounded up and at
-// least 1.
+// RateLimit-Policy is a list of quota policies, each a name with q events
+// per window of w seconds: the limit at its steady rate, with q at least
+// the most that r can show (Rate for the windows, Burst for the buckets),
+// and w in whole seconds even for periods under a second (10 per 100ms is
+// q=100;w=1); see [Quota] for each strategy and the rounding. RateLimit
+// names the policy that decided, with r the events remaining now and t the
+// seconds until the key is back at its full allowance (rounded up). A
+// limiter of this module has one policy, named after its strategy
+// ("fixed-window", "sliding-log", "sliding-counter", "token-bucket",
+// "leaky-bucket"); [WithPolicyName] sets another name.
+// [WithXRateLimitHeaders] adds the older X-RateLimit-Limit (q),
+// X-RateLimit-Remaining and X-RateLimit-Reset fields. A denied request also
+// gets Retry-After, in whole seconds rounded up and at least 1.
 //
 // Responses to requests that were not decided (the key could not be found,
 // or the limiter failed) carry none of these fields.
@@ -119,17 +126,19 @@ import (
 
 // Names of the header fields the middleware writes.
 const (
-	// HeaderRateLimitPolicy is the IETF draft field describing the quota:
-	// `"default";q=<rate>;w=<period seconds>`.
+	// HeaderRateLimitPolicy is the IETF draft field describing the quota
+	// policies: `"<name>";q=<quota>;w=<window seconds>`, see [Quota].
 	HeaderRateLimitPolicy = "RateLimit-Policy"
-	// HeaderRateLimit is the IETF draft field describing the current state:
-	// `"default";r=<remaining>;t=<seconds until reset>`.
+	// HeaderRateLimit is the IETF draft field describing the current state
+	// of the policy that decided:
+	// `"<name>";r=<remaining>;t=<seconds until reset>`.
 	HeaderRateLimit = "RateLimit"
 	// HeaderRetryAfter is written on denied requests: whole seconds, rounded
 	// up, at least 1.
 	HeaderRetryAfter = "Retry-After"
-	// HeaderXRateLimitLimit is the legacy field with the limit's Rate; see
-	// [WithXRateLimitHeaders].
+	// HeaderXRateLimitLimit is the legacy field with the quota q of the
+	// policy that decided (see [Quota]), which X-RateLimit-Remaining never
+	// exceeds; see [WithXRateLimitHeaders].
 	HeaderXRateLimitLimit = "X-RateLimit-Limit"
 	// HeaderXRateLimitRemaining is the legacy field with the events
 	// remaining now; see [WithXRateLimitHeaders].
@@ -141,7 +150,9 @@ const (
 )
 
 // DefaultPolicyName is the name of the policy in the RateLimit and
-// RateLimit-Policy fields unless [WithPolicyName] sets another.
+// RateLimit-Policy fields for a Limiter that does not report its strategy
+// (with a Strategy() redlimit.Strategy method, as redlimit's limiters do),
+// unless [WithPolicyName] sets another.
 const DefaultPolicyName = "default"
 
 // DefaultMaxDelay is the longest the middleware waits for a leaky bucket's
@@ -166,6 +177,7 @@ type config struct {
 	err        func(http.ResponseWriter, *http.Request, error)
 	maxDelay   time.Duration
 	policy     string
+	named      bool // policy set by WithPolicyName
 	xRateLimit bool
 }
 
@@ -176,7 +188,7 @@ func defaultConfig() config {
 		keyError:   defaultKeyError,
 		err:        defaultError,
 		maxDelay:   DefaultMaxDelay,
-		policy:     DefaultPolicyName,
+		policy:     "", // the strategy's name, or DefaultPolicyName
 		xRateLimit: false,
 	}
 }
@@ -234,16 +246,18 @@ func WithMaxDelay(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxDelay = d })
 }
 
-// WithPolicyName sets the policy name written in the RateLimit and
+// WithPolicyName sets the name of the limiter's policy in the RateLimit and
 // RateLimit-Policy fields. It must be printable ASCII (it is written as a
-// Structured Field String, with '"' and '\' escaped). The default is
-// [DefaultPolicyName], "default".
+// Structured Field String, with '"' and '\' escaped). The default is the
+// limiter's strategy ("token-bucket"), or [DefaultPolicyName], "default",
+// for a Limiter that does not report one.
 func WithPolicyName(name string) Option {
-	return optionFunc(func(c *config) { c.policy = name })
+	return optionFunc(func(c *config) { c.policy, c.named = name, true })
 }
 
 // WithXRateLimitHeaders turns on (or off) the legacy fields
-// X-RateLimit-Limit (the Rate), X-RateLimit-Remaining and X-RateLimit-Reset
+// X-RateLimit-Limit (the quota q of RateLimit-Policy, see [Quota]),
+// X-RateLimit-Remaining and X-RateLimit-Reset
 // (seconds until the key is back at its full allowance, rounded up: a
 // delta, not a Unix time), written beside the IETF fields. The default is
 // off: the IETF fields are the standard being written, and the legacy ones
@@ -264,10 +278,8 @@ func (c *config) validate() error {
 	case c.err == nil:
 		return errors.New("httplimit: nil error handler")
 	}
-	for i := 0; i < len(c.policy); i++ {
-		if b := c.policy[i]; b < 0x20 || b > 0x7e {
-			return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
-		}
+	if !checkPolicyName(c.policy) {
+		return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
 	}
 	return nil
 }
@@ -288,7 +300,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	policy := sfString(cfg.policy)
+	policies := newPolicySource(l, cfg.policy, cfg.named)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, err := cfg.key(r)
@@ -306,7 +318,8 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			h := w.Header()
-			setHeaders(h, res, policy, cfg.xRateLimit)
+			list, deciding := policies.policies(res)
+			setHeaders(h, res, list, deciding, cfg.xRateLimit)
 			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
 			if !res.Allowed {
 				h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
@@ -342,24 +355,26 @@ func ResultFromContext(ctx context.Context) (redlimit.Result, bool) {
 	return res, ok
 }
 
-// setHeaders writes the rate-limit fields for res; policy is the policy
-// name already encoded as a Structured Field String. The policy fields are
-// left out when res has no usable Limit.
-func setHeaders(h http.Header, res redlimit.Result, policy string, xRateLimit bool) {
-	remaining := strconv.Itoa(max(res.Remaining, 0))
-	reset := strconv.FormatInt(ceilSeconds(res.ResetAfter), 10)
-	hasLimit := res.Limit.Rate > 0 && res.Limit.Period > 0
-	if hasLimit {
-		h.Set(HeaderRateLimitPolicy, policy+";q="+strconv.Itoa(res.Limit.Rate)+
-			";w="+strconv.FormatInt(max(ceilSeconds(res.Limit.Period), 1), 10))
+// setHeaders writes the rate-limit fields for res, decided by the policy
+// named deciding in list. RateLimit-Policy and X-RateLimit-Limit are left
+// out when no policy has a usable Limit.
+func setHeaders(h http.Header, res redlimit.Result, list []quotaPolicy, deciding string, xRateLimit bool) {
+	if v := formatPolicies(list); v != "" {
+		h.Set(HeaderRateLimitPolicy, v)
 	}
-	h.Set(HeaderRateLimit, policy+";r="+remaining+";t="+reset)
+	h.Set(HeaderRateLimit, formatRateLimit(deciding, res))
 	if xRateLimit {
-		if hasLimit {
-			h.Set(HeaderXRateLimitLimit, strconv.Itoa(res.Limit.Rate))
+		for _, p := range list {
+			if p.name != deciding {
+				continue
+			}
+			if q, _, ok := Quota(p.strategy, p.limit); ok {
+				h.Set(HeaderXRateLimitLimit, strconv.FormatInt(q, 10))
+			}
+			break
 		}
-		h.Set(HeaderXRateLimitRemaining, remaining)
-		h.Set(HeaderXRateLimitReset, reset)
+		h.Set(HeaderXRateLimitRemaining, strconv.FormatInt(remaining(res), 10))
+		h.Set(HeaderXRateLimitReset, strconv.FormatInt(resetSeconds(res), 10))
 	}
 }
 

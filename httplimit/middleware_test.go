@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -122,7 +123,7 @@ func TestAllowedHeaders(t *testing.T) {
 		want map[string]string
 	}{
 		{"default", nil, map[string]string{
-			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy:     `"default";q=101;w=91`,
 			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
 			httplimit.HeaderRetryAfter:          "",
 			httplimit.HeaderXRateLimitLimit:     "",
@@ -130,10 +131,10 @@ func TestAllowedHeaders(t *testing.T) {
 			httplimit.HeaderXRateLimitReset:     "",
 		}},
 		{"x-ratelimit on", []httplimit.Option{httplimit.WithXRateLimitHeaders(true)}, map[string]string{
-			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy:     `"default";q=101;w=91`,
 			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
 			httplimit.HeaderRetryAfter:          "",
-			httplimit.HeaderXRateLimitLimit:     "100",
+			httplimit.HeaderXRateLimitLimit:     "101", // q: 100 per 90.001s is 101 per 91s
 			httplimit.HeaderXRateLimitRemaining: "7",
 			httplimit.HeaderXRateLimitReset:     "2",
 		}},
@@ -142,7 +143,7 @@ func TestAllowedHeaders(t *testing.T) {
 			httplimit.HeaderXRateLimitLimit: "",
 		}},
 		{"policy name", []httplimit.Option{httplimit.WithPolicyName(`per "ip"\x`)}, map[string]string{
-			httplimit.HeaderRateLimitPolicy: `"per \"ip\"\\x";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy: `"per \"ip\"\\x";q=101;w=91`,
 			httplimit.HeaderRateLimit:       `"per \"ip\"\\x";r=7;t=2`,
 		}},
 	}
@@ -170,9 +171,19 @@ func TestHeaderValues(t *testing.T) {
 		{redlimit.PerSecond(10), 9, 100 * time.Millisecond, `"default";q=10;w=1`, `"default";r=9;t=1`},
 		{redlimit.PerMinute(60), 0, time.Minute, `"default";q=60;w=60`, `"default";r=0;t=60`},
 		{redlimit.PerHour(1000), 5, 0, `"default";q=1000;w=3600`, `"default";r=5;t=0`},
-		{redlimit.Limit{Rate: 3, Period: time.Millisecond}, 3, time.Nanosecond, `"default";q=3;w=1`, `"default";r=3;t=1`},
-		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2 * time.Second, `"default";q=3;w=2`, `"default";r=1;t=2`},
-		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2*time.Second + time.Microsecond, `"default";q=3;w=2`, `"default";r=1;t=3`},
+		// Periods that are not whole seconds: the steady rate over w, the
+		// span rounded up (see Quota).
+		{redlimit.Limit{Rate: 3, Period: time.Millisecond}, 3, time.Nanosecond, `"default";q=3000;w=1`, `"default";r=3;t=1`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2 * time.Second, `"default";q=4;w=2`, `"default";r=1;t=2`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2*time.Second + time.Microsecond, `"default";q=4;w=2`, `"default";r=1;t=3`},
+		// A Limiter that does not report its strategy: q covers the Burst
+		// too, whichever it is.
+		{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 19, 100 * time.Millisecond, `"default";q=20;w=2`, `"default";r=19;t=1`},
+		// r never negative, and clamped to 15 digits.
+		{redlimit.PerSecond(1), -1, 0, `"default";q=1;w=1`, `"default";r=0;t=0`},
+		{redlimit.PerSecond(1), 1 << 60, 1 << 62, `"default";q=1;w=1`, `"default";r=999999999999999;t=4611686019`},
+		// q past 15 digits: no policy field.
+		{redlimit.Limit{Rate: 1 << 50, Period: time.Millisecond}, 1, time.Second, "", `"default";r=1;t=1`},
 		// A result with no Limit (not one of redlimit's): no policy field.
 		{redlimit.Limit{}, 2, time.Second, "", `"default";r=2;t=1`},
 	}
@@ -371,8 +382,8 @@ func TestIPv6GroupingRealLimiter(t *testing.T) {
 		if step.code == http.StatusTooManyRequests {
 			wantHeaders(t, rec.Header(), map[string]string{
 				httplimit.HeaderRetryAfter:      "60",
-				httplimit.HeaderRateLimitPolicy: `"default";q=1;w=60`,
-				httplimit.HeaderRateLimit:       `"default";r=0;t=60`,
+				httplimit.HeaderRateLimitPolicy: `"token-bucket";q=1;w=60`,
+				httplimit.HeaderRateLimit:       `"token-bucket";r=0;t=60`,
 			})
 		}
 	}
@@ -444,4 +455,139 @@ func TestDelayContextEnds(t *testing.T) {
 	assert.LessOrEqual(t, elapsed, 10*time.Second, "returned after %v, want at once", elapsed)
 	assert.False(t, w.wrote, "response written, want nothing (client gone)")
 	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
+}
+
+// TestRateLimitPolicyPerStrategy checks the quota policy of each strategy
+// on a real limiter: q quota units per window of w whole seconds, at the
+// limit's steady rate, with q at least the most that r can show (Rate for
+// the windows, Burst for the buckets), including periods under a second
+// and periods that are not whole seconds. Each request is the first of its
+// key, so r is one less than that capacity.
+func TestRateLimitPolicyPerStrategy(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	type step struct {
+		limit             redlimit.Limit
+		policy, ratelimit string
+		xLimit            string
+	}
+	for _, tt := range []struct {
+		strategy redlimit.Strategy
+		steps    []step
+	}{
+		{redlimit.FixedWindow, []step{
+			{redlimit.PerSecond(10), `"fixed-window";q=10;w=1`, `"fixed-window";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"fixed-window";q=100;w=1`, `"fixed-window";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"fixed-window";q=4;w=2`, `"fixed-window";r=2;t=2`, "4"},
+			{redlimit.Limit{Rate: 60, Period: time.Minute, Burst: 20}, `"fixed-window";q=60;w=60`, `"fixed-window";r=59;t=60`, "60"},
+		}},
+		{redlimit.SlidingLog, []step{
+			{redlimit.PerSecond(10), `"sliding-log";q=10;w=1`, `"sliding-log";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"sliding-log";q=100;w=1`, `"sliding-log";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-log";q=4;w=2`, `"sliding-log";r=2;t=2`, "4"},
+		}},
+		{redlimit.SlidingCounter, []step{
+			{redlimit.PerSecond(10), `"sliding-counter";q=10;w=1`, `"sliding-counter";r=9;t=2`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"sliding-counter";q=100;w=1`, `"sliding-counter";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-counter";q=4;w=2`, `"sliding-counter";r=2;t=3`, "4"},
+		}},
+		{redlimit.TokenBucket, []step{
+			{redlimit.PerSecond(10), `"token-bucket";q=10;w=1`, `"token-bucket";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, `"token-bucket";r=19;t=1`, "20"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms, Burst: 20}, `"token-bucket";q=100;w=1`, `"token-bucket";r=19;t=1`, "100"},
+			{redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3}, `"token-bucket";q=4;w=2`, `"token-bucket";r=2;t=1`, "4"},
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 1}, `"token-bucket";q=10;w=1`, `"token-bucket";r=0;t=1`, "10"},
+		}},
+		{redlimit.LeakyBucket, []step{
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}, `"leaky-bucket";q=10;w=1`, `"leaky-bucket";r=2;t=1`, "10"},
+			{redlimit.Limit{Rate: 1, Period: time.Minute, Burst: 5}, `"leaky-bucket";q=5;w=300`, `"leaky-bucket";r=4;t=60`, "5"},
+			{redlimit.Limit{Rate: 20, Period: time.Second, Burst: 40}, `"leaky-bucket";q=40;w=2`, `"leaky-bucket";r=39;t=1`, "40"},
+		}},
+	} {
+		t.Run(tt.strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			for _, st := range tt.steps {
+				lim := miniLimiter(t, tt.strategy, st.limit)
+				rec := serve(httplimit.Middleware(lim, httplimit.WithXRateLimitHeaders(true)), &okHandler{}, request("192.0.2.1:1"))
+				require.Equal(t, http.StatusOK, rec.Code, "%v: status", st.limit)
+				wantHeaders(t, rec.Header(), map[string]string{
+					httplimit.HeaderRateLimitPolicy: st.policy,
+					httplimit.HeaderRateLimit:       st.ratelimit,
+					httplimit.HeaderXRateLimitLimit: st.xLimit,
+				})
+				capacity := st.limit.Rate
+				if (tt.strategy == redlimit.TokenBucket || tt.strategy == redlimit.LeakyBucket) && st.limit.Burst > 0 {
+					capacity = st.limit.Burst
+				}
+				q := sfParam(t, rec.Header().Get(httplimit.HeaderRateLimitPolicy), "q")
+				r := sfParam(t, rec.Header().Get(httplimit.HeaderRateLimit), "r")
+				assert.GreaterOrEqual(t, q, capacity, "%v: q below the capacity that r can show", st.limit)
+				assert.Less(t, r, q, "%v: r after a request not below q", st.limit)
+			}
+		})
+	}
+}
+
+// sfParam returns the integer parameter name of the one item in field.
+func sfParam(t *testing.T, field, name string) int {
+	t.Helper()
+	for p := range strings.SplitSeq(field, ";") {
+		if v, ok := strings.CutPrefix(p, name+"="); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, "%s in %q", name, field)
+			return n
+		}
+	}
+	require.Fail(t, "no parameter", "%s in %q", name, field)
+	return 0
+}
+
+func TestQuota(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	tests := []struct {
+		strategy redlimit.Strategy
+		limit    redlimit.Limit
+		q, w     int64
+		ok       bool
+	}{
+		{redlimit.FixedWindow, redlimit.PerSecond(10), 10, 1, true},
+		{redlimit.SlidingLog, redlimit.PerMinute(50), 50, 60, true},
+		{redlimit.SlidingCounter, redlimit.PerHour(1000), 1000, 3600, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, 100, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 300 * ms}, 33, 1, true}, // rounded down
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 3, Period: 1500 * ms}, 4, 2, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: ms}, 1000, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 50}, 10, 1, true}, // Burst ignored
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: redlimit.MaxPeriod}, 1, int64(redlimit.MaxPeriod / time.Second), true},
+		{redlimit.TokenBucket, redlimit.PerSecond(10), 10, 1, true}, // Burst 0 means Rate
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 20, 2, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 25}, 30, 3, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Minute, Burst: 5}, 5, 30, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: 100 * ms, Burst: 20}, 100, 1, true},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 1}, 10, 1, true},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 1, Period: time.Minute, Burst: 5}, 5, 300, true},
+		{0, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 20, 2, true}, // unknown: as a bucket
+		{0, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 5}, 10, 1, true},
+		{redlimit.Strategy(99), redlimit.PerSecond(3), 3, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: -1, Period: time.Second}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: -time.Second}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: redlimit.MaxRate, Period: ms}, 0, 0, false}, // q has 16 digits
+		{0, redlimit.Limit{Rate: 1, Period: redlimit.MaxPeriod, Burst: redlimit.MaxRate}, 0, 0, false},
+	}
+	for _, tt := range tests {
+		q, w, ok := httplimit.Quota(tt.strategy, tt.limit)
+		assert.Equal(t, []any{tt.q, tt.w, tt.ok}, []any{q, w, ok}, "Quota(%v, %v)", tt.strategy, tt.limit)
+	}
+}
+
+func TestPolicyNameRealLimiter(t *testing.T) {
+	t.Parallel()
+	lim := miniLimiter(t, redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20})
+	rec := serve(httplimit.Middleware(lim, httplimit.WithPolicyName("per-ip")), &okHandler{}, request("192.0.2.1:1"))
+	wantHeaders(t, rec.Header(), map[string]string{
+		httplimit.HeaderRateLimitPolicy: `"per-ip";q=20;w=2`,
+		httplimit.HeaderRateLimit:       `"per-ip";r=19;t=1`,
+	})
 }
