@@ -386,3 +386,56 @@ func TestDelayPastDeadline(t *testing.T) {
 	got := s.calls.Load()
 	assert.Zero(t, got, "got %d calls to the handler, want 0", got)
 }
+
+// TestHeadersPerStrategy checks the header metadata of each strategy on a
+// real limiter: ratelimit-limit is the quota q of the ratelimit-policy
+// entry (q per w whole seconds, as httplimit.Quota), which the remaining
+// count never exceeds, for sub-second periods and bursts too.
+func TestHeadersPerStrategy(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		strategy         redlimit.Strategy
+		limit            redlimit.Limit
+		policy           string
+		quota, remaining string
+	}{
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, `"fixed-window";q=100;w=1`, "100", "9"},
+		{redlimit.SlidingLog, redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-log";q=4;w=2`, "4", "2"},
+		{redlimit.SlidingCounter, redlimit.PerMinute(60), `"sliding-counter";q=60;w=60`, "60", "59"},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, "20", "19"},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}, `"leaky-bucket";q=10;w=1`, "10", "2"},
+	} {
+		t.Run(tt.strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			m.SetTime(windowStart)
+			rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { rdb.Close() })
+			lim, err := redlimit.New(rdb, tt.strategy, tt.limit, redlimit.WithFallback(redlimit.FallbackError))
+			require.NoError(t, err)
+			t.Cleanup(func() { lim.(*redlimit.RateLimiter).Close() })
+			header, err := newServer(t, lim).check(t)
+			require.NoError(t, err)
+			assert.Equal(t, []string{tt.policy}, header.Get(grpclimit.HeaderPolicy), "%v", tt.limit)
+			assert.Equal(t, []string{tt.quota}, header.Get(grpclimit.HeaderLimit), "%v", tt.limit)
+			assert.Equal(t, []string{tt.remaining}, header.Get(grpclimit.HeaderRemaining), "%v", tt.limit)
+		})
+	}
+}
+
+func TestHeadersWithoutLimit(t *testing.T) {
+	t.Parallel()
+	f := &fake{res: redlimit.Result{Allowed: true, Remaining: 3, ResetAfter: time.Second}}
+	header, err := newServer(t, f).check(t)
+	require.NoError(t, err)
+	assert.Empty(t, header.Get(grpclimit.HeaderPolicy), "no Limit, no policy")
+	assert.Empty(t, header.Get(grpclimit.HeaderLimit), "no Limit, no quota")
+	assert.Equal(t, []string{"3"}, header.Get(grpclimit.HeaderRemaining))
+
+	f = &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, Remaining: 19}}
+	header, err = newServer(t, f).check(t)
+	require.NoError(t, err)
+	assert.Equal(t, []string{`"default";q=20;w=2`}, header.Get(grpclimit.HeaderPolicy), "a Limiter without a strategy")
+	assert.Equal(t, []string{"20"}, header.Get(grpclimit.HeaderLimit), "a Limiter without a strategy")
+}
