@@ -3,9 +3,11 @@
 // [UnaryServerInterceptor] and [StreamServerInterceptor] ask the limiter
 // once per call, before the handler runs. A stream counts as one call when
 // it opens; its messages are not counted. The key of a call comes from a
-// [KeyFunc]: by default [PeerKey], the client's IP address; [MetadataKey]
-// reads it from request metadata such as "x-api-key"; [WithKeyFunc] takes
-// any function, and [WithPerMethod] gives every method its own limit.
+// [KeyFunc]: by default [PeerKey], the client's IP address; [IPKey] finds
+// that address behind proxies, from the one metadata entry they set;
+// [MetadataKey] reads the key from request metadata such as "x-api-key";
+// [WithKeyFunc] takes any function, and [WithPerMethod] gives every method
+// its own limit.
 //
 //	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(10))
 //	if err != nil {
@@ -51,20 +53,32 @@
 // # Response headers
 //
 // Unless [WithoutHeaders] is given, every call that reaches a decision,
-// allowed or denied, gets response header metadata: [HeaderLimit],
-// [HeaderRemaining] and [HeaderReset], and on a denial [HeaderRetryAfter].
-// Clients read them with the grpc.Header call option (unary) or
-// ClientStream.Header.
+// allowed or denied, gets response header metadata: [HeaderPolicy],
+// [HeaderLimit], [HeaderRemaining] and [HeaderReset], and on a denial
+// [HeaderRetryAfter]. Clients read them with the grpc.Header call option
+// (unary) or ClientStream.Header. For a token bucket of 10 per second with
+// a Burst of 20, after one call:
+//
+//	ratelimit-policy: "token-bucket";q=20;w=2
+//	ratelimit-limit: 20
+//	ratelimit-remaining: 19
+//	ratelimit-reset: 1
+//
+// The policy and limit are those of httplimit's RateLimit-Policy field (see
+// httplimit.Quota): q events per w whole seconds at the limit's steady
+// rate, q at least what ratelimit-remaining can show.
 package grpclimit
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -76,10 +90,19 @@ import (
 // Names of the response header metadata set on every decided call (see
 // [WithoutHeaders]). gRPC metadata keys are lowercase. The values are
 // decimal integers, after the IETF RateLimit header fields and HTTP's
-// Retry-After.
+// Retry-After, except HeaderPolicy's.
 const (
-	// HeaderLimit is the limit's Rate: the events allowed per period. For a
-	// bucket whose Burst is larger than Rate, HeaderRemaining can exceed it.
+	// HeaderPolicy is the quota policy, as HTTP's RateLimit-Policy field
+	// (draft-ietf-httpapi-ratelimit-headers) writes it:
+	// `"<name>";q=<quota>;w=<window seconds>`, the name being the
+	// limiter's strategy ("token-bucket"), or "default" for a Limiter that
+	// does not report one. See httplimit.Quota for q and w. Left out when
+	// the Result has no usable Limit.
+	HeaderPolicy = "ratelimit-policy"
+	// HeaderLimit is the quota q of HeaderPolicy: the events allowed per
+	// window of its w seconds, at least the most that HeaderRemaining can
+	// show (Rate for the windows, Burst for the buckets). Left out when the
+	// Result has no usable Limit.
 	HeaderLimit = "ratelimit-limit"
 	// HeaderRemaining is Result.Remaining: the calls that could still be
 	// allowed now for the same key.
@@ -148,8 +171,8 @@ func WithPerMethod() Option {
 }
 
 // WithoutHeaders stops the interceptor from setting the response header
-// metadata [HeaderLimit], [HeaderRemaining], [HeaderReset] and
-// [HeaderRetryAfter]. By default they are set.
+// metadata [HeaderPolicy], [HeaderLimit], [HeaderRemaining], [HeaderReset]
+// and [HeaderRetryAfter]. By default they are set.
 func WithoutHeaders() Option {
 	return optionFunc(func(c *config) { c.headers = false })
 }
@@ -205,8 +228,10 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 
 // interceptor is what the unary and stream interceptors share.
 type interceptor struct {
-	lim redlimit.Limiter
-	cfg config
+	lim      redlimit.Limiter
+	cfg      config
+	policy   string            // the policy's name
+	strategy redlimit.Strategy // 0 if the limiter does not report one
 }
 
 func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
@@ -217,7 +242,13 @@ func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	return &interceptor{lim: l, cfg: cfg}
+	in := &interceptor{lim: l, cfg: cfg, policy: `"default"`}
+	if sl, ok := l.(interface{ Strategy() redlimit.Strategy }); ok && slices.Contains(redlimit.Strategies(), sl.Strategy()) {
+		// A strategy's name needs no escaping in a Structured Field String.
+		in.strategy = sl.Strategy()
+		in.policy = `"` + in.strategy.String() + `"`
+	}
+	return in
 }
 
 // limit decides one call. It returns nil when the handler may run, or the
@@ -248,7 +279,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, setHeader f
 	if in.cfg.headers {
 		// It fails only when headers were already sent, which cannot
 		// happen before the handler runs.
-		_ = setHeader(headers(res))
+		_ = setHeader(in.headers(res))
 	}
 	if !res.Allowed {
 		return denied(res)
@@ -291,11 +322,14 @@ func denied(res redlimit.Result) error {
 }
 
 // headers returns the response header metadata for a decision.
-func headers(res redlimit.Result) metadata.MD {
+func (in *interceptor) headers(res redlimit.Result) metadata.MD {
 	md := metadata.MD{
-		HeaderLimit:     {strconv.Itoa(res.Limit.Rate)},
 		HeaderRemaining: {strconv.Itoa(res.Remaining)},
 		HeaderReset:     {seconds(res.ResetAfter)},
+	}
+	if q, w, ok := httplimit.Quota(in.strategy, res.Limit); ok {
+		md[HeaderPolicy] = []string{in.policy + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)}
+		md[HeaderLimit] = []string{strconv.FormatInt(q, 10)}
 	}
 	if !res.Allowed {
 		md[HeaderRetryAfter] = []string{seconds(max(res.RetryAfter, time.Second))}

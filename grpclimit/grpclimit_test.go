@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/grpclimit"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -38,9 +40,7 @@ func fixedWindow(t *testing.T) *redlimit.RateLimiter {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(2), redlimit.WithFallback(redlimit.FallbackError))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { lim.Close() })
 	return lim
 }
@@ -78,9 +78,7 @@ func newServer(t *testing.T, lim redlimit.Limiter, opts ...grpclimit.Option) *se
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 	)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	s.client = healthpb.NewHealthClient(conn)
 	return s
@@ -114,9 +112,8 @@ func (s *server) watch(t *testing.T, md ...string) error {
 // wantCode fails the test unless err has the status code want.
 func wantCode(t *testing.T, what string, err error, want codes.Code) {
 	t.Helper()
-	if got := status.Code(err); got != want {
-		t.Fatalf("%s: got code %v (%v), want %v", what, got, err, want)
-	}
+	got := status.Code(err)
+	require.Equal(t, want, got, "%s: got code %v (%v), want %v", what, got, err, want)
 }
 
 // wantDenied fails the test unless err is ResourceExhausted with a
@@ -130,16 +127,10 @@ func wantDenied(t *testing.T, what string, err error, want time.Duration) {
 			infos = append(infos, ri)
 		}
 	}
-	if len(infos) != 1 {
-		t.Fatalf("%s: got %d RetryInfo details in %v, want 1", what, len(infos), err)
-	}
+	require.Len(t, infos, 1, "%s: got %d RetryInfo details in %v, want 1", what, len(infos), err)
 	got := infos[0].GetRetryDelay().AsDuration()
-	if got <= 0 || got > time.Second {
-		t.Fatalf("%s: got retry delay %v, want in (0, 1s]", what, got)
-	}
-	if got != want {
-		t.Fatalf("%s: got retry delay %v, want %v", what, got, want)
-	}
+	require.True(t, got > 0 && got <= time.Second, "%s: got retry delay %v, want in (0, 1s]", what, got)
+	require.Equal(t, want, got, "%s: got retry delay %v, want %v", what, got, want)
 }
 
 func TestUnary(t *testing.T) {
@@ -147,12 +138,9 @@ func TestUnary(t *testing.T) {
 	s := newServer(t, fixedWindow(t))
 	for i, want := range []string{"1", "0"} {
 		header, err := s.check(t)
-		if err != nil {
-			t.Fatalf("call %d: %v", i+1, err)
-		}
-		if got := header.Get(grpclimit.HeaderRemaining); len(got) != 1 || got[0] != want {
-			t.Errorf("call %d: got %s %q, want %q", i+1, grpclimit.HeaderRemaining, got, want)
-		}
+		require.NoError(t, err, "call %d", i+1)
+		got := header.Get(grpclimit.HeaderRemaining)
+		assert.Equal(t, []string{want}, got, "call %d: got %s %q, want %q", i+1, grpclimit.HeaderRemaining, got, want)
 	}
 	header, err := s.check(t)
 	wantDenied(t, "call 3", err, 750*time.Millisecond)
@@ -162,39 +150,31 @@ func TestUnary(t *testing.T) {
 		grpclimit.HeaderReset:      "1",
 		grpclimit.HeaderRetryAfter: "1",
 	} {
-		if got := header.Get(name); len(got) != 1 || got[0] != want {
-			t.Errorf("call 3: got %s %q, want %q", name, got, want)
-		}
+		got := header.Get(name)
+		assert.Equal(t, []string{want}, got, "call 3: got %s %q, want %q", name, got, want)
 	}
-	if got, want := s.calls.Load(), int64(2); got != want {
-		t.Errorf("got %d calls to the handler, want %d", got, want)
-	}
+	got, want := s.calls.Load(), int64(2)
+	assert.Equal(t, want, got, "got %d calls to the handler, want %d", got, want)
 }
 
 func TestStream(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, fixedWindow(t))
 	for i := range 2 {
-		if err := s.watch(t); err != nil {
-			t.Fatalf("stream %d: %v", i+1, err)
-		}
+		require.NoError(t, s.watch(t), "stream %d", i+1)
 	}
 	wantDenied(t, "stream 3", s.watch(t), 750*time.Millisecond)
-	if got, want := s.calls.Load(), int64(2); got != want {
-		t.Errorf("got %d streams to the handler, want %d", got, want)
-	}
+	got, want := s.calls.Load(), int64(2)
+	assert.Equal(t, want, got, "got %d streams to the handler, want %d", got, want)
 }
 
 func TestUnaryAndStreamShareLimit(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, fixedWindow(t))
-	if _, err := s.check(t); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.watch(t); err != nil {
-		t.Fatal(err)
-	}
 	_, err := s.check(t)
+	require.NoError(t, err)
+	require.NoError(t, s.watch(t))
+	_, err = s.check(t)
 	wantDenied(t, "call 3", err, 750*time.Millisecond)
 }
 
@@ -202,12 +182,9 @@ func TestPerMethod(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, fixedWindow(t), grpclimit.WithPerMethod())
 	for i := range 2 {
-		if _, err := s.check(t); err != nil {
-			t.Fatalf("Check %d: %v", i+1, err)
-		}
-		if err := s.watch(t); err != nil {
-			t.Fatalf("Watch %d: %v", i+1, err)
-		}
+		_, err := s.check(t)
+		require.NoError(t, err, "Check %d", i+1)
+		require.NoError(t, s.watch(t), "Watch %d", i+1)
 	}
 	_, err := s.check(t)
 	wantDenied(t, "Check 3", err, 750*time.Millisecond)
@@ -247,12 +224,10 @@ func TestMissingMetadataKey(t *testing.T) {
 	wantCode(t, "stream without key", s.watch(t), codes.InvalidArgument)
 	_, err = s.check(t, "x-api-key", "")
 	wantCode(t, "empty key", err, codes.InvalidArgument)
-	if err, _ := reported.Load().(error); !errors.Is(err, grpclimit.ErrNoKey) {
-		t.Errorf("got reported error %v, want one wrapping ErrNoKey", err)
-	}
-	if got := s.calls.Load(); got != 0 {
-		t.Errorf("got %d calls to the handler, want 0", got)
-	}
+	reportedErr, _ := reported.Load().(error)
+	assert.ErrorIs(t, reportedErr, grpclimit.ErrNoKey, "got reported error %v, want one wrapping ErrNoKey", reportedErr)
+	got := s.calls.Load()
+	assert.Zero(t, got, "got %d calls to the handler, want 0", got)
 }
 
 func TestKeyFuncError(t *testing.T) {
@@ -272,9 +247,8 @@ func TestKeyFuncError(t *testing.T) {
 		)
 		_, err := s.check(t)
 		wantCode(t, fmt.Sprintf("KeyFunc error %v", tt.err), err, tt.want)
-		if got, _ := reported.Load().(error); got == nil || (tt.err != nil && got != tt.err) {
-			t.Errorf("KeyFunc error %v: got reported error %v", tt.err, got)
-		}
+		got, _ := reported.Load().(error)
+		assert.True(t, got != nil && (tt.err == nil || got == tt.err), "KeyFunc error %v: got reported error %v", tt.err, got)
 	}
 }
 
@@ -332,12 +306,10 @@ func TestLimiterError(t *testing.T) {
 	_, err := s.check(t)
 	wantCode(t, "unary", err, codes.Unavailable)
 	wantCode(t, "stream", s.watch(t), codes.Unavailable)
-	if got, want := reported.Load(), any(f.err); got != want {
-		t.Errorf("got reported error %v, want %v", got, want)
-	}
-	if got := s.calls.Load(); got != 0 {
-		t.Errorf("got %d calls to the handler, want 0", got)
-	}
+	got, want := reported.Load(), any(f.err)
+	assert.Same(t, want, got, "got reported error %v, want %v", got, want)
+	calls := s.calls.Load()
+	assert.Zero(t, calls, "got %d calls to the handler, want 0", calls)
 }
 
 func TestRedisDown(t *testing.T) {
@@ -346,9 +318,7 @@ func TestRedisDown(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(2), redlimit.WithFallback(redlimit.FallbackError))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { lim.Close() })
 	s := newServer(t, lim)
 	m.Close()
@@ -360,20 +330,16 @@ func TestKeys(t *testing.T) {
 	t.Parallel()
 	f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
 	s := newServer(t, f)
-	if _, err := s.check(t); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := f.lastKey(), "bufconn:bufconn"; got != want {
-		t.Errorf("PeerKey on bufconn: got key %q, want %q", got, want)
-	}
+	_, err := s.check(t)
+	require.NoError(t, err)
+	got, want := f.lastKey(), "bufconn:bufconn"
+	assert.Equal(t, want, got, "PeerKey on bufconn: got key %q, want %q", got, want)
 
 	s = newServer(t, f, grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-api-key")), grpclimit.WithPerMethod())
-	if _, err := s.check(t, "x-api-key", "k1"); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := f.lastKey(), "/grpc.health.v1.Health/Check k1"; got != want {
-		t.Errorf("WithPerMethod: got key %q, want %q", got, want)
-	}
+	_, err = s.check(t, "x-api-key", "k1")
+	require.NoError(t, err)
+	got, want = f.lastKey(), "/grpc.health.v1.Health/Check k1"
+	assert.Equal(t, want, got, "WithPerMethod: got key %q, want %q", got, want)
 }
 
 func TestSkip(t *testing.T) {
@@ -382,9 +348,8 @@ func TestSkip(t *testing.T) {
 	s := newServer(t, f, grpclimit.WithSkip(func(_ context.Context, fullMethod string) bool {
 		return fullMethod == "/grpc.health.v1.Health/Check"
 	}))
-	if _, err := s.check(t); err != nil {
-		t.Fatalf("skipped call: %v", err)
-	}
+	_, err := s.check(t)
+	require.NoError(t, err, "skipped call")
 	wantCode(t, "stream not skipped", s.watch(t), codes.Unavailable)
 }
 
@@ -392,12 +357,9 @@ func TestWithoutHeaders(t *testing.T) {
 	t.Parallel()
 	s := newServer(t, fixedWindow(t), grpclimit.WithoutHeaders())
 	header, err := s.check(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := header.Get(grpclimit.HeaderRemaining); len(got) != 0 {
-		t.Errorf("got %s %q, want none", grpclimit.HeaderRemaining, got)
-	}
+	require.NoError(t, err)
+	got := header.Get(grpclimit.HeaderRemaining)
+	assert.Empty(t, got, "got %s %q, want none", grpclimit.HeaderRemaining, got)
 }
 
 func TestDelay(t *testing.T) {
@@ -406,15 +368,12 @@ func TestDelay(t *testing.T) {
 	f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1), Delay: delay}}
 	s := newServer(t, f)
 	start := time.Now()
-	if _, err := s.check(t); err != nil {
-		t.Fatal(err)
-	}
-	if got := time.Since(start); got < delay {
-		t.Errorf("call returned after %v, before its Delay %v", got, delay)
-	}
-	if got, want := s.calls.Load(), int64(1); got != want {
-		t.Errorf("got %d calls to the handler, want %d", got, want)
-	}
+	_, err := s.check(t)
+	require.NoError(t, err)
+	elapsed := time.Since(start)
+	assert.GreaterOrEqual(t, elapsed, delay, "call returned after %v, before its Delay %v", elapsed, delay)
+	got, want := s.calls.Load(), int64(1)
+	assert.Equal(t, want, got, "got %d calls to the handler, want %d", got, want)
 }
 
 func TestDelayPastDeadline(t *testing.T) {
@@ -425,7 +384,59 @@ func TestDelayPastDeadline(t *testing.T) {
 	defer cancel()
 	_, err := s.client.Check(ctx, &healthpb.HealthCheckRequest{})
 	wantCode(t, "unary", err, codes.DeadlineExceeded)
-	if got := s.calls.Load(); got != 0 {
-		t.Errorf("got %d calls to the handler, want 0", got)
+	got := s.calls.Load()
+	assert.Zero(t, got, "got %d calls to the handler, want 0", got)
+}
+
+// TestHeadersPerStrategy checks the header metadata of each strategy on a
+// real limiter: ratelimit-limit is the quota q of the ratelimit-policy
+// entry (q per w whole seconds, as httplimit.Quota), which the remaining
+// count never exceeds, for sub-second periods and bursts too.
+func TestHeadersPerStrategy(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		strategy         redlimit.Strategy
+		limit            redlimit.Limit
+		policy           string
+		quota, remaining string
+	}{
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, `"fixed-window";q=100;w=1`, "100", "9"},
+		{redlimit.SlidingLog, redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-log";q=4;w=2`, "4", "2"},
+		{redlimit.SlidingCounter, redlimit.PerMinute(60), `"sliding-counter";q=60;w=60`, "60", "59"},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, "20", "19"},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}, `"leaky-bucket";q=10;w=1`, "10", "2"},
+	} {
+		t.Run(tt.strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			m.SetTime(windowStart)
+			rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { rdb.Close() })
+			lim, err := redlimit.New(rdb, tt.strategy, tt.limit, redlimit.WithFallback(redlimit.FallbackError))
+			require.NoError(t, err)
+			t.Cleanup(func() { lim.(*redlimit.RateLimiter).Close() })
+			header, err := newServer(t, lim).check(t)
+			require.NoError(t, err)
+			assert.Equal(t, []string{tt.policy}, header.Get(grpclimit.HeaderPolicy), "%v", tt.limit)
+			assert.Equal(t, []string{tt.quota}, header.Get(grpclimit.HeaderLimit), "%v", tt.limit)
+			assert.Equal(t, []string{tt.remaining}, header.Get(grpclimit.HeaderRemaining), "%v", tt.limit)
+		})
 	}
+}
+
+func TestHeadersWithoutLimit(t *testing.T) {
+	t.Parallel()
+	f := &fake{res: redlimit.Result{Allowed: true, Remaining: 3, ResetAfter: time.Second}}
+	header, err := newServer(t, f).check(t)
+	require.NoError(t, err)
+	assert.Empty(t, header.Get(grpclimit.HeaderPolicy), "no Limit, no policy")
+	assert.Empty(t, header.Get(grpclimit.HeaderLimit), "no Limit, no quota")
+	assert.Equal(t, []string{"3"}, header.Get(grpclimit.HeaderRemaining))
+
+	f = &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, Remaining: 19}}
+	header, err = newServer(t, f).check(t)
+	require.NoError(t, err)
+	assert.Equal(t, []string{`"default";q=20;w=2`}, header.Get(grpclimit.HeaderPolicy), "a Limiter without a strategy")
+	assert.Equal(t, []string{"20"}, header.Get(grpclimit.HeaderLimit), "a Limiter without a strategy")
 }

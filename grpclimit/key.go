@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/redlimit/redlimit/httplimit"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 )
@@ -32,9 +33,8 @@ type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 //     shares one key.
 //
 // It trusts no metadata: behind a proxy or load balancer every call has the
-// proxy's address. Write a KeyFunc that reads what the proxy forwards if
-// you trust it. PeerKey's error, when the context has no peer, wraps
-// [ErrNoKey].
+// proxy's address; use [IPKey] there. PeerKey's error, when the context has
+// no peer, wraps [ErrNoKey].
 func PeerKey(ctx context.Context, _ string) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
@@ -43,8 +43,57 @@ func PeerKey(ctx context.Context, _ string) (string, error) {
 	return addrKey(p.Addr), nil
 }
 
+// IPKey returns a KeyFunc that keys calls by the client's IP address, as
+// [PeerKey] does, and behind proxies by the one request metadata entry
+// that they set, with the options and rules of httplimit.IPKey: the
+// default reads no metadata; httplimit.WithRealIPHeader("x-real-ip")
+// (nginx: grpc_set_header X-Real-IP $remote_addr),
+// httplimit.WithXForwardedFor(hops) (Envoy and cloud load balancers append
+// to x-forwarded-for) or httplimit.WithForwarded(hops) name the entry, and
+// httplimit.WithTrustedProxies the peers it is read from. Metadata names
+// are matched in lowercase, and the values of a repeated entry are joined
+// in order. When the entry is missing or unusable, the key is the peer's
+// address, never an address from other metadata or one the client chose:
+//
+//	grpclimit.WithKeyFunc(grpclimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/16")),
+//		httplimit.WithXForwardedFor(1),
+//	))
+//
+// Peers that are not IP addresses (a Unix socket) are keyed as by PeerKey.
+// The error, when the context has no peer, wraps [ErrNoKey]. IPKey panics
+// on invalid options, as httplimit.IPKey does.
+func IPKey(opts ...httplimit.IPOption) KeyFunc {
+	k := httplimit.NewIPKeyer(opts...)
+	return func(ctx context.Context, _ string) (string, error) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return "", fmt.Errorf("grpclimit: no peer address: %w", ErrNoKey)
+		}
+		ip, ok := peerIP(p.Addr)
+		if !ok {
+			return addrKey(p.Addr), nil
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		return k.Key(ip.String(), md.Get)
+	}
+}
+
 // addrKey returns the key of one peer address; see PeerKey.
 func addrKey(a net.Addr) string {
+	ip, ok := peerIP(a)
+	if !ok {
+		return a.Network() + ":" + a.String()
+	}
+	if ip.Is4() {
+		return ip.String()
+	}
+	return netip.PrefixFrom(ip, 64).Masked().String()
+}
+
+// peerIP returns the IP address of a peer, unmapped and without a zone, and
+// false if it has none.
+func peerIP(a net.Addr) (netip.Addr, bool) {
 	var ip netip.Addr
 	switch a := a.(type) {
 	case *net.TCPAddr:
@@ -60,13 +109,9 @@ func addrKey(a net.Addr) string {
 		}
 	}
 	if !ip.IsValid() {
-		return a.Network() + ":" + a.String()
+		return netip.Addr{}, false
 	}
-	ip = ip.Unmap().WithZone("")
-	if ip.Is4() {
-		return ip.String()
-	}
-	return netip.PrefixFrom(ip, 64).Masked().String()
+	return ip.Unmap().WithZone(""), true
 }
 
 // MetadataKey returns a KeyFunc that keys calls by the first non-empty

@@ -2,11 +2,14 @@ package grpclimit_test
 
 import (
 	"context"
-	"errors"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/redlimit/redlimit/grpclimit"
+	"github.com/redlimit/redlimit/httplimit"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 )
@@ -31,22 +34,17 @@ func TestPeerKey(t *testing.T) {
 	} {
 		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tt.addr})
 		got, err := grpclimit.PeerKey(ctx, "/svc/M")
-		if err != nil {
-			t.Errorf("PeerKey(%v): %v", tt.addr, err)
+		if !assert.NoError(t, err, "PeerKey(%v)", tt.addr) {
 			continue
 		}
-		if got != tt.want {
-			t.Errorf("PeerKey(%v) = %q, want %q", tt.addr, got, tt.want)
-		}
+		assert.Equal(t, tt.want, got, "PeerKey(%v) = %q, want %q", tt.addr, got, tt.want)
 	}
 }
 
 func TestPeerKeyNoPeer(t *testing.T) {
 	t.Parallel()
 	_, err := grpclimit.PeerKey(context.Background(), "/svc/M")
-	if !errors.Is(err, grpclimit.ErrNoKey) {
-		t.Errorf("got error %v, want one wrapping ErrNoKey", err)
-	}
+	assert.ErrorIs(t, err, grpclimit.ErrNoKey, "got error %v, want one wrapping ErrNoKey", err)
 }
 
 func TestMetadataKeyValues(t *testing.T) {
@@ -71,13 +69,11 @@ func TestMetadataKeyValues(t *testing.T) {
 		}
 		got, err := key(ctx, "/svc/M")
 		if tt.wantErr {
-			if !errors.Is(err, grpclimit.ErrNoKey) {
-				t.Errorf("%v: got (%q, %v), want an error wrapping ErrNoKey", tt.md, got, err)
-			}
+			assert.ErrorIs(t, err, grpclimit.ErrNoKey, "%v: got (%q, %v), want an error wrapping ErrNoKey", tt.md, got, err)
 			continue
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("%v: got (%q, %v), want %q", tt.md, got, err, tt.want)
+		if assert.NoError(t, err, "%v: got (%q, %v), want %q", tt.md, got, err, tt.want) {
+			assert.Equal(t, tt.want, got, "%v: got (%q, %v), want %q", tt.md, got, err, tt.want)
 		}
 	}
 }
@@ -87,3 +83,86 @@ type stringAddr string
 
 func (a stringAddr) Network() string { return "test" }
 func (a stringAddr) String() string  { return string(a) }
+
+// TestIPKeyForgedMetadata sends calls whose client (203.0.113.7) forges
+// forwarding metadata naming a victim (198.51.100.x). Every call must be
+// keyed by the true client or, when the configured entry is missing or
+// unusable, by the peer.
+func TestIPKeyForgedMetadata(t *testing.T) {
+	t.Parallel()
+	const client = "203.0.113.7"
+	proxy := &net.TCPAddr{IP: net.ParseIP("10.0.0.2"), Port: 40000}
+	direct := &net.TCPAddr{IP: net.ParseIP(client), Port: 5555}
+	proxies := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"))
+	realIP := []httplimit.IPOption{proxies, httplimit.WithRealIPHeader("X-Real-IP")}
+	xff1 := []httplimit.IPOption{proxies, httplimit.WithXForwardedFor(1)}
+	xff2 := []httplimit.IPOption{proxies, httplimit.WithXForwardedFor(2)}
+	for _, tt := range []struct {
+		name string
+		opts []httplimit.IPOption
+		addr net.Addr
+		md   metadata.MD
+		want string
+	}{
+		{"no options: metadata ignored", nil, direct,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1", "x-real-ip", "198.51.100.2"), client},
+		{"no options, from a proxy: the proxy", nil, proxy,
+			metadata.Pairs("x-forwarded-for", client), "10.0.0.2"},
+		{"X-Real-IP: client XFF ignored", realIP, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1", "x-real-ip", client), client},
+		{"X-Real-IP: name in any case", realIP, proxy,
+			metadata.Pairs("X-Real-IP", client), client},
+		{"X-Real-IP with port", realIP, proxy,
+			metadata.Pairs("x-real-ip", client+":5555"), client},
+		{"X-Real-IP missing: peer, not XFF", realIP, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1"), "10.0.0.2"},
+		{"X-Real-IP twice: peer", realIP, proxy,
+			metadata.Pairs("x-real-ip", "198.51.100.1", "x-real-ip", client), "10.0.0.2"},
+		{"X-Real-IP garbage: peer", realIP, proxy,
+			metadata.Pairs("x-real-ip", "garbage"), "10.0.0.2"},
+		{"X-Real-IP from an untrusted peer", realIP, direct,
+			metadata.Pairs("x-real-ip", "198.51.100.1"), client},
+		{"XFF: victim first", xff1, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1, "+client), client},
+		{"XFF: values joined in order", xff1, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1", "X-Forwarded-For", " ,198.51.100.2, "+client+" ,"), client},
+		{"XFF: IPv6 with port, zone", xff1, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1, [2001:db8:1:2::7%eth0]:443"), "2001:db8:1:2::/64"},
+		{"XFF: X-Real-IP not read", xff1, proxy,
+			metadata.Pairs("x-real-ip", "198.51.100.1"), "10.0.0.2"},
+		{"XFF: garbage proxy entry: peer", xff1, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1, garbage"), "10.0.0.2"},
+		{"XFF: two hops", xff2, proxy,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1, "+client+", 192.0.2.200"), client},
+		{"XFF: too few hops: peer", xff2, proxy,
+			metadata.Pairs("x-forwarded-for", client), "10.0.0.2"},
+		{"XFF from an untrusted peer", xff1, direct,
+			metadata.Pairs("x-forwarded-for", "198.51.100.1"), client},
+		{"no metadata: peer", xff1, proxy, nil, "10.0.0.2"},
+		{"IPv4-mapped proxy", xff1, &net.TCPAddr{IP: net.ParseIP("::ffff:10.0.0.2"), Port: 1},
+			metadata.Pairs("x-forwarded-for", client), client},
+		{"Unix socket peer: as PeerKey", xff1, &net.UnixAddr{Name: "/run/app.sock", Net: "unix"},
+			metadata.Pairs("x-forwarded-for", "198.51.100.1"), "unix:/run/app.sock"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tt.addr})
+			if tt.md != nil {
+				ctx = metadata.NewIncomingContext(ctx, tt.md)
+			}
+			got, err := grpclimit.IPKey(tt.opts...)(ctx, "/svc/M")
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got, "key of %v from %v", tt.md, tt.addr)
+		})
+	}
+}
+
+func TestIPKeyNoPeer(t *testing.T) {
+	t.Parallel()
+	_, err := grpclimit.IPKey()(context.Background(), "/svc/M")
+	assert.ErrorIs(t, err, grpclimit.ErrNoKey)
+}
+
+func TestIPKeyPanics(t *testing.T) {
+	t.Parallel()
+	assert.Panics(t, func() { grpclimit.IPKey(httplimit.WithXForwardedFor(1)) }, "a header without trusted proxies")
+}

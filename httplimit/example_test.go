@@ -5,6 +5,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -56,13 +57,36 @@ func Example() {
 	}
 	// Output:
 	// status 200
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=1;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=1;t=1
 	// status 200
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=0;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=0;t=1
 	// status 429
-	// RateLimit-Policy: "default";q=2;w=1
-	// RateLimit: "default";r=0;t=1
+	// RateLimit-Policy: "fixed-window";q=2;w=1
+	// RateLimit: "fixed-window";r=0;t=1
 	// Retry-After: 1
+}
+
+// Behind nginx with proxy_set_header X-Real-IP $remote_addr, a client's own
+// X-Forwarded-For reaches the server unchanged: only X-Real-IP, from the
+// proxy, is read.
+func ExampleIPKey() {
+	key := httplimit.IPKey(
+		httplimit.WithTrustedProxies(netip.MustParsePrefix("127.0.0.1/32")),
+		httplimit.WithRealIPHeader("X-Real-IP"),
+	)
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = "127.0.0.1:41000"                // nginx
+	req.Header.Set("X-Forwarded-For", "198.51.100.1") // from the client
+	req.Header.Set("X-Real-IP", "203.0.113.7")        // from nginx
+	fmt.Println(key(req))
+
+	req = httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = "203.0.113.8:5555" // a client that bypasses nginx
+	req.Header.Set("X-Real-IP", "198.51.100.1")
+	fmt.Println(key(req))
+	// Output:
+	// 203.0.113.7 <nil>
+	// 203.0.113.8 <nil>
 }

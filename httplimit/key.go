@@ -39,7 +39,7 @@ func HeaderKey(name string) KeyFunc {
 	}
 }
 
-// IPOption configures [IPKey].
+// IPOption configures [IPKey] and [NewIPKeyer].
 type IPOption interface {
 	applyIP(*ipConfig)
 }
@@ -48,23 +48,84 @@ type ipOptionFunc func(*ipConfig)
 
 func (f ipOptionFunc) applyIP(c *ipConfig) { f(c) }
 
+// ipSource says where the client address comes from.
+type ipSource int8
+
+const (
+	fromPeer      ipSource = iota // RemoteAddr only
+	fromSingle                    // one address in a header the proxy overwrites
+	fromXFF                       // X-Forwarded-For, hops from the right
+	fromForwarded                 // RFC 7239 Forwarded, hops from the right
+)
+
 type ipConfig struct {
 	trusted []netip.Prefix
+	source  ipSource
+	header  string // the header of source, as given
+	hops    int    // fromXFF, fromForwarded
 	v4Bits  int
 	v6Bits  int
 }
 
-// WithTrustedProxies sets the networks of the reverse proxies whose
-// X-Forwarded-For and X-Real-IP header fields are believed. Only these
-// proxies may set the client address: the fields are read only when the
-// request comes straight from one of them (its RemoteAddr is inside a
-// prefix), and the proxies must append to X-Forwarded-For, or overwrite
-// X-Real-IP, rather than pass on what the client sent. IPv4-mapped IPv6
-// prefixes (::ffff:10.0.0.0/104) count as IPv4. The default is none: the
-// forwarding fields are ignored. IPKey panics on an invalid prefix.
+// WithTrustedProxies sets the networks that the reverse proxies connect
+// from. The header chosen with [WithRealIPHeader], [WithXForwardedFor] or
+// [WithForwarded] is read only when the request's peer (RemoteAddr) is in
+// one of them; a client that reaches the server directly is keyed by its
+// own address whatever headers it sends. IPv4-mapped IPv6 prefixes
+// (::ffff:10.0.0.0/104) count as IPv4. There is no default: a header needs
+// trusted proxies, and trusted proxies need a header (IPKey panics
+// otherwise, and on an invalid prefix). If the proxies' addresses are not
+// known, 0.0.0.0/0 and ::/0 trust every peer: do that only when the server
+// cannot be reached except through the proxies.
 func WithTrustedProxies(prefixes ...netip.Prefix) IPOption {
 	p := append([]netip.Prefix(nil), prefixes...)
 	return ipOptionFunc(func(c *ipConfig) { c.trusted = append(c.trusted, p...) })
+}
+
+// WithRealIPHeader makes the client address the value of header name, a
+// field that the trusted proxy overwrites with the address of its own peer,
+// whatever the client sent: X-Real-IP (nginx: proxy_set_header X-Real-IP
+// $remote_addr), CF-Connecting-IP (Cloudflare), True-Client-IP (Akamai,
+// Cloudflare Enterprise) or Fly-Client-IP. The field must hold one address
+// ("ip", "ip:port" or "[ip]:port") on one field line; anything else is
+// unusable, and the request is keyed by its peer (see [IPKey]). Do not use
+// it for a field that proxies append to, such as X-Forwarded-For: see
+// [WithXForwardedFor]. It needs [WithTrustedProxies]; the last of
+// WithRealIPHeader, WithXForwardedFor and WithForwarded wins. IPKey panics
+// if name is not a valid header field name.
+func WithRealIPHeader(name string) IPOption {
+	return ipOptionFunc(func(c *ipConfig) { c.source, c.header, c.hops = fromSingle, name, 0 })
+}
+
+// WithXForwardedFor makes the client address the hops-th address from the
+// right of X-Forwarded-For, for a chain of hops trusted proxies that each
+// append the address of their peer to it (nginx: proxy_set_header
+// X-Forwarded-For $proxy_add_x_forwarded_for; AWS ALB, GCP load balancers
+// and most cloud load balancers do it themselves): 1 for one proxy, 2 for a
+// CDN in front of a load balancer. The entries left of those are whatever
+// the client sent, and are never read. All the field's lines count, joined
+// in order into one list (RFC 9110, section 5.3); empty elements are
+// skipped. When there are fewer than hops entries, or one of the hops
+// rightmost is not an address ("ip", "ip:port" or "[ip]:port"), the field
+// is unusable, and the request is keyed by its peer (see [IPKey]).
+//
+// Every request must pass through all hops proxies: one that can skip a
+// proxy can put any address where that proxy's entry would be. It needs
+// [WithTrustedProxies]; the last of WithRealIPHeader, WithXForwardedFor and
+// WithForwarded wins. IPKey panics if hops < 1.
+func WithXForwardedFor(hops int) IPOption {
+	return ipOptionFunc(func(c *ipConfig) { c.source, c.header, c.hops = fromXFF, "X-Forwarded-For", hops })
+}
+
+// WithForwarded is [WithXForwardedFor] for the Forwarded field of RFC 7239,
+// which proxies also append to: the client is the "for" parameter of the
+// hops-th element from the right (for=192.0.2.60, or
+// for="[2001:db8::17]:4711"). An element without exactly one "for", or
+// whose node is not an address (for=unknown, or an obfuscated
+// identifier such as for=_hidden), is unusable, and the request is keyed
+// by its peer. It needs [WithTrustedProxies]; IPKey panics if hops < 1.
+func WithForwarded(hops int) IPOption {
+	return ipOptionFunc(func(c *ipConfig) { c.source, c.header, c.hops = fromForwarded, "Forwarded", hops })
 }
 
 // WithIPv4PrefixLen sets how many leading bits of an IPv4 address make the
@@ -89,23 +150,53 @@ func WithIPv6PrefixLen(bits int) IPOption {
 // ("192.0.2.1") when the prefix length is the whole address, and the
 // masked network ("2001:db8:1:2::/64") otherwise.
 //
-// The client is the peer of the connection, from Request.RemoteAddr. Only
-// when that peer is a trusted proxy ([WithTrustedProxies]) are the
-// forwarding fields read:
+// By default the client is the peer of the connection, from
+// Request.RemoteAddr, and no header is read: any client can write any
+// header. Behind reverse proxies, say which one header they set, and
+// nothing else is read:
 //
-//   - X-Forwarded-For (all its lines, as one comma-separated list) is
-//     walked from the right, skipping trusted proxies; the first address
-//     that is not trusted is the client. If every address is trusted, the
-//     leftmost is used. A malformed entry ends the walk: the last trusted
-//     address seen is used, or, if there is none, the next field.
-//   - Otherwise X-Real-IP, when it holds one valid address.
-//   - Otherwise the peer itself.
+//   - [WithRealIPHeader]: a field the proxy overwrites, such as X-Real-IP;
+//   - [WithXForwardedFor]: X-Forwarded-For, which the proxies append to,
+//     with how many of them there are;
+//   - [WithForwarded]: the same with the Forwarded field of RFC 7239;
 //
-// Without trusted proxies, which is the default, those fields are ignored,
-// since any client can write them. The KeyFunc fails (with an error that
-// does not wrap ErrNoKey, so 500 by default) only when RemoteAddr is not an
-// IP address, as with a Unix socket listener.
+// together with [WithTrustedProxies], the networks the proxies connect
+// from. The header is read only from those peers. When it is missing or
+// unusable (see each option), the key is the peer's address: that request
+// did not come through the proxies as configured (a health check of the
+// load balancer itself, or a misconfigured proxy), and the peer is the one
+// address no client can forge. It is never an error, and never an address
+// from another header.
+//
+// The package documentation has the options for common deployments.
+//
+// The KeyFunc fails (with an error that does not wrap ErrNoKey, so 500 by
+// default) only when RemoteAddr is not an IP address, as with a Unix socket
+// listener. IPKey panics on invalid options: a prefix length out of range,
+// an invalid prefix, hops < 1, an invalid header name, a header without
+// trusted proxies, or trusted proxies without a header.
 func IPKey(opts ...IPOption) KeyFunc {
+	k := NewIPKeyer(opts...)
+	return func(r *http.Request) (string, error) {
+		return k.Key(r.RemoteAddr, r.Header.Values)
+	}
+}
+
+// IPKeyer finds the key of a client by its IP address, as [IPKey] does, for
+// servers that are not net/http: grpclimit uses it with gRPC metadata. It
+// is safe for concurrent use.
+type IPKeyer struct {
+	trusted []netip.Prefix
+	source  ipSource
+	header  string // canonical
+	hops    int
+	v4Bits  int
+	v6Bits  int
+}
+
+// NewIPKeyer returns an IPKeyer with the options of [IPKey], and panics on
+// the same invalid options.
+func NewIPKeyer(opts ...IPOption) *IPKeyer {
 	cfg := ipConfig{v4Bits: 32, v6Bits: 64}
 	for _, o := range opts {
 		o.applyIP(&cfg)
@@ -126,64 +217,142 @@ func IPKey(opts ...IPOption) KeyFunc {
 		}
 		trusted = append(trusted, p.Masked())
 	}
-	k := &ipKeyer{trusted: trusted, v4Bits: cfg.v4Bits, v6Bits: cfg.v6Bits}
-	return k.key
+	switch {
+	case cfg.source == fromPeer && len(trusted) > 0:
+		panic("httplimit: WithTrustedProxies without a header: say which one the proxies set " +
+			"(WithRealIPHeader, WithXForwardedFor or WithForwarded)")
+	case cfg.source != fromPeer && len(trusted) == 0:
+		panic(fmt.Sprintf("httplimit: %s header without WithTrustedProxies: "+
+			"say which peers may set it (0.0.0.0/0 and ::/0 for any)", cfg.header))
+	case cfg.source == fromSingle && !validHeaderName(cfg.header):
+		panic(fmt.Sprintf("httplimit: WithRealIPHeader: invalid header name %q", cfg.header))
+	case (cfg.source == fromXFF || cfg.source == fromForwarded) && cfg.hops < 1:
+		panic(fmt.Sprintf("httplimit: %s: %d hops, want at least 1", cfg.header, cfg.hops))
+	}
+	return &IPKeyer{
+		trusted: trusted,
+		source:  cfg.source,
+		header:  http.CanonicalHeaderKey(cfg.header),
+		hops:    cfg.hops,
+		v4Bits:  cfg.v4Bits,
+		v6Bits:  cfg.v6Bits,
+	}
 }
 
-type ipKeyer struct {
-	trusted []netip.Prefix
-	v4Bits  int
-	v6Bits  int
-}
-
-func (k *ipKeyer) key(r *http.Request) (string, error) {
-	peer, ok := parseAddr(r.RemoteAddr)
+// Key returns the key of a client whose connection comes from remoteAddr
+// ("ip", "ip:port" or "[ip]:port", as in Request.RemoteAddr); header
+// returns the values of a request header field, one per field line in the
+// order received, as http.Header.Values does (it may be nil when the
+// server has no headers). The error, when remoteAddr is not an IP address,
+// does not wrap [ErrNoKey].
+func (k *IPKeyer) Key(remoteAddr string, header func(name string) []string) (string, error) {
+	peer, ok := parseNode(remoteAddr)
 	if !ok {
-		return "", fmt.Errorf("httplimit: RemoteAddr %q is not an IP address", r.RemoteAddr)
+		return "", fmt.Errorf("httplimit: RemoteAddr %q is not an IP address", remoteAddr)
 	}
 	addr := peer
-	if k.isTrusted(peer) {
-		if a, ok := k.forwardedFor(r.Header.Values("X-Forwarded-For")); ok {
-			addr = a
-		} else if a, ok := parseAddr(strings.TrimSpace(r.Header.Get("X-Real-IP"))); ok {
+	if k.source != fromPeer && header != nil && k.isTrusted(peer) {
+		if a, ok := k.forwarded(header(k.header)); ok {
 			addr = a
 		}
 	}
 	return k.group(addr), nil
 }
 
-// forwardedFor walks X-Forwarded-For from the right and returns the first
-// address that is not a trusted proxy.
-func (k *ipKeyer) forwardedFor(lines []string) (netip.Addr, bool) {
-	var last netip.Addr
-	found := false
+// forwarded returns the client address in lines, the field lines of the
+// configured header, and false when they are unusable.
+func (k *IPKeyer) forwarded(lines []string) (netip.Addr, bool) {
+	switch k.source {
+	case fromSingle:
+		if len(lines) != 1 || len(lines[0]) > maxElement {
+			return netip.Addr{}, false
+		}
+		return parseNode(trimOWS(lines[0]))
+	case fromXFF:
+		return fromRight(lines, k.hops, parseNode)
+	case fromForwarded:
+		return fromRight(lines, k.hops, forwardedFor)
+	}
+	return netip.Addr{}, false
+}
+
+// maxElement bounds the length of a header value or list element that is
+// read. An address with a port and brackets is at most 47 bytes; a
+// Forwarded element written by a proxy, with its by, host and proto
+// parameters, fits easily. Longer ones are unusable.
+const maxElement = 512
+
+// fromRight reads the list that lines make, joined in order, from the
+// right: it parses the first n non-empty elements with parse and returns
+// the n-th, or false if there are fewer than n or one does not parse. The
+// elements left of the n-th are never looked at, so their content (quotes,
+// garbage, megabytes) cannot matter.
+func fromRight(lines []string, n int, parse func(string) (netip.Addr, bool)) (netip.Addr, bool) {
 	for i := len(lines) - 1; i >= 0; i-- {
 		line := lines[i]
 		for line != "" {
-			var entry string
+			var elem string
 			if j := strings.LastIndexByte(line, ','); j >= 0 {
-				entry, line = line[j+1:], line[:j]
+				elem, line = line[j+1:], line[:j]
 			} else {
-				entry, line = line, ""
+				elem, line = line, ""
 			}
-			entry = strings.TrimSpace(entry)
-			if entry == "" {
+			elem = trimOWS(elem)
+			if elem == "" {
 				continue
 			}
-			a, ok := parseAddr(entry)
-			if !ok {
-				return last, found
+			if len(elem) > maxElement {
+				return netip.Addr{}, false
 			}
-			if !k.isTrusted(a) {
+			a, ok := parse(elem)
+			if !ok {
+				return netip.Addr{}, false
+			}
+			if n--; n == 0 {
 				return a, true
 			}
-			last, found = a, true
 		}
 	}
-	return last, found
+	return netip.Addr{}, false
 }
 
-func (k *ipKeyer) isTrusted(a netip.Addr) bool {
+// forwardedFor returns the node of the one "for" parameter of a Forwarded
+// element (RFC 7239, section 4): pairs separated by ';', names in any
+// case, values tokens or quoted strings. Quoted values with escapes, or
+// with '"' inside, are refused: proxies write addresses, which need none.
+func forwardedFor(elem string) (netip.Addr, bool) {
+	var node string
+	found := false
+	for pair := range strings.SplitSeq(elem, ";") {
+		name, value, ok := strings.Cut(pair, "=")
+		if !ok {
+			return netip.Addr{}, false
+		}
+		if !strings.EqualFold(trimOWS(name), "for") {
+			continue
+		}
+		if found {
+			return netip.Addr{}, false
+		}
+		found = true
+		node = trimOWS(value)
+		if strings.HasPrefix(node, `"`) {
+			if len(node) < 2 || !strings.HasSuffix(node, `"`) {
+				return netip.Addr{}, false
+			}
+			node = node[1 : len(node)-1]
+			if strings.ContainsAny(node, `"\`) {
+				return netip.Addr{}, false
+			}
+		}
+	}
+	if !found {
+		return netip.Addr{}, false
+	}
+	return parseNode(node)
+}
+
+func (k *IPKeyer) isTrusted(a netip.Addr) bool {
 	for _, p := range k.trusted {
 		if p.Contains(a) {
 			return true
@@ -193,7 +362,7 @@ func (k *ipKeyer) isTrusted(a netip.Addr) bool {
 }
 
 // group returns the key of a: the address, or its network.
-func (k *ipKeyer) group(a netip.Addr) string {
+func (k *IPKeyer) group(a netip.Addr) string {
 	bits := k.v6Bits
 	if a.Is4() {
 		bits = k.v4Bits
@@ -201,20 +370,48 @@ func (k *ipKeyer) group(a netip.Addr) string {
 	if bits == a.BitLen() {
 		return a.String()
 	}
-	p, _ := a.Prefix(bits) // bits is within [0, BitLen], checked by IPKey
+	p, _ := a.Prefix(bits) // bits is within [0, BitLen], checked by NewIPKeyer
 	return p.String()
 }
 
-// parseAddr parses "ip", "ip:port" or "[ip]:port", dropping the zone and
-// unmapping IPv4-mapped IPv6 addresses.
-func parseAddr(s string) (netip.Addr, bool) {
+// parseNode parses "ip", "ip:port", "[ip]:port" or "[ip]" (IPv6 only in
+// brackets), dropping the zone and unmapping IPv4-mapped IPv6 addresses.
+func parseNode(s string) (netip.Addr, bool) {
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		ap, err := netip.ParseAddrPort(s)
-		if err != nil {
+		switch {
+		case err == nil:
+			a = ap.Addr()
+		case len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']':
+			a, err = netip.ParseAddr(s[1 : len(s)-1])
+			if err != nil || !a.Is6() {
+				return netip.Addr{}, false
+			}
+		default:
 			return netip.Addr{}, false
 		}
-		a = ap.Addr()
 	}
 	return a.WithZone("").Unmap(), true
+}
+
+// trimOWS trims the optional white space of HTTP (spaces and tabs).
+func trimOWS(s string) string { return strings.Trim(s, " \t") }
+
+// validHeaderName reports whether s is a field name: a token (RFC 9110,
+// section 5.1).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

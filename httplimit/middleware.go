@@ -12,29 +12,81 @@
 //		log.Fatal(err)
 //	}
 //	defer lim.Close()
-//	limit := httplimit.Middleware(lim,
-//		httplimit.WithKeyFunc(httplimit.IPKey(
-//			httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
-//		)),
-//	)
-//	http.ListenAndServe("127.0.0.1:8080", limit(mux))
+//	limit := httplimit.Middleware(lim) // key: the client address, RemoteAddr
+//	http.ListenAndServe(":8080", limit(mux))
+//
+// # Client address behind proxies
+//
+// By default the key is the peer's address, Request.RemoteAddr, and no
+// header is trusted: any client can write X-Forwarded-For. Behind reverse
+// proxies, every request has a proxy's address, so tell [IPKey] which one
+// header the proxies set, and the networks they connect from; the header is
+// then read from those peers only, and nothing else is ever read. When the
+// header is missing or unusable (garbage, a list where one address is
+// expected, fewer entries than proxies), the key is the peer's address,
+// which no client can choose. Pick the line that matches the deployment:
+//
+//	// No proxy: clients connect to the server itself (the default).
+//	httplimit.IPKey()
+//
+//	// nginx on the same host, with proxy_set_header X-Real-IP $remote_addr;
+//	// (it overwrites what the client sent; X-Forwarded-For is not read).
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("127.0.0.1/32")),
+//		httplimit.WithRealIPHeader("X-Real-IP"))
+//
+//	// nginx on 10.0.1.0/24 appending to X-Forwarded-For, with
+//	// proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+//	// (the client's own entries come first and are never read).
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.1.0/24")),
+//		httplimit.WithXForwardedFor(1))
+//
+//	// A cloud load balancer that appends one entry, such as AWS ALB (the
+//	// default "append" mode), its nodes in the VPC 10.0.0.0/16.
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/16")),
+//		httplimit.WithXForwardedFor(1))
+//
+//	// Google Cloud's external Application Load Balancer appends two: the
+//	// client, then the forwarding rule's address. Its proxies connect from
+//	// 35.191.0.0/16 and 130.211.0.0/22.
+//	httplimit.IPKey(
+//		httplimit.WithTrustedProxies(
+//			netip.MustParsePrefix("35.191.0.0/16"),
+//			netip.MustParsePrefix("130.211.0.0/22")),
+//		httplimit.WithXForwardedFor(2))
+//
+// Pass the result to [WithKeyFunc]. The hops of WithXForwardedFor count the
+// entries that the proxies append, usually one each (a CDN in front of the
+// load balancer adds one more), and every request must go through all of
+// them. Use WithRealIPHeader for CF-Connecting-IP or True-Client-IP when
+// the proxy sets it, and [WithForwarded] for the Forwarded field of RFC
+// 7239.
 //
 // # Response headers
 //
 // Every response that the limiter decided, allowed or denied, carries the
-// fields of the IETF draft draft-ietf-httpapi-ratelimit-headers (-09 and
-// later), written as Structured Fields:
+// fields of the IETF draft draft-ietf-httpapi-ratelimit-headers (-09 to
+// -11), written as Structured Fields. For a token bucket of 10 per second
+// with a Burst of 20, after one request:
 //
-//	RateLimit-Policy: "default";q=10;w=1
-//	RateLimit: "default";r=9;t=1
+//	RateLimit-Policy: "token-bucket";q=20;w=2
+//	RateLimit: "token-bucket";r=19;t=1
 //
-// where q is the limit's Rate, w its Period in seconds (rounded up, at least
-// 1), r the events remaining now and t the seconds until the key is back at
-// its full allowance (rounded up). The policy name "default" can be changed
-// with [WithPolicyName]. [WithXRateLimitHeaders] adds the older
-// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset fields. A
-// denied request also gets Retry-After, in whole seconds rounded up and at
-// least 1.
+// RateLimit-Policy is a list of quota policies, each a name with q events
+// per window of w seconds: the limit at its steady rate, with q at least
+// the most that r can show (Rate for the windows, Burst for the buckets),
+// and w in whole seconds even for periods under a second (10 per 100ms is
+// q=100;w=1); see [Quota] for each strategy and the rounding. RateLimit
+// names the policy that decided, with r the events remaining now and t the
+// seconds until the key is back at its full allowance (rounded up). A
+// limiter of this module has one policy, named after its strategy
+// ("fixed-window", "sliding-log", "sliding-counter", "token-bucket",
+// "leaky-bucket"); [WithPolicyName] sets another name.
+// [WithXRateLimitHeaders] adds the older X-RateLimit-Limit (q),
+// X-RateLimit-Remaining and X-RateLimit-Reset fields. A denied request also
+// gets Retry-After, in whole seconds rounded up and at least 1.
 //
 // Responses to requests that were not decided (the key could not be found,
 // or the limiter failed) carry none of these fields.
@@ -74,17 +126,19 @@ import (
 
 // Names of the header fields the middleware writes.
 const (
-	// HeaderRateLimitPolicy is the IETF draft field describing the quota:
-	// `"default";q=<rate>;w=<period seconds>`.
+	// HeaderRateLimitPolicy is the IETF draft field describing the quota
+	// policies: `"<name>";q=<quota>;w=<window seconds>`, see [Quota].
 	HeaderRateLimitPolicy = "RateLimit-Policy"
-	// HeaderRateLimit is the IETF draft field describing the current state:
-	// `"default";r=<remaining>;t=<seconds until reset>`.
+	// HeaderRateLimit is the IETF draft field describing the current state
+	// of the policy that decided:
+	// `"<name>";r=<remaining>;t=<seconds until reset>`.
 	HeaderRateLimit = "RateLimit"
 	// HeaderRetryAfter is written on denied requests: whole seconds, rounded
 	// up, at least 1.
 	HeaderRetryAfter = "Retry-After"
-	// HeaderXRateLimitLimit is the legacy field with the limit's Rate; see
-	// [WithXRateLimitHeaders].
+	// HeaderXRateLimitLimit is the legacy field with the quota q of the
+	// policy that decided (see [Quota]), which X-RateLimit-Remaining never
+	// exceeds; see [WithXRateLimitHeaders].
 	HeaderXRateLimitLimit = "X-RateLimit-Limit"
 	// HeaderXRateLimitRemaining is the legacy field with the events
 	// remaining now; see [WithXRateLimitHeaders].
@@ -96,7 +150,9 @@ const (
 )
 
 // DefaultPolicyName is the name of the policy in the RateLimit and
-// RateLimit-Policy fields unless [WithPolicyName] sets another.
+// RateLimit-Policy fields for a Limiter that does not report its strategy
+// (with a Strategy() redlimit.Strategy method, as redlimit's limiters do),
+// unless [WithPolicyName] sets another.
 const DefaultPolicyName = "default"
 
 // DefaultMaxDelay is the longest the middleware waits for a leaky bucket's
@@ -121,6 +177,7 @@ type config struct {
 	err        func(http.ResponseWriter, *http.Request, error)
 	maxDelay   time.Duration
 	policy     string
+	named      bool // policy set by WithPolicyName
 	xRateLimit bool
 }
 
@@ -131,13 +188,14 @@ func defaultConfig() config {
 		keyError:   defaultKeyError,
 		err:        defaultError,
 		maxDelay:   DefaultMaxDelay,
-		policy:     DefaultPolicyName,
+		policy:     "", // the strategy's name, or DefaultPolicyName
 		xRateLimit: false,
 	}
 }
 
 // WithKeyFunc sets the function that finds a request's key. The default is
-// IPKey(), the client address from RemoteAddr with no proxy trusted. The key
+// IPKey(), the client address from RemoteAddr with no header trusted (see
+// the package documentation behind proxies). The key
 // is passed to the limiter as is: to give routes separate limits with one
 // limiter, make f add a prefix per route.
 func WithKeyFunc(f KeyFunc) Option {
@@ -188,16 +246,18 @@ func WithMaxDelay(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxDelay = d })
 }
 
-// WithPolicyName sets the policy name written in the RateLimit and
+// WithPolicyName sets the name of the limiter's policy in the RateLimit and
 // RateLimit-Policy fields. It must be printable ASCII (it is written as a
-// Structured Field String, with '"' and '\' escaped). The default is
-// [DefaultPolicyName], "default".
+// Structured Field String, with '"' and '\' escaped). The default is the
+// limiter's strategy ("token-bucket"), or [DefaultPolicyName], "default",
+// for a Limiter that does not report one.
 func WithPolicyName(name string) Option {
-	return optionFunc(func(c *config) { c.policy = name })
+	return optionFunc(func(c *config) { c.policy, c.named = name, true })
 }
 
 // WithXRateLimitHeaders turns on (or off) the legacy fields
-// X-RateLimit-Limit (the Rate), X-RateLimit-Remaining and X-RateLimit-Reset
+// X-RateLimit-Limit (the quota q of RateLimit-Policy, see [Quota]),
+// X-RateLimit-Remaining and X-RateLimit-Reset
 // (seconds until the key is back at its full allowance, rounded up: a
 // delta, not a Unix time), written beside the IETF fields. The default is
 // off: the IETF fields are the standard being written, and the legacy ones
@@ -218,10 +278,8 @@ func (c *config) validate() error {
 	case c.err == nil:
 		return errors.New("httplimit: nil error handler")
 	}
-	for i := 0; i < len(c.policy); i++ {
-		if b := c.policy[i]; b < 0x20 || b > 0x7e {
-			return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
-		}
+	if !checkPolicyName(c.policy) {
+		return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
 	}
 	return nil
 }
@@ -242,7 +300,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	policy := sfString(cfg.policy)
+	policies := newPolicySource(l, cfg.policy, cfg.named)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, err := cfg.key(r)
@@ -260,7 +318,8 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			h := w.Header()
-			setHeaders(h, res, policy, cfg.xRateLimit)
+			list, deciding := policies.policies(res)
+			setHeaders(h, res, list, deciding, cfg.xRateLimit)
 			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
 			if !res.Allowed {
 				h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
@@ -296,24 +355,26 @@ func ResultFromContext(ctx context.Context) (redlimit.Result, bool) {
 	return res, ok
 }
 
-// setHeaders writes the rate-limit fields for res; policy is the policy
-// name already encoded as a Structured Field String. The policy fields are
-// left out when res has no usable Limit.
-func setHeaders(h http.Header, res redlimit.Result, policy string, xRateLimit bool) {
-	remaining := strconv.Itoa(max(res.Remaining, 0))
-	reset := strconv.FormatInt(ceilSeconds(res.ResetAfter), 10)
-	hasLimit := res.Limit.Rate > 0 && res.Limit.Period > 0
-	if hasLimit {
-		h.Set(HeaderRateLimitPolicy, policy+";q="+strconv.Itoa(res.Limit.Rate)+
-			";w="+strconv.FormatInt(max(ceilSeconds(res.Limit.Period), 1), 10))
+// setHeaders writes the rate-limit fields for res, decided by the policy
+// named deciding in list. RateLimit-Policy and X-RateLimit-Limit are left
+// out when no policy has a usable Limit.
+func setHeaders(h http.Header, res redlimit.Result, list []quotaPolicy, deciding string, xRateLimit bool) {
+	if v := formatPolicies(list); v != "" {
+		h.Set(HeaderRateLimitPolicy, v)
 	}
-	h.Set(HeaderRateLimit, policy+";r="+remaining+";t="+reset)
+	h.Set(HeaderRateLimit, formatRateLimit(deciding, res))
 	if xRateLimit {
-		if hasLimit {
-			h.Set(HeaderXRateLimitLimit, strconv.Itoa(res.Limit.Rate))
+		for _, p := range list {
+			if p.name != deciding {
+				continue
+			}
+			if q, _, ok := Quota(p.strategy, p.limit); ok {
+				h.Set(HeaderXRateLimitLimit, strconv.FormatInt(q, 10))
+			}
+			break
 		}
-		h.Set(HeaderXRateLimitRemaining, remaining)
-		h.Set(HeaderXRateLimitReset, reset)
+		h.Set(HeaderXRateLimitRemaining, strconv.FormatInt(remaining(res), 10))
+		h.Set(HeaderXRateLimitReset, strconv.FormatInt(resetSeconds(res), 10))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
@@ -87,11 +90,9 @@ func serve(mw func(http.Handler) http.Handler, next http.Handler, r *http.Reques
 func wantHeaders(t *testing.T, h http.Header, want map[string]string) {
 	t.Helper()
 	for name, w := range want {
-		if got := h.Get(name); got != w {
-			t.Errorf("%s = %q, want %q", name, got, w)
-		}
-		if w == "" && len(h.Values(name)) != 0 {
-			t.Errorf("%s present (%q), want absent", name, h.Values(name))
+		assert.Equal(t, w, h.Get(name), "%s = %q, want %q", name, h.Get(name), w)
+		if w == "" {
+			assert.Empty(t, h.Values(name), "%s present (%q), want absent", name, h.Values(name))
 		}
 	}
 }
@@ -123,7 +124,7 @@ func TestAllowedHeaders(t *testing.T) {
 		want map[string]string
 	}{
 		{"default", nil, map[string]string{
-			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy:     `"default";q=101;w=91`,
 			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
 			httplimit.HeaderRetryAfter:          "",
 			httplimit.HeaderXRateLimitLimit:     "",
@@ -131,10 +132,10 @@ func TestAllowedHeaders(t *testing.T) {
 			httplimit.HeaderXRateLimitReset:     "",
 		}},
 		{"x-ratelimit on", []httplimit.Option{httplimit.WithXRateLimitHeaders(true)}, map[string]string{
-			httplimit.HeaderRateLimitPolicy:     `"default";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy:     `"default";q=101;w=91`,
 			httplimit.HeaderRateLimit:           `"default";r=7;t=2`,
 			httplimit.HeaderRetryAfter:          "",
-			httplimit.HeaderXRateLimitLimit:     "100",
+			httplimit.HeaderXRateLimitLimit:     "101", // q: 100 per 90.001s is 101 per 91s
 			httplimit.HeaderXRateLimitRemaining: "7",
 			httplimit.HeaderXRateLimitReset:     "2",
 		}},
@@ -143,7 +144,7 @@ func TestAllowedHeaders(t *testing.T) {
 			httplimit.HeaderXRateLimitLimit: "",
 		}},
 		{"policy name", []httplimit.Option{httplimit.WithPolicyName(`per "ip"\x`)}, map[string]string{
-			httplimit.HeaderRateLimitPolicy: `"per \"ip\"\\x";q=100;w=91`,
+			httplimit.HeaderRateLimitPolicy: `"per \"ip\"\\x";q=101;w=91`,
 			httplimit.HeaderRateLimit:       `"per \"ip\"\\x";r=7;t=2`,
 		}},
 	}
@@ -151,16 +152,11 @@ func TestAllowedHeaders(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			next := &okHandler{}
 			rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, tt.opts...), next, request("192.0.2.1:1"))
-			if got, want := rec.Code, http.StatusOK; got != want {
-				t.Errorf("status = %d, want %d", got, want)
-			}
-			if got, want := rec.Body.String(), "ok"; got != want {
-				t.Errorf("body = %q, want %q", got, want)
-			}
+			assert.Equal(t, http.StatusOK, rec.Code, "status = %d, want %d", rec.Code, http.StatusOK)
+			assert.Equal(t, "ok", rec.Body.String(), "body = %q, want %q", rec.Body.String(), "ok")
 			wantHeaders(t, rec.Header(), tt.want)
-			if !next.hasR || next.res != res {
-				t.Errorf("ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
-			}
+			assert.True(t, next.hasR, "ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
+			assert.Equal(t, res, next.res, "ResultFromContext = %+v, %v, want %+v, true", next.res, next.hasR, res)
 		})
 	}
 }
@@ -176,9 +172,19 @@ func TestHeaderValues(t *testing.T) {
 		{redlimit.PerSecond(10), 9, 100 * time.Millisecond, `"default";q=10;w=1`, `"default";r=9;t=1`},
 		{redlimit.PerMinute(60), 0, time.Minute, `"default";q=60;w=60`, `"default";r=0;t=60`},
 		{redlimit.PerHour(1000), 5, 0, `"default";q=1000;w=3600`, `"default";r=5;t=0`},
-		{redlimit.Limit{Rate: 3, Period: time.Millisecond}, 3, time.Nanosecond, `"default";q=3;w=1`, `"default";r=3;t=1`},
-		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2 * time.Second, `"default";q=3;w=2`, `"default";r=1;t=2`},
-		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2*time.Second + time.Microsecond, `"default";q=3;w=2`, `"default";r=1;t=3`},
+		// Periods that are not whole seconds: the steady rate over w, the
+		// span rounded up (see Quota).
+		{redlimit.Limit{Rate: 3, Period: time.Millisecond}, 3, time.Nanosecond, `"default";q=3000;w=1`, `"default";r=3;t=1`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2 * time.Second, `"default";q=4;w=2`, `"default";r=1;t=2`},
+		{redlimit.Limit{Rate: 3, Period: 1500 * time.Millisecond}, 1, 2*time.Second + time.Microsecond, `"default";q=4;w=2`, `"default";r=1;t=3`},
+		// A Limiter that does not report its strategy: q covers the Burst
+		// too, whichever it is.
+		{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 19, 100 * time.Millisecond, `"default";q=20;w=2`, `"default";r=19;t=1`},
+		// r never negative, and clamped to 15 digits.
+		{redlimit.PerSecond(1), -1, 0, `"default";q=1;w=1`, `"default";r=0;t=0`},
+		{redlimit.PerSecond(1), 1 << 60, 1 << 62, `"default";q=1;w=1`, `"default";r=999999999999999;t=4611686019`},
+		// q past 15 digits: no policy field.
+		{redlimit.Limit{Rate: 1 << 50, Period: time.Millisecond}, 1, time.Second, "", `"default";r=1;t=1`},
 		// A result with no Limit (not one of redlimit's): no policy field.
 		{redlimit.Limit{}, 2, time.Second, "", `"default";r=2;t=1`},
 	}
@@ -186,12 +192,8 @@ func TestHeaderValues(t *testing.T) {
 		res := redlimit.Result{Allowed: true, Limit: tt.limit, Remaining: tt.remaining, ResetAfter: tt.reset}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), &okHandler{}, request("192.0.2.1:1"))
 		h := rec.Header()
-		if got := h.Get(httplimit.HeaderRateLimitPolicy); got != tt.policy {
-			t.Errorf("%v reset %v: RateLimit-Policy = %q, want %q", tt.limit, tt.reset, got, tt.policy)
-		}
-		if got := h.Get(httplimit.HeaderRateLimit); got != tt.ratelimit {
-			t.Errorf("%v reset %v: RateLimit = %q, want %q", tt.limit, tt.reset, got, tt.ratelimit)
-		}
+		assert.Equal(t, tt.policy, h.Get(httplimit.HeaderRateLimitPolicy), "%v reset %v: RateLimit-Policy = %q, want %q", tt.limit, tt.reset, h.Get(httplimit.HeaderRateLimitPolicy), tt.policy)
+		assert.Equal(t, tt.ratelimit, h.Get(httplimit.HeaderRateLimit), "%v reset %v: RateLimit = %q, want %q", tt.limit, tt.reset, h.Get(httplimit.HeaderRateLimit), tt.ratelimit)
 	}
 }
 
@@ -217,15 +219,9 @@ func TestDenied(t *testing.T) {
 		}
 		next := &okHandler{}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithXRateLimitHeaders(true)), next, request("192.0.2.1:1"))
-		if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-			t.Errorf("RetryAfter %v: status = %d, want %d", tt.retry, got, want)
-		}
-		if got, want := rec.Body.String(), "Too Many Requests\n"; got != want {
-			t.Errorf("RetryAfter %v: body = %q, want %q", tt.retry, got, want)
-		}
-		if got, want := rec.Header().Get("Content-Type"), "text/plain; charset=utf-8"; got != want {
-			t.Errorf("RetryAfter %v: Content-Type = %q, want %q", tt.retry, got, want)
-		}
+		assert.Equal(t, http.StatusTooManyRequests, rec.Code, "RetryAfter %v: status = %d, want %d", tt.retry, rec.Code, http.StatusTooManyRequests)
+		assert.Equal(t, "Too Many Requests\n", rec.Body.String(), "RetryAfter %v: body = %q, want %q", tt.retry, rec.Body.String(), "Too Many Requests\n")
+		assert.Equal(t, "text/plain; charset=utf-8", rec.Header().Get("Content-Type"), "RetryAfter %v: Content-Type = %q, want %q", tt.retry, rec.Header().Get("Content-Type"), "text/plain; charset=utf-8")
 		wantHeaders(t, rec.Header(), map[string]string{
 			httplimit.HeaderRetryAfter:          tt.want,
 			httplimit.HeaderRateLimitPolicy:     `"default";q=5;w=1`,
@@ -234,9 +230,7 @@ func TestDenied(t *testing.T) {
 			httplimit.HeaderXRateLimitRemaining: "0",
 			httplimit.HeaderXRateLimitReset:     "1",
 		})
-		if got := next.count(); got != 0 {
-			t.Errorf("RetryAfter %v: next called %d times, want 0", tt.retry, got)
-		}
+		assert.Equal(t, 0, next.count(), "RetryAfter %v: next called %d times, want 0", tt.retry, next.count())
 	}
 }
 
@@ -245,26 +239,17 @@ func TestDeniedHandler(t *testing.T) {
 	res := redlimit.Result{Limit: redlimit.PerSecond(5), RetryAfter: 2500 * time.Millisecond}
 	denied := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := httplimit.ResultFromContext(r.Context())
-		if !ok || got != res {
-			t.Errorf("ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
-		}
-		if got, want := w.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
-			t.Errorf("Retry-After in denied handler = %q, want %q", got, want)
-		}
+		assert.True(t, ok, "ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
+		assert.Equal(t, res, got, "ResultFromContext = %+v, %v, want %+v, true", got, ok, res)
+		assert.Equal(t, "3", w.Header().Get(httplimit.HeaderRetryAfter), "Retry-After in denied handler = %q, want %q", w.Header().Get(httplimit.HeaderRetryAfter), "3")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
 		fmt.Fprint(w, `{"error":"slow down"}`)
 	})
 	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithDeniedHandler(denied)), &okHandler{}, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Body.String(), `{"error":"slow down"}`; got != want {
-		t.Errorf("body = %q, want %q", got, want)
-	}
-	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "3"; got != want {
-		t.Errorf("Retry-After = %q, want %q", got, want)
-	}
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code, "status = %d, want %d", rec.Code, http.StatusTooManyRequests)
+	assert.Equal(t, `{"error":"slow down"}`, rec.Body.String(), "body = %q, want %q", rec.Body.String(), `{"error":"slow down"}`)
+	assert.Equal(t, "3", rec.Header().Get(httplimit.HeaderRetryAfter), "Retry-After = %q, want %q", rec.Header().Get(httplimit.HeaderRetryAfter), "3")
 }
 
 func TestKeyError(t *testing.T) {
@@ -288,19 +273,11 @@ func TestKeyError(t *testing.T) {
 			next := &okHandler{}
 			mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key))
 			rec := serve(mw, next, tt.r)
-			if got := rec.Code; got != tt.code {
-				t.Errorf("status = %d, want %d", got, tt.code)
-			}
-			if got, want := rec.Body.String(), http.StatusText(tt.code)+"\n"; got != want {
-				t.Errorf("body = %q, want %q", got, want)
-			}
+			assert.Equal(t, tt.code, rec.Code, "status = %d, want %d", rec.Code, tt.code)
+			assert.Equal(t, http.StatusText(tt.code)+"\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), http.StatusText(tt.code)+"\n")
 			wantHeaders(t, rec.Header(), noHeaders())
-			if got := next.count(); got != 0 {
-				t.Errorf("next called %d times, want 0", got)
-			}
-			if got := lim.calls(); len(got) != 0 {
-				t.Errorf("limiter called with %q, want no call", got)
-			}
+			assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
+			assert.Empty(t, lim.calls(), "limiter called with %q, want no call", lim.calls())
 
 			// A custom handler gets the key function's error.
 			var gotErr error
@@ -310,11 +287,10 @@ func TestKeyError(t *testing.T) {
 					http.Error(w, "who are you", http.StatusUnauthorized)
 				}))
 			rec = serve(mw, next, tt.r)
-			if got, want := rec.Code, http.StatusUnauthorized; got != want {
-				t.Errorf("custom handler: status = %d, want %d", got, want)
-			}
-			if gotErr == nil || (tt.is != nil && !errors.Is(gotErr, tt.is)) {
-				t.Errorf("custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+			assert.Equal(t, http.StatusUnauthorized, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusUnauthorized)
+			assert.Error(t, gotErr, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+			if tt.is != nil {
+				assert.ErrorIs(t, gotErr, tt.is, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
 			}
 		})
 	}
@@ -326,16 +302,10 @@ func TestLimiterError(t *testing.T) {
 	lim := &fakeLimiter{err: errDown}
 	next := &okHandler{}
 	rec := serve(httplimit.Middleware(lim), next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusServiceUnavailable; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Body.String(), "Service Unavailable\n"; got != want {
-		t.Errorf("body = %q, want %q", got, want)
-	}
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code, "status = %d, want %d", rec.Code, http.StatusServiceUnavailable)
+	assert.Equal(t, "Service Unavailable\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), "Service Unavailable\n")
 	wantHeaders(t, rec.Header(), noHeaders())
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
-	}
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 
 	var gotErr error
 	mw := httplimit.Middleware(lim, httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
@@ -343,12 +313,8 @@ func TestLimiterError(t *testing.T) {
 		w.WriteHeader(http.StatusTeapot)
 	}))
 	rec = serve(mw, next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTeapot; got != want {
-		t.Errorf("custom handler: status = %d, want %d", got, want)
-	}
-	if !errors.Is(gotErr, redlimit.ErrUnavailable) {
-		t.Errorf("custom handler: err = %v, want one wrapping ErrUnavailable", gotErr)
-	}
+	assert.Equal(t, http.StatusTeapot, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusTeapot)
+	assert.ErrorIs(t, gotErr, redlimit.ErrUnavailable, "custom handler: err = %v, want one wrapping ErrUnavailable", gotErr)
 }
 
 func TestDegradedAndShadowedServed(t *testing.T) {
@@ -359,16 +325,10 @@ func TestDegradedAndShadowedServed(t *testing.T) {
 	} {
 		next := &okHandler{}
 		rec := serve(httplimit.Middleware(&fakeLimiter{res: res}), next, request("192.0.2.1:1"))
-		if got, want := rec.Code, http.StatusOK; got != want {
-			t.Errorf("%+v: status = %d, want %d", res, got, want)
-		}
-		if got, want := next.count(), 1; got != want {
-			t.Errorf("%+v: next called %d times, want %d", res, got, want)
-		}
+		assert.Equal(t, http.StatusOK, rec.Code, "%+v: status = %d, want %d", res, rec.Code, http.StatusOK)
+		assert.Equal(t, 1, next.count(), "%+v: next called %d times, want %d", res, next.count(), 1)
 		want := fmt.Sprintf(`"default";r=%d;t=1`, res.Remaining)
-		if got := rec.Header().Get(httplimit.HeaderRateLimit); got != want {
-			t.Errorf("%+v: RateLimit = %q, want %q", res, got, want)
-		}
+		assert.Equal(t, want, rec.Header().Get(httplimit.HeaderRateLimit), "%+v: RateLimit = %q, want %q", res, rec.Header().Get(httplimit.HeaderRateLimit), want)
 	}
 }
 
@@ -376,19 +336,17 @@ func TestKeysPassed(t *testing.T) {
 	t.Parallel()
 	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"))
 	lim := &fakeLimiter{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
-	mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(httplimit.IPKey(trusted)))
+	mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(httplimit.IPKey(trusted, httplimit.WithXForwardedFor(1))))
 	for _, r := range []*http.Request{
 		request("192.0.2.1:1", "X-Forwarded-For", "203.0.113.9"), // spoofed
 		request("10.0.0.1:1", "X-Forwarded-For", "203.0.113.9"),  // from the proxy
-		request("10.0.0.1:1", "X-Real-IP", "203.0.113.5"),
+		request("10.0.0.1:1", "X-Real-IP", "203.0.113.5"),        // not the configured header
 		request("[2001:db8::1]:1"),
 	} {
 		serve(mw, &okHandler{}, r)
 	}
-	got := strings.Join(lim.calls(), " ")
-	if want := "192.0.2.1 203.0.113.9 203.0.113.5 2001:db8::/64"; got != want {
-		t.Errorf("keys = %q, want %q", got, want)
-	}
+	got, want := strings.Join(lim.calls(), " "), "192.0.2.1 203.0.113.9 10.0.0.1 2001:db8::/64"
+	assert.Equal(t, want, got, "keys = %q, want %q", got, want)
 }
 
 // miniLimiter returns a limiter of strategy s on a fresh miniredis whose
@@ -400,9 +358,7 @@ func miniLimiter(t *testing.T, s redlimit.Strategy, l redlimit.Limit) redlimit.L
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	lim, err := redlimit.New(rdb, s, l, redlimit.WithFallback(redlimit.FallbackError))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { lim.(*redlimit.RateLimiter).Close() })
 	return lim
 }
@@ -423,14 +379,12 @@ func TestIPv6GroupingRealLimiter(t *testing.T) {
 		{"192.0.2.1:2", http.StatusTooManyRequests},
 	} {
 		rec := serve(mw, &okHandler{}, request(step.remote))
-		if rec.Code != step.code {
-			t.Errorf("%s: status = %d, want %d", step.remote, rec.Code, step.code)
-		}
+		assert.Equal(t, step.code, rec.Code, "%s: status = %d, want %d", step.remote, rec.Code, step.code)
 		if step.code == http.StatusTooManyRequests {
 			wantHeaders(t, rec.Header(), map[string]string{
 				httplimit.HeaderRetryAfter:      "60",
-				httplimit.HeaderRateLimitPolicy: `"default";q=1;w=60`,
-				httplimit.HeaderRateLimit:       `"default";r=0;t=60`,
+				httplimit.HeaderRateLimitPolicy: `"token-bucket";q=1;w=60`,
+				httplimit.HeaderRateLimit:       `"token-bucket";r=0;t=60`,
 			})
 		}
 	}
@@ -454,21 +408,14 @@ func TestLeakyBucketDelay(t *testing.T) {
 		start := time.Now()
 		rec := serve(mw, next, request("192.0.2.1:1"))
 		elapsed := time.Since(start)
-		if rec.Code != step.code {
-			t.Errorf("request %d: status = %d, want %d", i+1, rec.Code, step.code)
-		}
-		if got := rec.Header().Get(httplimit.HeaderRetryAfter); got != step.retry {
-			t.Errorf("request %d: Retry-After = %q, want %q", i+1, got, step.retry)
-		}
+		assert.Equal(t, step.code, rec.Code, "request %d: status = %d, want %d", i+1, rec.Code, step.code)
+		assert.Equal(t, step.retry, rec.Header().Get(httplimit.HeaderRetryAfter), "request %d: Retry-After = %q, want %q", i+1, rec.Header().Get(httplimit.HeaderRetryAfter), step.retry)
 		if step.code == http.StatusOK {
-			if got := next.res.Delay; got != step.delay {
-				t.Errorf("request %d: Delay = %v, want %v", i+1, got, step.delay)
-			}
+			assert.Equal(t, step.delay, next.res.Delay, "request %d: Delay = %v, want %v", i+1, next.res.Delay, step.delay)
 			// A timer never fires early; the upper bound only catches a
 			// middleware that sleeps far too long.
-			if elapsed < step.delay || elapsed > step.delay+time.Second {
-				t.Errorf("request %d: served after %v, want about %v", i+1, elapsed, step.delay)
-			}
+			assert.True(t, elapsed >= step.delay && elapsed <= step.delay+time.Second,
+				"request %d: served after %v, want about %v", i+1, elapsed, step.delay)
 		}
 	}
 }
@@ -478,15 +425,9 @@ func TestMaxDelayZeroDenies(t *testing.T) {
 	res := redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(10), Remaining: 1, Delay: 1100 * time.Millisecond}
 	next := &okHandler{}
 	rec := serve(httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(0)), next, request("192.0.2.1:1"))
-	if got, want := rec.Code, http.StatusTooManyRequests; got != want {
-		t.Errorf("status = %d, want %d", got, want)
-	}
-	if got, want := rec.Header().Get(httplimit.HeaderRetryAfter), "2"; got != want {
-		t.Errorf("Retry-After = %q, want %q", got, want)
-	}
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
-	}
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code, "status = %d, want %d", rec.Code, http.StatusTooManyRequests)
+	assert.Equal(t, "2", rec.Header().Get(httplimit.HeaderRetryAfter), "Retry-After = %q, want %q", rec.Header().Get(httplimit.HeaderRetryAfter), "2")
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 }
 
 // writeRecorder records whether anything was written.
@@ -511,13 +452,143 @@ func TestDelayContextEnds(t *testing.T) {
 	w := &writeRecorder{ResponseWriter: httptest.NewRecorder()}
 	start := time.Now()
 	httplimit.Middleware(&fakeLimiter{res: res}, httplimit.WithMaxDelay(-1))(next).ServeHTTP(w, r)
-	if elapsed := time.Since(start); elapsed > 10*time.Second {
-		t.Errorf("returned after %v, want at once", elapsed)
+	elapsed := time.Since(start)
+	assert.LessOrEqual(t, elapsed, 10*time.Second, "returned after %v, want at once", elapsed)
+	assert.False(t, w.wrote, "response written, want nothing (client gone)")
+	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
+}
+
+// TestRateLimitPolicyPerStrategy checks the quota policy of each strategy
+// on a real limiter: q quota units per window of w whole seconds, at the
+// limit's steady rate, with q at least the most that r can show (Rate for
+// the windows, Burst for the buckets), including periods under a second
+// and periods that are not whole seconds. Each request is the first of its
+// key, so r is one less than that capacity.
+func TestRateLimitPolicyPerStrategy(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	type step struct {
+		limit             redlimit.Limit
+		policy, ratelimit string
+		xLimit            string
 	}
-	if w.wrote {
-		t.Errorf("response written, want nothing (client gone)")
+	for _, tt := range []struct {
+		strategy redlimit.Strategy
+		steps    []step
+	}{
+		{redlimit.FixedWindow, []step{
+			{redlimit.PerSecond(10), `"fixed-window";q=10;w=1`, `"fixed-window";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"fixed-window";q=100;w=1`, `"fixed-window";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"fixed-window";q=4;w=2`, `"fixed-window";r=2;t=2`, "4"},
+			{redlimit.Limit{Rate: 60, Period: time.Minute, Burst: 20}, `"fixed-window";q=60;w=60`, `"fixed-window";r=59;t=60`, "60"},
+		}},
+		{redlimit.SlidingLog, []step{
+			{redlimit.PerSecond(10), `"sliding-log";q=10;w=1`, `"sliding-log";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"sliding-log";q=100;w=1`, `"sliding-log";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-log";q=4;w=2`, `"sliding-log";r=2;t=2`, "4"},
+		}},
+		{redlimit.SlidingCounter, []step{
+			{redlimit.PerSecond(10), `"sliding-counter";q=10;w=1`, `"sliding-counter";r=9;t=2`, "10"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"sliding-counter";q=100;w=1`, `"sliding-counter";r=9;t=1`, "100"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-counter";q=4;w=2`, `"sliding-counter";r=2;t=3`, "4"},
+		}},
+		{redlimit.TokenBucket, []step{
+			{redlimit.PerSecond(10), `"token-bucket";q=10;w=1`, `"token-bucket";r=9;t=1`, "10"},
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, `"token-bucket";r=19;t=1`, "20"},
+			{redlimit.Limit{Rate: 10, Period: 100 * ms, Burst: 20}, `"token-bucket";q=100;w=1`, `"token-bucket";r=19;t=1`, "100"},
+			{redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3}, `"token-bucket";q=4;w=2`, `"token-bucket";r=2;t=1`, "4"},
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 1}, `"token-bucket";q=10;w=1`, `"token-bucket";r=0;t=1`, "10"},
+		}},
+		{redlimit.LeakyBucket, []step{
+			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}, `"leaky-bucket";q=10;w=1`, `"leaky-bucket";r=2;t=1`, "10"},
+			{redlimit.Limit{Rate: 1, Period: time.Minute, Burst: 5}, `"leaky-bucket";q=5;w=300`, `"leaky-bucket";r=4;t=60`, "5"},
+			{redlimit.Limit{Rate: 20, Period: time.Second, Burst: 40}, `"leaky-bucket";q=40;w=2`, `"leaky-bucket";r=39;t=1`, "40"},
+		}},
+	} {
+		t.Run(tt.strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			for _, st := range tt.steps {
+				lim := miniLimiter(t, tt.strategy, st.limit)
+				rec := serve(httplimit.Middleware(lim, httplimit.WithXRateLimitHeaders(true)), &okHandler{}, request("192.0.2.1:1"))
+				require.Equal(t, http.StatusOK, rec.Code, "%v: status", st.limit)
+				wantHeaders(t, rec.Header(), map[string]string{
+					httplimit.HeaderRateLimitPolicy: st.policy,
+					httplimit.HeaderRateLimit:       st.ratelimit,
+					httplimit.HeaderXRateLimitLimit: st.xLimit,
+				})
+				capacity := st.limit.Rate
+				if (tt.strategy == redlimit.TokenBucket || tt.strategy == redlimit.LeakyBucket) && st.limit.Burst > 0 {
+					capacity = st.limit.Burst
+				}
+				q := sfParam(t, rec.Header().Get(httplimit.HeaderRateLimitPolicy), "q")
+				r := sfParam(t, rec.Header().Get(httplimit.HeaderRateLimit), "r")
+				assert.GreaterOrEqual(t, q, capacity, "%v: q below the capacity that r can show", st.limit)
+				assert.Less(t, r, q, "%v: r after a request not below q", st.limit)
+			}
+		})
 	}
-	if got := next.count(); got != 0 {
-		t.Errorf("next called %d times, want 0", got)
+}
+
+// sfParam returns the integer parameter name of the one item in field.
+func sfParam(t *testing.T, field, name string) int {
+	t.Helper()
+	for p := range strings.SplitSeq(field, ";") {
+		if v, ok := strings.CutPrefix(p, name+"="); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, "%s in %q", name, field)
+			return n
+		}
 	}
+	require.Fail(t, "no parameter", "%s in %q", name, field)
+	return 0
+}
+
+func TestQuota(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	tests := []struct {
+		strategy redlimit.Strategy
+		limit    redlimit.Limit
+		q, w     int64
+		ok       bool
+	}{
+		{redlimit.FixedWindow, redlimit.PerSecond(10), 10, 1, true},
+		{redlimit.SlidingLog, redlimit.PerMinute(50), 50, 60, true},
+		{redlimit.SlidingCounter, redlimit.PerHour(1000), 1000, 3600, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, 100, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 300 * ms}, 33, 1, true}, // rounded down
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 3, Period: 1500 * ms}, 4, 2, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: ms}, 1000, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 50}, 10, 1, true}, // Burst ignored
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: redlimit.MaxPeriod}, 1, int64(redlimit.MaxPeriod / time.Second), true},
+		{redlimit.TokenBucket, redlimit.PerSecond(10), 10, 1, true}, // Burst 0 means Rate
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 20, 2, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 25}, 30, 3, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Minute, Burst: 5}, 5, 30, true},
+		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: 100 * ms, Burst: 20}, 100, 1, true},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 1}, 10, 1, true},
+		{redlimit.LeakyBucket, redlimit.Limit{Rate: 1, Period: time.Minute, Burst: 5}, 5, 300, true},
+		{0, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, 20, 2, true}, // unknown: as a bucket
+		{0, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 5}, 10, 1, true},
+		{redlimit.Strategy(99), redlimit.PerSecond(3), 3, 1, true},
+		{redlimit.FixedWindow, redlimit.Limit{}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: -1, Period: time.Second}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: 1, Period: -time.Second}, 0, 0, false},
+		{redlimit.FixedWindow, redlimit.Limit{Rate: redlimit.MaxRate, Period: ms}, 0, 0, false}, // q has 16 digits
+		{0, redlimit.Limit{Rate: 1, Period: redlimit.MaxPeriod, Burst: redlimit.MaxRate}, 0, 0, false},
+	}
+	for _, tt := range tests {
+		q, w, ok := httplimit.Quota(tt.strategy, tt.limit)
+		assert.Equal(t, []any{tt.q, tt.w, tt.ok}, []any{q, w, ok}, "Quota(%v, %v)", tt.strategy, tt.limit)
+	}
+}
+
+func TestPolicyNameRealLimiter(t *testing.T) {
+	t.Parallel()
+	lim := miniLimiter(t, redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20})
+	rec := serve(httplimit.Middleware(lim, httplimit.WithPolicyName("per-ip")), &okHandler{}, request("192.0.2.1:1"))
+	wantHeaders(t, rec.Header(), map[string]string{
+		httplimit.HeaderRateLimitPolicy: `"per-ip";q=20;w=2`,
+		httplimit.HeaderRateLimit:       `"per-ip";r=19;t=1`,
+	})
 }

@@ -1,0 +1,183 @@
+package httplimit
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// Quota returns the quota policy that the RateLimit-Policy field
+// advertises for a limit l of strategy s: q events (quota units) in a
+// window of w seconds.
+//
+// The policy is the most that r, the RateLimit field's remaining quota, can
+// show, at the limit's steady rate:
+//
+//   - FixedWindow, SlidingLog, SlidingCounter: Rate events per Period.
+//   - TokenBucket, LeakyBucket: Burst events per Burst × Period / Rate, the
+//     time an empty bucket takes to fill. A client can spend the whole
+//     burst, wait w, and spend it again; and q is at least Burst, which r
+//     shows when the bucket is full. Quoting Rate instead (q=10 for Rate
+//     10, Burst 20) would let r exceed q.
+//   - Any other s (0, for a Limiter that does not report its strategy):
+//     as a bucket of max(Rate, Burst), which r cannot exceed either way.
+//
+// The draft (draft-ietf-httpapi-ratelimit-headers) has w in whole seconds,
+// at least 1, so the policy's span is rounded up to w seconds and q is the
+// steady rate over w, rounded down: q = floor(Rate × w / Period). That is
+// exact when the span is whole seconds (q is Rate, or Burst). Otherwise q/w
+// is the true rate less at most one event per window, never more, and q
+// is still at least Rate (or Burst): 10 per 100ms gives q=100;w=1 rather
+// than q=10;w=1, a tenth of the rate; 3 per 1.5s gives q=4;w=2. Scaling
+// only periods under a second to one second would leave periods such as
+// 1.5s understated; rounding the span up and scaling q to it covers both.
+//
+// ok is false when l has no positive Rate and Period, or q does not fit a
+// Structured Field Integer (15 digits).
+func Quota(s redlimit.Strategy, l redlimit.Limit) (q, w int64, ok bool) {
+	if l.Rate <= 0 || l.Period <= 0 {
+		return 0, 0, false
+	}
+	capacity := l.Rate
+	switch s {
+	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter:
+	case redlimit.TokenBucket, redlimit.LeakyBucket:
+		if l.Burst > 0 {
+			capacity = l.Burst
+		}
+	default:
+		capacity = max(l.Rate, l.Burst)
+	}
+	span, ok := mulDiv(uint64(capacity), uint64(l.Period), uint64(l.Rate))
+	if !ok {
+		return 0, 0, false
+	}
+	w = max(int64((span+uint64(time.Second)-1)/uint64(time.Second)), 1)
+	uq, ok := mulDiv(uint64(l.Rate), uint64(w)*uint64(time.Second), uint64(l.Period))
+	if !ok || uq > sfMaxInteger || w > sfMaxInteger {
+		return 0, 0, false
+	}
+	return int64(uq), w, true
+}
+
+// sfMaxInteger is the largest Structured Field Integer (RFC 9651, section
+// 3.3.1).
+const sfMaxInteger = 999_999_999_999_999
+
+// mulDiv returns a × b / c rounded down (c > 0), and false if it does not
+// fit an int64.
+func mulDiv(a, b, c uint64) (uint64, bool) {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return 0, false
+	}
+	q, _ := bits.Div64(hi, lo, c)
+	return q, q <= math.MaxInt64
+}
+
+// quotaPolicy is one quota policy of the RateLimit-Policy field: a name,
+// and the limit and strategy it stands for.
+type quotaPolicy struct {
+	name     string
+	strategy redlimit.Strategy
+	limit    redlimit.Limit
+}
+
+// policySource finds the quota policies of a limiter, and the name of the
+// one that decided a result.
+//
+// A redlimit limiter has one strategy and one limit: the list has one
+// policy, named after the strategy ("token-bucket"), or as WithPolicyName
+// says, with the Limit of each Result (so that a limiter that changes it,
+// or one whose strategy is not known, is described as it answered).
+type policySource struct {
+	name     string
+	strategy redlimit.Strategy // 0 if the limiter does not report one
+}
+
+// newPolicySource describes l. name is WithPolicyName's, if named.
+func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
+	var s redlimit.Strategy
+	if sl, ok := l.(interface{ Strategy() redlimit.Strategy }); ok {
+		if s = sl.Strategy(); !slices.Contains(redlimit.Strategies(), s) {
+			s = 0 // not one of redlimit's
+		}
+	}
+	// Policies of several rules on one key go here: when redlimit has a
+	// limiter with Rules() []redlimit.Rule (each a Name, Strategy and
+	// Limit), keep the rules, and let policies return one quotaPolicy per
+	// rule, in order, with Result.Rule as the deciding name. Rule names must
+	// pass checkPolicyName.
+	if !named {
+		name = DefaultPolicyName
+		if s != 0 {
+			name = s.String()
+		}
+	}
+	return policySource{name: name, strategy: s}
+}
+
+// policies returns the quota policies for res, and the name of the one that
+// decided it.
+func (p policySource) policies(res redlimit.Result) ([]quotaPolicy, string) {
+	return []quotaPolicy{{name: p.name, strategy: p.strategy, limit: res.Limit}}, p.name
+}
+
+// formatPolicies returns the value of the RateLimit-Policy field for list,
+// a Structured Field List of one item per policy: the name as a String,
+// with the parameters q and w (see Quota). Policies without a usable limit
+// are left out; "" means none is left.
+func formatPolicies(list []quotaPolicy) string {
+	var b strings.Builder
+	for _, p := range list {
+		q, w, ok := Quota(p.strategy, p.limit)
+		if !ok {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(sfString(p.name))
+		b.WriteString(";q=")
+		b.WriteString(strconv.FormatInt(q, 10))
+		b.WriteString(";w=")
+		b.WriteString(strconv.FormatInt(w, 10))
+	}
+	return b.String()
+}
+
+// formatRateLimit returns the value of the RateLimit field: the policy
+// named name, which decided res, with its remaining quota r and the
+// seconds t until the key is back at its full allowance.
+func formatRateLimit(name string, res redlimit.Result) string {
+	return sfString(name) + ";r=" + strconv.FormatInt(remaining(res), 10) +
+		";t=" + strconv.FormatInt(resetSeconds(res), 10)
+}
+
+// remaining is res.Remaining as a Structured Field Integer: not negative,
+// at most 15 digits.
+func remaining(res redlimit.Result) int64 {
+	return min(int64(max(res.Remaining, 0)), sfMaxInteger)
+}
+
+// resetSeconds is res.ResetAfter in whole seconds, rounded up (at most
+// 10 digits, so always a Structured Field Integer).
+func resetSeconds(res redlimit.Result) int64 {
+	return ceilSeconds(res.ResetAfter)
+}
+
+// checkPolicyName reports whether name can be a policy name: printable
+// ASCII, which sfString encodes.
+func checkPolicyName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if b := name[i]; b < 0x20 || b > 0x7e {
+			return false
+		}
+	}
+	return true
+}
