@@ -98,6 +98,7 @@ type quotaPolicy struct {
 type policySource struct {
 	name     string
 	strategy redlimit.Strategy // 0 if the limiter does not report one
+	rules    []quotaPolicy     // a redlimit.Policy's rules, in order; nil otherwise
 }
 
 // newPolicySource describes l. name is WithPolicyName's, if named.
@@ -108,11 +109,16 @@ func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
 			s = 0 // not one of redlimit's
 		}
 	}
-	// Policies of several rules on one key go here: when redlimit has a
-	// limiter with Rules() []redlimit.Rule (each a Name, Strategy and
-	// Limit), keep the rules, and let policies return one quotaPolicy per
-	// rule, in order, with Result.Rule as the deciding name. Rule names must
-	// pass checkPolicyName.
+	// A redlimit.Policy: one quota policy per rule, named as the rule.
+	if rl, ok := l.(interface{ Rules() []redlimit.Rule }); ok {
+		var rules []quotaPolicy
+		for _, r := range rl.Rules() {
+			rules = append(rules, quotaPolicy{name: printable(r.Name), strategy: r.Strategy, limit: r.Limit})
+		}
+		if len(rules) > 0 {
+			return policySource{name: rules[0].name, rules: rules}
+		}
+	}
 	if !named {
 		name = DefaultPolicyName
 		if s != 0 {
@@ -125,7 +131,35 @@ func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
 // policies returns the quota policies for res, and the name of the one that
 // decided it.
 func (p policySource) policies(res redlimit.Result) ([]quotaPolicy, string) {
-	return []quotaPolicy{{name: p.name, strategy: p.strategy, limit: res.Limit}}, p.name
+	if p.rules == nil {
+		return []quotaPolicy{{name: p.name, strategy: p.strategy, limit: res.Limit}}, p.name
+	}
+	// The deciding rule is reported with the limit that decided (a rules
+	// function may have given another one for this key).
+	list := slices.Clone(p.rules)
+	name := printable(res.Rule)
+	for i := range list {
+		if list[i].name == name {
+			list[i].limit = res.Limit
+			return list, name
+		}
+	}
+	return list, list[0].name
+}
+
+// printable replaces the bytes of a rule name that a Structured Field
+// String cannot hold (anything but printable ASCII) with '_'.
+func printable(name string) string {
+	if checkPolicyName(name) {
+		return name
+	}
+	b := []byte(name)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
 
 // formatPolicies returns the value of the RateLimit-Policy field for list,
