@@ -39,7 +39,7 @@ func TestPolicyHeaders(t *testing.T) {
 	}
 	rec := do()
 	assert.Equal(t, http.StatusOK, rec.Code)
-	assert.Equal(t, `"burst";q=3;w=1, "hourly";q=100;w=3600`, rec.Header().Get(httplimit.HeaderRateLimitPolicy))
+	assert.Equal(t, `"burst";q=10;w=1, "hourly";q=100;w=3600`, rec.Header().Get(httplimit.HeaderRateLimitPolicy))
 	assert.Equal(t, `"burst";r=2;t=3600`, rec.Header().Get(httplimit.HeaderRateLimit))
 	do()
 	do()
