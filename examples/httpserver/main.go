@@ -83,10 +83,12 @@ func run(addr, redisAddr string, selftest bool) error {
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
-	// The key is the client IP (RemoteAddr). Behind a reverse proxy, trust
-	// it explicitly, for example:
-	//	httplimit.WithKeyFunc(httplimit.IPKey(httplimit.WithTrustedProxies(
-	//		netip.MustParsePrefix("10.0.0.0/8"))))
+	// The key is the client IP (RemoteAddr). Behind a reverse proxy, name
+	// the proxy and the one header it sets, for example nginx appending to
+	// X-Forwarded-For:
+	//	httplimit.WithKeyFunc(httplimit.IPKey(
+	//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
+	//		httplimit.WithXForwardedFor(1)))
 	handler := httplimit.Middleware(lim, httplimit.WithXRateLimitHeaders(true))(mux)
 
 	ln, err := net.Listen("tcp", addr)
