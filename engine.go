@@ -111,6 +111,7 @@ func newRuleSet(rules []rule) *ruleSet {
 		mix(int64(r.limit.Period))
 		mix(int64(r.limit.Burst))
 	}
+	rs.sig = h
 	return rs
 }
 

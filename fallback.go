@@ -51,7 +51,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
 		// WithLimitFunc gave this key other limits: follow the latest.
-		*set = localSet{sig: rs.sig, lims: r.newLocal(rs).lims}
+		set.sig, set.lims = rs.sig, r.newLocal(rs).lims
 	}
 	return r.decideLocked(set, n, maxDelay, rs)
 }

@@ -234,6 +234,9 @@ func (r *rescue) watch() (time.Duration, bool) {
 		if ok++; ok < 2 {
 			continue
 		}
+		if c := r.e.clock; c != nil {
+			c.stale() // the server may have come back on another machine
+		}
 		r.mu.Lock()
 		outage := time.Since(r.since)
 		r.running = false

@@ -1,0 +1,103 @@
+package redlimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// skewed returns a clock off by d from the real one.
+func skewed(d time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(d) }
+}
+
+// Two limiters whose process clocks differ by 2 s share one key and keep
+// the limit exactly: each sends the server's time, measured with TIME.
+func TestClientClockSkewRedis(t *testing.T) {
+	b := realBackend(t)
+	ctx := context.Background()
+	for _, s := range []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			limit := Limit{Rate: 5, Period: time.Second}
+			ahead := newLimiter(t, b.rdb, s, limit, WithPrefix(prefixFor(t)), WithClientClock(), withClock(skewed(time.Second)))
+			behind := newLimiter(t, b.rdb, s, limit, WithPrefix(prefixFor(t)), WithClientClock(), withClock(skewed(-time.Second)))
+			// Start just after a window edge, so that the run fits one window.
+			waitForWindowStart(t, b, limit.Period)
+			admitted := 0
+			for i := range 12 {
+				lim := ahead
+				if i%2 == 1 {
+					lim = behind
+				}
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.False(t, res.Degraded)
+				admitted += btoi(res.Allowed)
+			}
+			assert.Equal(t, 5, admitted, "two instances 2s apart share one limit of 5")
+		})
+	}
+}
+
+// waitForWindowStart sleeps until the server's clock is just past a
+// multiple of period.
+func waitForWindowStart(t *testing.T, b *backend, period time.Duration) {
+	t.Helper()
+	now, err := b.rdb.Time(context.Background()).Result()
+	require.NoError(t, err)
+	left := period - time.Duration(now.UnixNano())%period
+	time.Sleep(left + 10*time.Millisecond)
+}
+
+// The client clock without correction would put the two limiters in
+// different windows: the offset is what keeps them together. Time sent by
+// one limiter never goes backwards, even when its clock does.
+func TestClientClockMonotonic(t *testing.T) {
+	b, _ := miniBackend(t)
+	local := t0
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithClientClock(),
+		withClock(func() time.Time { return local }))
+	ctx := t.Context()
+	first, err := lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, t0.UnixMicro(), first, "miniredis's TIME is t0, as the local clock: no offset")
+	local = local.Add(-time.Second) // the local clock steps back: measured again
+	second, err := lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, first, second, "never backwards")
+	assert.Equal(t, time.Second.Microseconds(), lim.clock.offset.Load(), "the step is measured")
+	local = local.Add(time.Second) // a second passes
+	third, err := lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, t0.Add(time.Second).UnixMicro(), third)
+}
+
+// The offset is measured again after ClockResyncInterval and after an
+// outage.
+func TestClientClockResync(t *testing.T) {
+	b, m := miniBackend(t)
+	local := t0
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithClientClock(),
+		withClock(func() time.Time { return local }))
+	ctx := t.Context()
+	_, err := lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	require.Zero(t, lim.clock.offset.Load())
+	m.SetTime(t0.Add(5 * time.Second)) // the server's clock moves on its own
+	local = local.Add(time.Second)
+	got, err := lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, t0.Add(time.Second).UnixMicro(), got, "within the resync interval: the old offset")
+	local = local.Add(ClockResyncInterval)
+	got, err = lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, t0.Add(5*time.Second).UnixMicro(), got, "after the interval: the server's time")
+	lim.clock.stale()
+	m.SetTime(t0.Add(time.Hour))
+	got, err = lim.clock.nowMicros(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, t0.Add(time.Hour).UnixMicro(), got, "after an outage: measured again")
+}

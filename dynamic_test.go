@@ -1,0 +1,173 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// plans gives each key the limit of its plan, by the key's prefix.
+func plans(free, pro Limit) func(context.Context, string) (Limit, error) {
+	return func(_ context.Context, key string) (Limit, error) {
+		switch {
+		case strings.HasPrefix(key, "pro:"):
+			return pro, nil
+		case strings.HasPrefix(key, "free:"):
+			return free, nil
+		case strings.HasPrefix(key, "broken:"):
+			return Limit{}, errors.New("plan store unavailable")
+		case strings.HasPrefix(key, "bad:"):
+			return Limit{Rate: -1, Period: time.Second}, nil
+		}
+		return Limit{}, nil // the limiter's own
+	}
+}
+
+func TestLimitFuncTwoPlans(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, PerMinute(1), WithLimitFunc(plans(PerMinute(2), PerMinute(5))))
+			ctx := t.Context()
+			for key, want := range map[string]int{"free:a": 2, "pro:b": 5, "other": 1} {
+				admitted := 0
+				for range 8 {
+					res, err := lim.Allow(ctx, key)
+					require.NoError(t, err)
+					if res.Allowed {
+						admitted++
+					}
+				}
+				assert.Equal(t, want, admitted, "key %s", key)
+			}
+			_, err := lim.AllowN(ctx, "free:a", 3)
+			require.ErrorIs(t, err, ErrExceedsLimit, "n above the plan's capacity")
+		})
+	}
+}
+
+// A plan upgrade mid-window keeps what was used.
+func TestLimitFuncUpgradeKeepsUsage(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			var plan atomic.Value
+			plan.Store(PerMinute(3))
+			lim := newLimiter(t, b.rdb, s, PerMinute(3), WithLimitFunc(func(context.Context, string) (Limit, error) {
+				return plan.Load().(Limit), nil
+			}))
+			ctx := t.Context()
+			res, err := lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			b.advance(time.Millisecond)
+			plan.Store(PerMinute(10)) // upgraded: 7 more, not 10
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			assert.Equal(t, 7, res.Remaining, "after the upgrade")
+			assert.Equal(t, PerMinute(10).Rate, res.Limit.Rate, "the result names the limit that decided")
+			res, err = lim.AllowN(ctx, "k", 7)
+			require.NoError(t, err)
+			assert.True(t, res.Allowed)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed)
+		})
+	}
+}
+
+// An error from f is returned, wrapped, and nothing is decided or
+// written; an invalid limit from f is ErrInvalidLimit, never a panic.
+func TestLimitFuncErrors(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(1), WithLimitFunc(plans(PerSecond(2), PerSecond(5))),
+		WithFallbackKeys(10))
+	ctx := t.Context()
+	_, err := lim.Allow(ctx, "broken:x")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "plan store unavailable")
+	_, err = lim.Allow(ctx, "bad:x")
+	require.ErrorIs(t, err, ErrInvalidLimit)
+	require.Error(t, lim.Wait(ctx, "broken:x"))
+	n, err := countKeys(b.rdb, "*")
+	require.NoError(t, err)
+	assert.Zero(t, n, "no key written for failed calls")
+	_, err = NewTokenBucket(b.rdb, PerSecond(1), WithRulesFunc(func(context.Context, string) ([]Rule, error) { return nil, nil }))
+	require.ErrorIs(t, err, ErrInvalidLimit, "WithRulesFunc is for policies")
+}
+
+// The deny cache and the fallback follow the limit of the latest call.
+func TestLimitFuncDenyCacheAndFallback(t *testing.T) {
+	b, m := miniBackend(t)
+	var plan atomic.Value
+	plan.Store(PerHour(1))
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithDenyCache(100), WithPingInterval(time.Hour),
+		WithLimitFunc(func(context.Context, string) (Limit, error) { return plan.Load().(Limit), nil }))
+	ctx := t.Context()
+	for i, want := range []bool{true, false, false} {
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, want, res.Allowed, "call %d", i)
+	}
+	plan.Store(PerHour(3))
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "the upgrade is not hidden by a cached denial: %+v", res)
+
+	m.Close() // the fallback: its stand-in follows the plan too
+	plan.Store(PerHour(2))
+	for i, want := range []bool{true, true, false} {
+		res, err := lim.Allow(ctx, "j")
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		assert.Equal(t, want, res.Allowed, "fallback call %d under PerHour(2)", i)
+	}
+	plan.Store(PerHour(5))
+	admitted := 0
+	for range 8 {
+		res, err := lim.Allow(ctx, "j")
+		require.NoError(t, err)
+		if res.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 5, admitted, "a new stand-in for PerHour(5)")
+}
+
+// A Policy's rules function: per-plan rules, and the policy's own for nil.
+func TestRulesFunc(t *testing.T) {
+	b, _ := miniBackend(t)
+	own := []Rule{{Strategy: FixedWindow, Limit: PerMinute(2)}}
+	p := newPolicy(t, b.rdb, own, WithRulesFunc(func(_ context.Context, key string) ([]Rule, error) {
+		switch {
+		case strings.HasPrefix(key, "pro:"):
+			return []Rule{
+				{Strategy: FixedWindow, Limit: PerMinute(5)},
+				{Strategy: TokenBucket, Limit: PerSecond(3)},
+			}, nil
+		case strings.HasPrefix(key, "bad:"):
+			return []Rule{{Strategy: FixedWindow, Limit: PerMinute(5)}, {Strategy: FixedWindow, Limit: PerMinute(6)}}, nil
+		}
+		return nil, nil
+	}))
+	ctx := t.Context()
+	count := func(key string) int {
+		n := 0
+		for range 10 {
+			res, err := p.Allow(ctx, key)
+			require.NoError(t, err)
+			n += btoi(res.Allowed)
+		}
+		return n
+	}
+	assert.Equal(t, 2, count("free:a"))
+	assert.Equal(t, 3, count("pro:b"), "the bucket is the tighter at once")
+	_, err := p.Allow(ctx, "bad:c")
+	require.ErrorIs(t, err, ErrInvalidLimit, "two rules with one state")
+}
