@@ -31,27 +31,53 @@
 
 local TMOD = 1000000000 -- 1e9 ms
 
-local function bucket(key, rate, period, burst, queue)
-  local used = 0
+-- bucket_read returns D, what is used, at now.
+local function bucket_read(key, rate)
   local v = redis.call('GET', key)
-  if v then
-    local d0, elapsed
-    local sep = string.find(v, ':', 1, true)
-    if sep then
-      d0 = tonumber(string.sub(v, 1, sep - 1))
-      elapsed = now - tonumber(string.sub(v, sep + 1))
-    else
-      local len = string.len(v)
-      d0 = (tonumber(string.sub(v, 1, len - 10)) or 0) * 10 ^ tonumber(string.sub(v, len - 9, len - 9))
-      local t_ms = tonumber(string.sub(v, len - 8))
-      local d = (math.floor(now / 1000) - t_ms) % TMOD
-      if d > TMOD / 2 then d = d - TMOD end -- the clock went back
-      elapsed = d * 1000 + now % 1000
-    end
-    if elapsed < 0 then elapsed = 0 end -- the clock went back: no refill
-    used = d0 - elapsed * rate
-    if used < 0 then used = 0 end
+  if not v then return 0 end
+  local d0, elapsed
+  local sep = string.find(v, ':', 1, true)
+  if sep then
+    d0 = tonumber(string.sub(v, 1, sep - 1))
+    elapsed = now - tonumber(string.sub(v, sep + 1))
+  else
+    local len = string.len(v)
+    d0 = (tonumber(string.sub(v, 1, len - 10)) or 0) * 10 ^ tonumber(string.sub(v, len - 9, len - 9))
+    local t_ms = tonumber(string.sub(v, len - 8))
+    local d = (math.floor(now / 1000) - t_ms) % TMOD
+    if d > TMOD / 2 then d = d - TMOD end -- the clock went back
+    elapsed = d * 1000 + now % 1000
   end
+  if elapsed < 0 then elapsed = 0 end -- the clock went back: no refill
+  local used = d0 - elapsed * rate
+  if used < 0 then used = 0 end
+  return used
+end
+
+-- bucket_write returns the command that stores D = used (> 0) at now, and
+-- the time until the bucket is full again.
+local function bucket_write(key, used, rate, period)
+  local life = ceil_div(used, rate)
+  local ttl = life
+  if ttl < period then ttl = period end
+  local value
+  local at_ms = used + (now % 1000) * rate -- D at the start of the ms
+  if ttl <= TMOD * 500 and at_ms < 1e17 then
+    local e = 0
+    local m = at_ms
+    while m >= 100000000 do
+      e = e + 1
+      m = ceil_div(at_ms, 10 ^ e)
+    end
+    value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
+  else
+    value = string.format('%d:%d', used, now)
+  end
+  return {'SET', key, value, 'PX', ms(ttl)}, life
+end
+
+local function bucket(key, rate, period, burst, queue)
+  local used = bucket_read(key, rate)
   local cap = burst * period
   local avail = floor_div(cap - used, period)
   local reset_now = ceil_div(used, rate)
@@ -69,25 +95,8 @@ local function bucket(key, rate, period, burst, queue)
   if n == 0 then
     return true, avail, delay, reset_now, reset_now
   end
-  used = used + n * period
-  local life = ceil_div(used, rate)
-  local ttl = life
-  if ttl < period then ttl = period end
-  local value
-  local sub = now % 1000 -- µs since the start of the ms
-  local at_ms = used + sub * rate -- D at the start of the ms
-  if ttl <= TMOD * 500 and at_ms < 1e17 then
-    local e = 0
-    local m = at_ms
-    while m >= 100000000 do
-      e = e + 1
-      m = ceil_div(at_ms, 10 ^ e)
-    end
-    value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
-  else
-    value = string.format('%d:%d', used, now)
-  end
-  write({'SET', key, value, 'PX', ms(ttl)})
+  local cmd, life = bucket_write(key, used + n * period, rate, period)
+  write(cmd)
   return true, avail, delay, reset_now, life, 0
 end
 

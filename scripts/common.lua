@@ -7,7 +7,7 @@
 -- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
 --             tag (one cluster slot)
 -- KEYS[k+1]   the penalty block key; present only when ARGV[5] > 0
--- KEYS[k+1 or k+2]  the reservation record (a hash); present only when
+-- KEYS[k+1 or k+2]  the reservations (a sorted set); present only when
 --             ARGV[6] is not empty
 -- ARGV[1]  n: events asked for (integer >= 0; 0 reports without consuming)
 -- ARGV[2]  k: the number of rules (1 to 16)
@@ -17,7 +17,8 @@
 --          long; 0 = off
 -- ARGV[6]  reservation id, or '': record an admitted call as a reservation
 --          that settle.lua can settle once (see reserve.go)
--- ARGV[7]  reservation record lifetime in ms (used with ARGV[6])
+-- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);
+--          settle.lua: the events used
 -- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
 --          'lb'), rate (events per period, >= 1), period (µs, >= 1000),
 --          burst (bucket or queue capacity, >= 1)
@@ -35,6 +36,8 @@
 --   [5] the deciding rule, 1..k: when denied, the denying rule with the
 --       longest retry; when allowed, the rule with the fewest remaining;
 --       0 for a block
+--   [6..5+k] a reservation only: each rule's tag, what settling needs
+--       (the window, or the time of the events)
 --
 -- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
 -- integer µs. Numbers are never turned into strings with tostring or '..'

@@ -64,12 +64,16 @@ end
 for i = 1, #writes do
   redis.call(unpack(writes[i]))
 end
-if rid ~= '' then
-  local rkey = KEYS[nkeys + 1]
-  local rec = {string.format('%d', n)}
-  for i = 1, nrules do rec[i + 1] = string.format('%d', tags[i]) end
-  redis.call('HSET', rkey, rid, table.concat(rec, ':'))
-  redis.call('PEXPIRE', rkey, tonumber(ARGV[7]))
-end
 if min_after < 0 then min_after = 0 end
-return {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
+local reply = {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
+if rid ~= '' then
+  -- The reservation: a member of a sorted set scored by when it lapses,
+  -- so that settle.lua finds it once, and lapsed ones are dropped here.
+  local rkey = KEYS[nkeys + 1]
+  local life = tonumber(ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now)
+  redis.call('ZADD', rkey, now + life * 1000, rid)
+  redis.call('PEXPIRE', rkey, life)
+  for i = 1, nrules do reply[5 + i] = tags[i] end
+end
+return reply

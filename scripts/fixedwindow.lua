@@ -12,21 +12,25 @@
 -- Retry after and reset after: until the window ends. Burst is ignored.
 -- Tag (for a reservation): the window index.
 
-S.fw = function(key, rate, period, burst)
-  local cw = math.floor(now / period)
-  local w = cw
-  local count = 0
+-- fw_read returns the count of the current window cw, and the window it
+-- belongs to (ahead of cw when the clock went back).
+local function fw_read(key, cw)
   local v = redis.call('GET', key)
   if v then
     local x = tonumber(v)
     local d = (cw - x) % 10 -- how many windows the key is behind now
     if d == 0 then
-      count = math.floor(x / 10)
+      return math.floor(x / 10), cw
     elseif d >= 5 then -- ahead: the clock went back
-      count = math.floor(x / 10)
-      w = cw + 10 - d
+      return math.floor(x / 10), cw + 10 - d
     end
   end
+  return 0, cw
+end
+
+S.fw = function(key, rate, period, burst)
+  local cw = math.floor(now / period)
+  local count, w = fw_read(key, cw)
   local left = (w + 1) * period - now
   local avail = rate - count
   if n > avail then

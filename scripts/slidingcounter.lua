@@ -18,8 +18,9 @@
 
 local PACK = 16777216 -- 2^24
 
-S.sc = function(key, rate, period, burst)
-  local cw = math.floor(now / period)
+-- sc_read returns the current window cw's counts: cur, prev, and the
+-- window w they belong to (w > cw when the clock went back).
+local function sc_read(key, cw)
   local cur, prev, w = 0, 0, cw
   local v = redis.call('GET', key)
   if v then
@@ -45,6 +46,20 @@ S.sc = function(key, rate, period, burst)
       cur, prev, w = c, p, cw + 10 - d
     end
   end
+  return cur, prev, w
+end
+
+-- sc_value encodes the counts of window w.
+local function sc_value(cur, prev, w)
+  if cur < PACK and prev < PACK then
+    return (prev * PACK + cur) * 10 + w % 10
+  end
+  return string.format('%d:%d:%d', cur, prev, w)
+end
+
+S.sc = function(key, rate, period, burst)
+  local cw = math.floor(now / period)
+  local cur, prev, w = sc_read(key, cw)
 
   local elapsed = now - w * period
   if elapsed < 0 then elapsed = 0 end
@@ -70,14 +85,7 @@ S.sc = function(key, rate, period, burst)
     return false, avail, retry, reset_after(cur), reset_after(cur)
   end
   if n > 0 then
-    local c = cur + n
-    local value
-    if c < PACK and prev < PACK then
-      value = (prev * PACK + c) * 10 + w % 10
-    else
-      value = string.format('%d:%d:%d', c, prev, w)
-    end
-    write({'SET', key, value, 'PX', ms((w + 2) * period - now)})
+    write({'SET', key, sc_value(cur + n, prev, w), 'PX', ms((w + 2) * period - now)})
   end
   return true, avail, 0, reset_after(cur), reset_after(cur + n), w
 end

@@ -1,0 +1,124 @@
+-- settle.lua ends the settle script (common.lua, the strategies' parts,
+-- this): it settles a reservation that decide.lua recorded, once.
+--
+-- KEYS and ARGV as in common.lua, with n = 0, no block, ARGV[6] the
+-- reservation id and ARGV[7] the events really used; then, after the
+-- rules, ARGV[8+4k] the events reserved and ARGV[9+4k ..] each rule's tag
+-- from the reservation's reply.
+--
+-- used < reserved gives back the difference, but never more than was taken
+-- and never past what still counts: a window only while it is the current
+-- one (the sliding counter's also while it is the previous one, weighted),
+-- the sliding log only the reservation's own entries still in the log, a
+-- bucket only tokens still used (never refill that already happened, never
+-- above full). used > reserved charges the difference even past the limit:
+-- the key owes it, and later calls are denied until the refill or the
+-- window pays it back.
+--
+-- Reply: {-1} when the reservation is unknown: settled already, lapsed, or
+-- never recorded (nothing changes); else the state after settling, as a
+-- decision with n = 0 replies.
+
+local rkey = KEYS[nrules + 1]
+local used = tonumber(ARGV[7])
+local base = 8 + 4 * nrules
+local reserved = tonumber(ARGV[base])
+local lapses = redis.call('ZSCORE', rkey, rid)
+if not lapses then return {-1} end
+redis.call('ZREM', rkey, rid)
+if tonumber(lapses) <= now then return {-1} end
+local delta = used - reserved
+
+local A = {}
+A.fw = function(key, rate, period, tag)
+  local cw = math.floor(now / period)
+  local count, w = fw_read(key, cw)
+  if delta < 0 then
+    if w == tag and count > 0 then
+      redis.call('DECRBY', key, math.min(-delta, count) * 10)
+    end
+  elseif count > 0 then
+    redis.call('INCRBY', key, delta * 10)
+  else
+    redis.call('SET', key, delta * 10 + w % 10, 'PX', ms((w + 1) * period - now))
+  end
+end
+A.sc = function(key, rate, period, tag)
+  local cw = math.floor(now / period)
+  local cur, prev, w = sc_read(key, cw)
+  if delta < 0 then
+    if tag == w then
+      cur = cur - math.min(-delta, cur)
+    elseif tag == w - 1 then
+      prev = prev - math.min(-delta, prev)
+    else
+      return
+    end
+  else
+    cur = cur + delta
+  end
+  if cur == 0 and prev == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, sc_value(cur, prev, w), 'PX', ms((w + 2) * period - now))
+  end
+end
+A.sl = function(key, rate, period, tag)
+  local suffix = string.format('.%s', rid)
+  if delta < 0 then
+    local del = {'ZREM', key}
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, tag, tag)) do
+      if #del - 2 >= -delta then break end
+      if string.sub(m, -string.len(suffix)) == suffix then del[#del + 1] = m end
+    end
+    if #del > 2 then redis.call(unpack(del)) end
+    return
+  end
+  -- Entries past the limit: more than rate would add nothing (they all
+  -- leave the log together).
+  local add = math.min(delta, rate)
+  local i = redis.call('ZCOUNT', key, now, now)
+  local args = {'ZADD', key}
+  for k = 1, add do
+    args[#args + 1] = now
+    args[#args + 1] = string.format('%d.%d%s', now, i, suffix)
+    i = i + 1
+    if #args >= 1002 or k == add then
+      redis.call(unpack(args))
+      args = {'ZADD', key}
+    end
+  end
+  local ttl = redis.call('PTTL', key)
+  if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
+end
+A.tb = function(key, rate, period, tag)
+  local d = bucket_read(key, rate) + delta * period
+  if d <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call(unpack((bucket_write(key, d, rate, period))))
+  end
+end
+A.lb = A.tb
+
+if delta ~= 0 then
+  for i = 1, nrules do
+    local a = 8 + 4 * (i - 1)
+    local f = A[ARGV[a]]
+    if f then
+      f(KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[base + i]))
+    end
+  end
+end
+
+-- The state after settling, as n = 0 reports it.
+local min_now, reset, fewest = nil, 0, 1
+for i = 1, nrules do
+  local a = 8 + 4 * (i - 1)
+  local ok, avail, w, reset_now = S[ARGV[a]](KEYS[i],
+    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+  if min_now == nil or avail < min_now then min_now, fewest = avail, i end
+  if reset_now > reset then reset = reset_now end
+end
+if min_now < 0 then min_now = 0 end
+return {0, math.floor(min_now), 0, math.ceil(reset), fewest}
