@@ -8,6 +8,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 )
 
@@ -162,17 +164,13 @@ func TestDecisionAllocs(t *testing.T) {
 	ctx := context.Background()
 	for _, opts := range [][]Option{nil, {WithBlock(time.Second)}} {
 		lim, err := NewTokenBucket(newStubClient(), PerSecond(10), opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		allocs := testing.AllocsPerRun(1000, func() {
 			if _, err := lim.Allow(ctx, "user:12345"); err != nil {
 				t.Fatal(err)
 			}
 		})
 		t.Logf("%d options: %.0f allocations per decision", len(opts), allocs)
-		if allocs > 2 {
-			t.Errorf("%.0f allocations per decision, want at most 2", allocs)
-		}
+		assert.LessOrEqual(t, allocs, 2.0, "%.0f allocations per decision, want at most 2", allocs)
 	}
 }
