@@ -3,6 +3,8 @@ package redlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestFixedWindowTable(t *testing.T) {
@@ -33,32 +35,21 @@ func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
 	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 2, Period: 1500 * time.Microsecond})
 	ctx := t.Context()
 	key := lim.stateKey("k")
-	if _, err := lim.AllowN(ctx, "k", 2); err != nil {
-		t.Fatal(err)
-	}
+	_, err := lim.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
 	// Put the key back as if it had not expired yet, with the expiry of the
 	// first window (t0 + 1.5ms, rounded up to 2ms).
 	b.advance(1500 * time.Microsecond) // t0+1.5ms: the second window
-	if err := b.rdb.Set(ctx, key, 2, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, b.rdb.Set(ctx, key, 2, 0).Err())
+	require.NoError(t, b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err())
 	res, err := lim.Allow(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Allowed || res.Remaining != 1 {
-		t.Fatalf("after the window edge: %+v, want allowed with 1 remaining", res)
-	}
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "after the window edge: %+v, want allowed with 1 remaining", res)
+	require.Equal(t, 1, res.Remaining, "after the window edge: %+v, want allowed with 1 remaining", res)
 	exp, err := b.rdb.PExpireTime(ctx, key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := exp, 3*time.Millisecond; got != want+time.Duration(t0.UnixMilli())*time.Millisecond {
-		t.Fatalf("PEXPIRETIME = %v ms, want the second window's end, t0+%v", exp, want)
-	}
+	require.NoError(t, err)
+	want := 3 * time.Millisecond
+	require.Equal(t, want+time.Duration(t0.UnixMilli())*time.Millisecond, exp, "PEXPIRETIME = %v ms, want the second window's end, t0+%v", exp, want)
 }
 
 // A period that is not a whole number of milliseconds: RetryAfter is exact

@@ -3,6 +3,8 @@ package redlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestSlidingCounterTable(t *testing.T) {
@@ -39,7 +41,6 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 		{n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: 1500 * ms},
 	})
 	v, err := b.rdb.Get(t.Context(), lim.stateKey("k")).Result()
-	if err != nil || v != "700000000:600000000" {
-		t.Fatalf("stored %q, %v; want the counts as text", v, err)
-	}
+	require.NoError(t, err, "stored %q, %v; want the counts as text", v, err)
+	require.Equal(t, "700000000:600000000", v, "stored %q, %v; want the counts as text", v, err)
 }
