@@ -50,9 +50,7 @@ func BenchmarkFallback(b *testing.B) {
 			m := miniredis.RunT(b)
 			rdb := tunedClient(b, m.Addr())
 			lim, err := New(rdb, s, Limit{Rate: 100_000, Period: time.Second}, WithPingInterval(time.Hour))
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			defer lim.(*RateLimiter).Close()
 			m.Close()
 			ctx := context.Background()
@@ -113,9 +111,7 @@ func BenchmarkDecisionMiniredis(b *testing.B) {
 			m := miniredis.RunT(b)
 			rdb := tunedClient(b, m.Addr())
 			lim, err := New(rdb, s, Limit{Rate: 100, Period: time.Millisecond})
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			defer lim.(*RateLimiter).Close()
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -147,9 +143,7 @@ func (s *stubClient) Eval(context.Context, string, []string, ...any) *redis.Cmd 
 // key name, arguments, script call, reply decoding.
 func BenchmarkDecisionOverhead(b *testing.B) {
 	lim, err := NewTokenBucket(newStubClient(), PerSecond(10))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
