@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // decisions records what an observer saw.
@@ -32,22 +34,17 @@ func TestBlock(t *testing.T) {
 				{advance: 5*time.Second - ms, n: 1, allowed: false, remaining: 0, retry: ms, reset: ms},
 				{advance: ms, n: 1, allowed: true, remaining: 0, reset: resetAfterOne(s)},
 			})
-			if got := seen.list()[2].DeniedBy; got != DeniedByBlock {
-				t.Errorf("a call during the block was denied by %v, want block", got)
-			}
-			if got := seen.list()[1].DeniedBy; got != DeniedByLimit {
-				t.Errorf("the first denial was by %v, want limit", got)
-			}
+			got := seen.list()[2].DeniedBy
+			assert.Equal(t, DeniedByBlock, got, "a call during the block was denied by %v, want block", got)
+			got = seen.list()[1].DeniedBy
+			assert.Equal(t, DeniedByLimit, got, "the first denial was by %v, want limit", got)
 			// Reset lifts a block.
-			if res, _ := lim.Allow(context.Background(), "k"); res.Allowed {
-				t.Fatal("allowed over the limit")
-			}
-			if err := lim.Reset(context.Background(), "k"); err != nil {
-				t.Fatal(err)
-			}
-			if res, err := lim.Allow(context.Background(), "k"); err != nil || !res.Allowed {
-				t.Fatalf("after Reset: %+v, %v", res, err)
-			}
+			res, _ := lim.Allow(context.Background(), "k")
+			require.False(t, res.Allowed, "allowed over the limit")
+			require.NoError(t, lim.Reset(context.Background(), "k"))
+			res, err := lim.Allow(context.Background(), "k")
+			require.NoError(t, err, "after Reset: %+v, %v", res, err)
+			require.True(t, res.Allowed, "after Reset: %+v, %v", res, err)
 		})
 	}
 }
@@ -71,52 +68,47 @@ func TestDenyCache(t *testing.T) {
 		var seen decisions
 		lim := newLimiter(t, rdb, FixedWindow, PerSecond(2), WithDenyCache(100), WithObserver(seen.record))
 		ctx := context.Background()
-		if _, err := lim.AllowN(ctx, "k", 2); err != nil {
-			t.Fatal(err)
-		}
+		_, err := lim.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
 		res, err := lim.Allow(ctx, "k")
-		if err != nil || res.Allowed || res.RetryAfter != time.Second {
-			t.Fatalf("over the limit: %+v, %v", res, err)
-		}
+		require.NoError(t, err, "over the limit: %+v, %v", res, err)
+		require.False(t, res.Allowed, "over the limit: %+v, %v", res, err)
+		require.Equal(t, time.Second, res.RetryAfter, "over the limit: %+v, %v", res, err)
 		before := trips.Load()
 		time.Sleep(999 * time.Millisecond)
 		for range 100 {
 			res, err := lim.Allow(ctx, "k")
-			if err != nil || res.Allowed || res.RetryAfter != time.Millisecond || res.Remaining != 0 {
-				t.Fatalf("cached denial: %+v, %v; want RetryAfter 1ms", res, err)
-			}
+			require.NoError(t, err, "cached denial: %+v, %v; want RetryAfter 1ms", res, err)
+			require.False(t, res.Allowed, "cached denial: %+v, %v; want RetryAfter 1ms", res, err)
+			require.Equal(t, time.Millisecond, res.RetryAfter, "cached denial: %+v, %v; want RetryAfter 1ms", res, err)
+			require.Zero(t, res.Remaining, "cached denial: %+v, %v; want RetryAfter 1ms", res, err)
 		}
-		if got := seen.last().DeniedBy; got != DeniedByDenyCache {
-			t.Fatalf("denied by %v, want deny-cache", got)
-		}
-		if got := trips.Load() - before; got != 0 {
-			t.Fatalf("%d round trips for cached denials, want 0", got)
-		}
+		got := seen.last().DeniedBy
+		require.Equal(t, DeniedByDenyCache, got, "denied by %v, want deny-cache", got)
+		gotTrips := trips.Load() - before
+		require.Zero(t, gotTrips, "%d round trips for cached denials, want 0", gotTrips)
 		// n = 0 reports from Redis, not from the cache.
-		if res, err := lim.AllowN(ctx, "k", 0); err != nil || !res.Allowed || trips.Load() == before {
-			t.Fatalf("n=0: %+v, %v", res, err)
-		}
+		res, err = lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err, "n=0: %+v, %v", res, err)
+		require.True(t, res.Allowed, "n=0: %+v, %v", res, err)
+		require.NotEqual(t, before, trips.Load(), "n=0: %+v, %v", res, err)
 		time.Sleep(time.Millisecond)
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {
-			t.Fatalf("at RetryAfter: %+v, %v; want allowed by Redis", res, err)
-		}
+		res, err = lim.Allow(ctx, "k")
+		require.NoError(t, err, "at RetryAfter: %+v, %v; want allowed by Redis", res, err)
+		require.True(t, res.Allowed, "at RetryAfter: %+v, %v; want allowed by Redis", res, err)
 		// An entry for n=2 does not deny n=1.
-		if res, _ := lim.AllowN(ctx, "k", 2); res.Allowed {
-			t.Fatal("allowed 2 with 1 left")
-		}
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {
-			t.Fatalf("n=1 after a denied n=2: %+v, %v; want allowed", res, err)
-		}
+		res, _ = lim.AllowN(ctx, "k", 2)
+		require.False(t, res.Allowed, "allowed 2 with 1 left")
+		res, err = lim.Allow(ctx, "k")
+		require.NoError(t, err, "n=1 after a denied n=2: %+v, %v; want allowed", res, err)
+		require.True(t, res.Allowed, "n=1 after a denied n=2: %+v, %v; want allowed", res, err)
 		// Reset clears this process's entry.
-		if res, _ := lim.Allow(ctx, "k"); res.Allowed {
-			t.Fatal("allowed over the limit")
-		}
-		if err := lim.Reset(ctx, "k"); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {
-			t.Fatalf("after Reset: %+v, %v", res, err)
-		}
+		res, _ = lim.Allow(ctx, "k")
+		require.False(t, res.Allowed, "allowed over the limit")
+		require.NoError(t, lim.Reset(ctx, "k"))
+		res, err = lim.Allow(ctx, "k")
+		require.NoError(t, err, "after Reset: %+v, %v", res, err)
+		require.True(t, res.Allowed, "after Reset: %+v, %v", res, err)
 	})
 }
 
@@ -149,33 +141,24 @@ func TestShadow(t *testing.T) {
 			for i := range 60 {
 				n := 1 + i%2
 				a, err := normal.AllowN(ctx, "k", n)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				z, err := shadow.AllowN(ctx, "k", n)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !z.Allowed {
-					t.Fatalf("call %d: shadow mode denied", i)
-				}
+				require.NoError(t, err)
+				require.True(t, z.Allowed, "call %d: shadow mode denied", i)
 				if !a.Allowed {
 					wantDenied = append(wantDenied, i)
 				}
 				if z.Shadowed {
 					gotShadowed = append(gotShadowed, i)
-					if d := shadowSeen.last(); !d.Shadowed || d.DeniedBy != DeniedByLimit || !d.Allowed {
-						t.Fatalf("call %d: observer saw %+v", i, d)
-					}
+					d := shadowSeen.last()
+					require.True(t, d.Shadowed, "call %d: observer saw %+v", i, d)
+					require.Equal(t, DeniedByLimit, d.DeniedBy, "call %d: observer saw %+v", i, d)
+					require.True(t, d.Allowed, "call %d: observer saw %+v", i, d)
 				}
 				b.advance(time.Duration(50+(i*37)%200) * time.Millisecond)
 			}
-			if len(wantDenied) == 0 {
-				t.Fatal("the sequence never reached the limit")
-			}
-			if fmt.Sprint(gotShadowed) != fmt.Sprint(wantDenied) {
-				t.Fatalf("shadowed calls %v, want the normal limiter's denials %v", gotShadowed, wantDenied)
-			}
+			require.NotEmpty(t, wantDenied, "the sequence never reached the limit")
+			require.Equal(t, fmt.Sprint(wantDenied), fmt.Sprint(gotShadowed), "shadowed calls %v, want the normal limiter's denials %v", gotShadowed, wantDenied)
 		})
 	}
 }
@@ -188,32 +171,31 @@ func TestAbuseFeaturesRedis(t *testing.T) {
 		lim := newLimiter(t, b.rdb, SlidingLog, Limit{Rate: 1, Period: 100 * time.Millisecond}, WithPrefix(prefixFor(t)), WithBlock(300*time.Millisecond))
 		lim.Allow(ctx, "k")
 		res, err := lim.Allow(ctx, "k")
-		if err != nil || res.Allowed || res.RetryAfter < 290*time.Millisecond || res.RetryAfter > 300*time.Millisecond {
-			t.Fatalf("denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
-		}
+		require.NoError(t, err, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
+		require.False(t, res.Allowed, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
+		require.GreaterOrEqual(t, res.RetryAfter, 290*time.Millisecond, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
+		require.LessOrEqual(t, res.RetryAfter, 300*time.Millisecond, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
 		checkTTL(t, b.rdb, lim.stateKey("k")+blockSuffix, 300*time.Millisecond)
-		if err := lim.Reset(ctx, "k"); err != nil {
-			t.Fatal(err)
-		}
-		if n, _ := b.rdb.Exists(ctx, lim.stateKey("k")+blockSuffix).Result(); n != 0 {
-			t.Fatal("Reset left the block key")
-		}
+		require.NoError(t, lim.Reset(ctx, "k"))
+		n, _ := b.rdb.Exists(ctx, lim.stateKey("k")+blockSuffix).Result()
+		require.Zero(t, n, "Reset left the block key")
 	})
 	t.Run("deny cache", func(t *testing.T) {
 		var seen decisions
 		lim := newLimiter(t, b.rdb, FixedWindow, PerMinute(1), WithPrefix(prefixFor(t)), WithDenyCache(10), WithObserver(seen.record))
 		lim.Allow(ctx, "k")
 		lim.Allow(ctx, "k")
-		if res, _ := lim.Allow(ctx, "k"); res.Allowed || seen.last().DeniedBy != DeniedByDenyCache {
-			t.Fatalf("%+v, denied by %v; want the deny cache", res, seen.last().DeniedBy)
-		}
+		res, _ := lim.Allow(ctx, "k")
+		require.False(t, res.Allowed, "%+v, denied by %v; want the deny cache", res, seen.last().DeniedBy)
+		require.Equal(t, DeniedByDenyCache, seen.last().DeniedBy, "%+v, denied by %v; want the deny cache", res, seen.last().DeniedBy)
 	})
 	t.Run("shadow", func(t *testing.T) {
 		lim := newLimiter(t, b.rdb, TokenBucket, PerMinute(1), WithPrefix(prefixFor(t)), WithShadow())
 		lim.Allow(ctx, "k")
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed || !res.Shadowed {
-			t.Fatalf("%+v, %v; want allowed and shadowed", res, err)
-		}
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err, "%+v, %v; want allowed and shadowed", res, err)
+		require.True(t, res.Allowed, "%+v, %v; want allowed and shadowed", res, err)
+		require.True(t, res.Shadowed, "%+v, %v; want allowed and shadowed", res, err)
 	})
 }
 
@@ -241,8 +223,7 @@ func TestDenyCacheHotKeyRedis(t *testing.T) {
 			wg.Go(func() {
 				for time.Since(start) < 2*time.Second {
 					res, err := lim.Allow(context.Background(), "hot")
-					if err != nil || res.Degraded {
-						t.Errorf("%+v, %v", res, err)
+					if !assert.NoError(t, err, "%+v, %v", res, err) || !assert.False(t, res.Degraded, "%+v, %v", res, err) {
 						return
 					}
 					calls.Add(1)
@@ -264,20 +245,15 @@ func TestDenyCacheHotKeyRedis(t *testing.T) {
 	t.Logf("with cache:    %d calls (%.0f/s), %d admitted, %.5f round trips per denied call",
 		with.calls, tput(with), with.admitted, perDenied(with))
 	t.Logf("round trips per denied call fell %.0fx; throughput rose %.1fx", perDenied(without)/perDenied(with), tput(with)/tput(without))
-	if offered < 50 {
-		t.Errorf("offered only %.0fx the limit; the test needs a hot key", offered)
-	}
-	if r := perDenied(without) / perDenied(with); r < 10 {
-		t.Errorf("round trips per denied call fell only %.1fx, want at least 10x", r)
-	}
-	if r := tput(with) / tput(without); r < 2 {
-		t.Errorf("throughput rose only %.1fx", r)
-	}
+	assert.GreaterOrEqual(t, offered, 50.0, "offered only %.0fx the limit; the test needs a hot key", offered)
+	r := perDenied(without) / perDenied(with)
+	assert.GreaterOrEqual(t, r, 10.0, "round trips per denied call fell only %.1fx, want at least 10x", r)
+	r = tput(with) / tput(without)
+	assert.GreaterOrEqual(t, r, 2.0, "throughput rose only %.1fx", r)
 	// Both admit the bucket's burst plus its rate over the run.
 	for _, o := range []outcome{without, with} {
-		if o.admitted < 55 || o.admitted > 62 {
-			t.Errorf("admitted %d in 2s, want about 60 (20 burst + 20/s)", o.admitted)
-		}
+		assert.GreaterOrEqual(t, o.admitted, int64(55), "admitted %d in 2s, want about 60 (20 burst + 20/s)", o.admitted)
+		assert.LessOrEqual(t, o.admitted, int64(62), "admitted %d in 2s, want about 60 (20 burst + 20/s)", o.admitted)
 	}
 }
 
@@ -289,17 +265,16 @@ func TestReportNeverBlocks(t *testing.T) {
 			b, _ := miniBackend(t)
 			ctx := context.Background()
 			old := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 10})
-			if _, err := old.AllowN(ctx, "k", 10); err != nil {
-				t.Fatal(err)
-			}
+			_, err := old.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
 			lowered := newLimiter(t, b.rdb, s, Limit{Rate: 5, Period: time.Second, Burst: 5}, WithBlock(time.Minute))
 			res, err := lowered.AllowN(ctx, "k", 0)
-			if err != nil || !res.Allowed || res.Remaining != 0 || res.RetryAfter != 0 {
-				t.Fatalf("n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
-			}
-			if n, _ := b.rdb.Exists(ctx, lowered.stateKey("k")+blockSuffix).Result(); n != 0 {
-				t.Fatal("n=0 started a block")
-			}
+			require.NoError(t, err, "n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
+			require.True(t, res.Allowed, "n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
+			require.Zero(t, res.Remaining, "n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
+			require.Zero(t, res.RetryAfter, "n=0 over a lowered limit: %+v, %v; want a report: allowed, 0 remaining", res, err)
+			n, _ := b.rdb.Exists(ctx, lowered.stateKey("k")+blockSuffix).Result()
+			require.Zero(t, n, "n=0 started a block")
 		})
 	}
 }
@@ -312,12 +287,9 @@ func TestDenyCacheBounded(t *testing.T) {
 	}
 	n := 0
 	for i := range c.shards {
-		if got := len(c.shards[i].until); got > 10 {
-			t.Fatalf("shard %d holds %d entries, want at most 10", i, got)
-		}
+		got := len(c.shards[i].until)
+		require.LessOrEqual(t, got, 10, "shard %d holds %d entries, want at most 10", i, got)
 		n += len(c.shards[i].until)
 	}
-	if n == 0 {
-		t.Fatal("the cache holds nothing")
-	}
+	require.NotZero(t, n, "the cache holds nothing")
 }

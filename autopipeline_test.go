@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -18,21 +20,17 @@ func TestAutoPipeliner(t *testing.T) {
 	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
 	defer rdb.Close()
 	ap, err := rdb.AutoPipeline()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ap.Close()
 	for _, s := range Strategies() {
 		lim := newLimiter(t, ap, s, Limit{Rate: 5, Period: time.Hour, Burst: 5}, WithPingInterval(20*time.Millisecond))
 		ctx := context.Background()
-		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, rdb.ScriptFlush(ctx).Err())
 		for i := range 6 {
 			res, err := lim.Allow(ctx, "k")
-			if err != nil || res.Degraded || res.Allowed != (i < 5) {
-				t.Fatalf("%v call %d through the AutoPipeliner: %+v, %v", s, i, res, err)
-			}
+			require.NoError(t, err, "%v call %d through the AutoPipeliner: %+v, %v", s, i, res, err)
+			require.False(t, res.Degraded, "%v call %d through the AutoPipeliner: %+v, %v", s, i, res, err)
+			require.Equal(t, i < 5, res.Allowed, "%v call %d through the AutoPipeliner: %+v, %v", s, i, res, err)
 		}
 	}
 	// Under load, Redis dies and comes back.
@@ -40,24 +38,15 @@ func TestAutoPipeliner(t *testing.T) {
 	ld := startLoad(lim, 32)
 	time.Sleep(300 * time.Millisecond)
 	killAt := ld.now()
-	if err := srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Kill())
 	time.Sleep(time.Second)
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Restart())
 	upAt := ld.now()
 	time.Sleep(2 * time.Second)
 	r := report(ld.finish(), killAt, upAt)
 	t.Logf("AutoPipeliner, crash: %v", r)
-	if r.errors > 0 {
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	}
-	if r.degraded == 0 {
-		t.Error("no fallback decision while Redis was down")
-	}
-	if r.back < 0 || r.back > 1500*time.Millisecond {
-		t.Errorf("back on Redis %v after the restart, want within 1.5s", r.back)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.NotZero(t, r.degraded, "no fallback decision while Redis was down")
+	assert.GreaterOrEqual(t, r.back, time.Duration(0), "back on Redis %v after the restart, want within 1.5s", r.back)
+	assert.LessOrEqual(t, r.back, 1500*time.Millisecond, "back on Redis %v after the restart, want within 1.5s", r.back)
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 )
 
@@ -60,9 +62,7 @@ func BenchmarkFallback(b *testing.B) {
 			m := miniredis.RunT(b)
 			rdb := tunedClient(b, m.Addr())
 			lim, err := New(rdb, s, Limit{Rate: 100_000, Period: time.Second}, WithPingInterval(time.Hour))
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			defer lim.(*RateLimiter).Close()
 			m.Close()
 			ctx := context.Background()
@@ -121,9 +121,7 @@ func BenchmarkDecisionMiniredis(b *testing.B) {
 			m := miniredis.RunT(b)
 			rdb := tunedClient(b, m.Addr())
 			lim, err := New(rdb, s, Limit{Rate: 100, Period: time.Millisecond})
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			defer lim.(*RateLimiter).Close()
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -155,9 +153,7 @@ func (s *stubClient) Eval(context.Context, string, []string, ...any) *redis.Cmd 
 // key name, arguments, script call, reply decoding.
 func BenchmarkDecisionOverhead(b *testing.B) {
 	lim, err := NewTokenBucket(newStubClient(), PerSecond(10))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -172,17 +168,13 @@ func TestDecisionAllocs(t *testing.T) {
 	ctx := context.Background()
 	for _, opts := range [][]Option{nil, {WithBlock(time.Second)}} {
 		lim, err := NewTokenBucket(newStubClient(), PerSecond(10), opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		allocs := testing.AllocsPerRun(1000, func() {
 			if _, err := lim.Allow(ctx, "user:12345"); err != nil {
 				t.Fatal(err)
 			}
 		})
 		t.Logf("%d options: %.0f allocations per decision", len(opts), allocs)
-		if allocs > 2 {
-			t.Errorf("%.0f allocations per decision, want at most 2", allocs)
-		}
+		assert.LessOrEqual(t, allocs, 2.0, "%.0f allocations per decision, want at most 2", allocs)
 	}
 }

@@ -5,11 +5,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -73,50 +74,39 @@ func TestClusterKeySlots(t *testing.T) {
 			}
 			done[key] = true
 			if key == "" {
-				if _, err := lim.Allow(ctx, key); err == nil {
-					t.Fatal("the empty key was accepted")
-				}
+				_, err := lim.Allow(ctx, key)
+				require.Error(t, err, "the empty key was accepted")
 				continue
 			}
 			// Two calls: the first admits, the second is denied and writes
 			// the block key, so the script touches both keys.
 			for range 2 {
-				if res, err := lim.Allow(ctx, key); err != nil || res.Degraded {
-					t.Fatalf("%v key %.30q: %+v, %v", s, key, res, err)
-				}
+				res, err := lim.Allow(ctx, key)
+				require.NoError(t, err, "%v key %.30q: %+v, %v", s, key, res, err)
+				require.False(t, res.Degraded, "%v key %.30q: %+v, %v", s, key, res, err)
 			}
 			state := lim.stateKey(key)
-			if other, dup := seen[state]; dup {
-				t.Fatalf("keys %q and %q share Redis key %q", key, other, state)
-			}
+			other, dup := seen[state]
+			require.False(t, dup, "keys %q and %q share Redis key %q", key, other, state)
 			seen[state] = key
 			touched := []string{state, state + blockSuffix, state + probeSuffix}
 			var slots []int64
 			for _, k := range touched {
 				slot, err := rdb.ClusterKeySlot(ctx, k).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if int(slot) != redistest.Slot(k) {
-					t.Fatalf("CLUSTER KEYSLOT %q = %d, but the CRC16 of its hash tag is %d", k, slot, redistest.Slot(k))
-				}
+				require.NoError(t, err)
+				require.Equal(t, redistest.Slot(k), int(slot), "CLUSTER KEYSLOT %q = %d, but the CRC16 of its hash tag is %d", k, slot, redistest.Slot(k))
 				slots = append(slots, slot)
 			}
-			if slots[0] != slots[1] || slots[0] != slots[2] {
-				t.Fatalf("key %.30q: its Redis keys are in slots %v", key, slots)
-			}
-			if n, err := rdb.Exists(ctx, state, state+blockSuffix).Result(); err != nil || n != 2 {
-				t.Fatalf("key %.30q: %d of its 2 Redis keys exist (%v)", key, n, err)
-			}
+			require.Equal(t, slots[0], slots[1], "key %.30q: its Redis keys are in slots %v", key, slots)
+			require.Equal(t, slots[0], slots[2], "key %.30q: its Redis keys are in slots %v", key, slots)
+			n, err := rdb.Exists(ctx, state, state+blockSuffix).Result()
+			require.NoError(t, err, "key %.30q: %d of its 2 Redis keys exist (%v)", key, n, err)
+			require.Equal(t, int64(2), n, "key %.30q: %d of its 2 Redis keys exist (%v)", key, n, err)
 			m, err := c.MasterOf(int(slots[0]))
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			masters[m.Addr] = true
 		}
-		if len(masters) != 3 {
-			t.Errorf("%v: keys landed on %d masters, want all 3", s, len(masters))
-		}
+		assert.Len(t, masters, 3, "%v: keys landed on %d masters, want all 3", s, len(masters))
 	}
 }
 
@@ -124,31 +114,24 @@ func TestClusterKeySlots(t *testing.T) {
 func TestClusterScriptFlush(t *testing.T) {
 	rdb := clusterClient(t, realCluster(t), time.Second)
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000), WithPrefix("flush"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lim.Close()
 	ld := startLoadKeys(lim, 16, func(g int) string { return "key" + strconv.Itoa(g) })
 	for range 5 {
 		time.Sleep(100 * time.Millisecond)
-		if err := scriptFlush(context.Background(), rdb); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, scriptFlush(context.Background(), rdb))
 	}
 	r := report(ld.finish(), 0, 0)
 	t.Logf("SCRIPT FLUSH x5 under load: %v", r)
-	if r.errors > 0 || r.degraded > 0 {
-		t.Fatalf("%d errors and %d fallback decisions, want none (first error %v)", r.errors, r.degraded, r.firstErr)
-	}
+	require.Zero(t, r.errors, "%d errors and %d fallback decisions, want none (first error %v)", r.errors, r.degraded, r.firstErr)
+	require.Zero(t, r.degraded, "%d errors and %d fallback decisions, want none (first error %v)", r.errors, r.degraded, r.firstErr)
 }
 
 // slotOwner returns the master that serves key's state for lim.
 func slotOwner(t *testing.T, c *redistest.Cluster, lim *RateLimiter, key string) *redistest.Server {
 	t.Helper()
 	m, err := c.MasterOf(redistest.Slot(lim.stateKey(key)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return m
 }
 
@@ -164,18 +147,14 @@ func TestClusterFailover(t *testing.T) {
 	defer c.Close()
 	rdb := clusterClient(t, c, 0)
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lim.Close()
 	const key = "failover"
 	master := slotOwner(t, c, lim, key)
 	ld := startLoadKeys(lim, 32, func(int) string { return key })
 	time.Sleep(500 * time.Millisecond)
 	killAt := ld.now()
-	if err := master.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, master.Kill())
 	// Run until decisions come from Redis again, or 10 s.
 	deadline := time.Now().Add(10 * time.Second)
 	back := time.Duration(-1)
@@ -191,12 +170,9 @@ func TestClusterFailover(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	r := report(ld.finish(), killAt, 0)
 	t.Logf("failover: %v; decisions for the slot back on Redis %v after the kill", r, back)
-	if r.errors > 0 {
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	}
-	if back < 0 || back > 6*time.Second {
-		t.Errorf("decisions for the failed-over slot came back %v after the kill, want within 6s", back)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.GreaterOrEqual(t, back, time.Duration(0), "decisions for the failed-over slot came back %v after the kill, want within 6s", back)
+	assert.LessOrEqual(t, back, 6*time.Second, "decisions for the failed-over slot came back %v after the kill, want within 6s", back)
 }
 
 // A cluster with no replicas loses a master: every key gets fallback
@@ -207,31 +183,24 @@ func TestClusterMasterDownNoReplicas(t *testing.T) {
 	defer c.Close()
 	rdb := clusterClient(t, c, time.Second)
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lim.Close()
 	ld := startLoadKeys(lim, 16, func(g int) string { return "key" + strconv.Itoa(g) })
 	time.Sleep(300 * time.Millisecond)
 	victim := c.Masters[0]
 	killAt := ld.now()
-	if err := victim.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, victim.Kill())
 	// With full coverage required, the survivors answer CLUSTERDOWN after
 	// about 2×node-timeout.
 	time.Sleep(5 * time.Second)
 	downCalls := 0
 	for _, key := range []string{"a", "b", "c", "d", "e", "f"} {
 		res, err := lim.Allow(context.Background(), key)
-		if err != nil || !res.Degraded {
-			t.Fatalf("key %s with the cluster down: %+v, %v; want a fallback decision", key, res, err)
-		}
+		require.NoError(t, err, "key %s with the cluster down: %+v, %v; want a fallback decision", key, res, err)
+		require.True(t, res.Degraded, "key %s with the cluster down: %+v, %v; want a fallback decision", key, res, err)
 		downCalls++
 	}
-	if err := victim.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, victim.Restart())
 	upAt := ld.now()
 	deadline := time.Now().Add(10 * time.Second)
 	for lim.rescue.anyDown() && time.Now().Before(deadline) {
@@ -240,12 +209,9 @@ func TestClusterMasterDownNoReplicas(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	r := report(ld.finish(), killAt, upAt)
 	t.Logf("no replicas, master down: %v", r)
-	if r.errors > 0 {
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	}
-	if r.back < 0 || r.back > 6*time.Second {
-		t.Errorf("back on Redis %v after the restart, want within 6s", r.back)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.GreaterOrEqual(t, r.back, time.Duration(0), "back on Redis %v after the restart, want within 6s", r.back)
+	assert.LessOrEqual(t, r.back, 6*time.Second, "back on Redis %v after the restart, want within 6s", r.back)
 }
 
 // Lost writes: replication is asynchronous, so a failover can lose
@@ -258,9 +224,7 @@ func TestClusterLostWrites(t *testing.T) {
 	defer c.Close()
 	rdb := clusterClient(t, c, time.Second)
 	lim, err := NewTokenBucket(rdb, PerHour(100), WithPrefix("lost"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lim.Close()
 	ctx := context.Background()
 	const key = "user"
@@ -268,71 +232,45 @@ func TestClusterLostWrites(t *testing.T) {
 		got := 0
 		for range n {
 			res, err := lim.Allow(ctx, key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if res.Allowed {
 				got++
 			}
 		}
 		return got
 	}
-	if got := admit(10); got != 10 {
-		t.Fatalf("admitted %d of the first 10", got)
-	}
+	got := admit(10)
+	require.Equal(t, 10, got, "admitted %d of the first 10", got)
 	master := slotOwner(t, c, lim, key)
 	replica, err := c.ReplicaOf(master)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := master.CLI("WAIT", "1", "1000"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	_, err = master.CLI("WAIT", "1", "1000")
+	require.NoError(t, err)
 	// Cut replication: stop the replica, and drop its link on the master.
-	if err := replica.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := master.CLI("CLIENT", "KILL", "TYPE", "replica"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, replica.Pause())
+	_, err = master.CLI("CLIENT", "KILL", "TYPE", "replica")
+	require.NoError(t, err)
 	const lost = 90
-	if got := admit(lost + 10); got != lost {
-		t.Fatalf("admitted %d, want the %d left of the limit", got, lost)
-	}
-	if err := master.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if err := replica.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitHealthy(20 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	got = admit(lost + 10)
+	require.Equal(t, lost, got, "admitted %d, want the %d left of the limit", got, lost)
+	require.NoError(t, master.Kill())
+	require.NoError(t, replica.Resume())
+	require.NoError(t, c.WaitHealthy(20*time.Second))
 	// Decide until Redis answers again, then count what it admits.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		res, err := lim.AllowN(ctx, key, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !res.Degraded {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("not back on Redis 10s after the failover")
-		}
+		require.False(t, time.Now().After(deadline), "not back on Redis 10s after the failover")
 		time.Sleep(20 * time.Millisecond)
 	}
 	over := admit(100)
 	t.Logf("lost writes: %d admissions acknowledged by the old master were lost; the promoted replica admitted %d more (limit 100/h, all used before the failover)", lost, over)
-	if over > lost {
-		t.Errorf("over-admitted %d, more than the %d lost writes", over, lost)
-	}
+	assert.LessOrEqual(t, over, lost, "over-admitted %d, more than the %d lost writes", over, lost)
 	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(readme), "Lost writes") {
-		t.Error("README.md does not document lost writes after a failover")
-	}
+	require.NoError(t, err)
+	assert.Contains(t, string(readme), "Lost writes", "README.md does not document lost writes after a failover")
 }

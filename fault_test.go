@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -124,9 +126,7 @@ func faultLimiter(t *testing.T, addr string, opts ...Option) (*RateLimiter, *red
 	tr := &transitions{}
 	opts = append([]Option{WithOnTransition(tr.record)}, opts...)
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { lim.Close(); rdb.Close() })
 	return lim, rdb, tr
 }
@@ -139,27 +139,18 @@ func TestFaultCrash(t *testing.T) {
 	ld := startLoad(lim, 64)
 	time.Sleep(time.Second)
 	killAt := ld.now()
-	if err := srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Kill())
 	time.Sleep(2 * time.Second)
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Restart())
 	upAt := ld.now()
 	time.Sleep(2 * time.Second)
 	r := report(ld.finish(), killAt, upAt)
 	t.Logf("crash: %v; transitions %d", r, len(tr.list()))
-	switch {
-	case r.errors > 0:
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	case r.slowestFallback > 100*time.Millisecond:
-		t.Errorf("a goroutine got its first fallback decision %v after the kill, want within 100ms", r.slowestFallback)
-	case r.maxCall > 250*time.Millisecond:
-		t.Errorf("a call took %v, want at most 250ms", r.maxCall)
-	case r.back < 0 || r.back > 1500*time.Millisecond:
-		t.Errorf("decisions came from Redis again %v after the restart, want within 1.5s", r.back)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.LessOrEqual(t, r.slowestFallback, 100*time.Millisecond, "a goroutine got its first fallback decision %v after the kill, want within 100ms", r.slowestFallback)
+	assert.LessOrEqual(t, r.maxCall, 250*time.Millisecond, "a call took %v, want at most 250ms", r.maxCall)
+	assert.GreaterOrEqual(t, r.back, time.Duration(0), "decisions came from Redis again %v after the restart, want within 1.5s", r.back)
+	assert.LessOrEqual(t, r.back, 1500*time.Millisecond, "decisions came from Redis again %v after the restart, want within 1.5s", r.back)
 	lim.Close()
 	rdb.Close()
 }
@@ -171,27 +162,18 @@ func TestFaultHang(t *testing.T) {
 	ld := startLoad(lim, 64)
 	time.Sleep(time.Second)
 	stopAt := ld.now()
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Pause())
 	time.Sleep(2 * time.Second)
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Resume())
 	contAt := ld.now()
 	time.Sleep(1500 * time.Millisecond)
 	r := report(ld.finish(), stopAt, contAt)
 	t.Logf("hang: %v; transitions %d", r, len(tr.list()))
-	switch {
-	case r.errors > 0:
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	case r.maxCall > 300*time.Millisecond:
-		t.Errorf("a call took %v, want at most 300ms", r.maxCall)
-	case r.slowestFallback > 300*time.Millisecond:
-		t.Errorf("a goroutine fell back %v after the hang began, want within 300ms", r.slowestFallback)
-	case r.back < 0 || r.back > 500*time.Millisecond:
-		t.Errorf("decisions came from Redis again %v after SIGCONT, want within 500ms", r.back)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.LessOrEqual(t, r.maxCall, 300*time.Millisecond, "a call took %v, want at most 300ms", r.maxCall)
+	assert.LessOrEqual(t, r.slowestFallback, 300*time.Millisecond, "a goroutine fell back %v after the hang began, want within 300ms", r.slowestFallback)
+	assert.GreaterOrEqual(t, r.back, time.Duration(0), "decisions came from Redis again %v after SIGCONT, want within 500ms", r.back)
+	assert.LessOrEqual(t, r.back, 500*time.Millisecond, "decisions came from Redis again %v after SIGCONT, want within 500ms", r.back)
 }
 
 // T3: a caller's 50ms deadline while Redis hangs: the call returns in time,
@@ -199,28 +181,19 @@ func TestFaultHang(t *testing.T) {
 func TestFaultCallerDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	lim, _, tr := faultLimiter(t, srv.Addr)
-	if _, err := lim.Allow(context.Background(), "k"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	_, err := lim.Allow(context.Background(), "k")
+	require.NoError(t, err)
+	require.NoError(t, srv.Pause())
 	defer srv.Resume()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := lim.Allow(ctx, "k")
+	_, err = lim.Allow(ctx, "k")
 	took := time.Since(start)
 	t.Logf("caller deadline 50ms: returned after %v with %v", took, err)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err = %v, want the context's DeadlineExceeded", err)
-	}
-	if took > 60*time.Millisecond {
-		t.Errorf("returned after %v, want within 60ms", took)
-	}
-	if len(tr.list()) != 0 {
-		t.Errorf("the caller's deadline switched to the fallback: %+v", tr.list())
-	}
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "err = %v, want the context's DeadlineExceeded", err)
+	assert.LessOrEqual(t, took, 60*time.Millisecond, "returned after %v, want within 60ms", took)
+	assert.Empty(t, tr.list(), "the caller's deadline switched to the fallback: %+v", tr.list())
 }
 
 // T4: latency above the client's read timeout gives a fallback; below it
@@ -238,16 +211,10 @@ func TestFaultLatency(t *testing.T) {
 			for i := range 5 {
 				start := time.Now()
 				res, err := lim.Allow(context.Background(), "k")
-				if err != nil {
-					t.Fatalf("call %d: %v", i, err)
-				}
-				if res.Degraded != tc.degraded {
-					t.Fatalf("call %d after %v: Degraded = %v, want %v", i, time.Since(start), res.Degraded, tc.degraded)
-				}
+				require.NoError(t, err, "call %d: %v", i, err)
+				require.Equal(t, tc.degraded, res.Degraded, "call %d after %v: Degraded = %v, want %v", i, time.Since(start), res.Degraded, tc.degraded)
 			}
-			if got := len(tr.list()) > 0; got != tc.degraded {
-				t.Errorf("transitions %+v", tr.list())
-			}
+			assert.Equal(t, tc.degraded, len(tr.list()) > 0, "transitions %+v", tr.list())
 		})
 	}
 }
@@ -260,9 +227,7 @@ func TestFaultFlapping(t *testing.T) {
 	rdb := redis.NewClient(redistest.TunedOptions(proxy.Addr))
 	tr := &transitions{}
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000), WithOnTransition(tr.record))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ld := startLoad(lim, 32)
 	cuts := 0
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
@@ -275,12 +240,8 @@ func TestFaultFlapping(t *testing.T) {
 	r := report(ld.finish(), 0, 0)
 	switches := len(tr.list())
 	t.Logf("flapping: %d cuts, %d mode switches; %v", cuts, switches, r)
-	if r.errors > 0 {
-		t.Errorf("%d errors returned to callers, first %v", r.errors, r.firstErr)
-	}
-	if switches > 2*cuts {
-		t.Errorf("%d mode switches for %d outages, want at most 2 per outage", switches, cuts)
-	}
+	assert.Zero(t, r.errors, "%d errors returned to callers, first %v", r.errors, r.firstErr)
+	assert.LessOrEqual(t, switches, 2*cuts, "%d mode switches for %d outages, want at most 2 per outage", switches, cuts)
 	lim.Close()
 	rdb.Close()
 }
@@ -299,16 +260,11 @@ func TestFaultServerStates(t *testing.T) {
 		for i := range 20000 {
 			pipe.Set(ctx, "fill:"+strconv.Itoa(i), "x", 0)
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := admin.Save(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+		require.NoError(t, admin.Save(ctx).Err())
 		lim, _, tr := faultLimiter(t, srv.Addr)
-		if err := srv.Kill(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, srv.Kill())
 		restarted := make(chan error, 1)
 		go func() { restarted <- srv.Restart() }() // returns when loading is done
 		// Wait for the port to open: from then on Redis answers LOADING.
@@ -318,28 +274,21 @@ func TestFaultServerStates(t *testing.T) {
 				c.Close()
 				break
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the restarted server never listened: %v", err)
-			}
+			require.False(t, time.Now().After(deadline), "the restarted server never listened: %v", err)
 			time.Sleep(5 * time.Millisecond)
 		}
 		res, err := lim.Allow(ctx, "k")
-		if err != nil || !res.Degraded {
-			t.Fatalf("while loading: %+v, %v; want a fallback decision", res, err)
-		}
-		if got := tr.list(); len(got) != 1 || !redis.IsLoadingError(got[0].Err) {
-			t.Fatalf("transitions = %+v, want one caused by LOADING", got)
-		}
-		if err := <-restarted; err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err, "while loading: %+v, %v; want a fallback decision", res, err)
+		require.True(t, res.Degraded, "while loading: %+v, %v; want a fallback decision", res, err)
+		got := tr.list()
+		require.Len(t, got, 1, "transitions = %+v, want one caused by LOADING", got)
+		require.True(t, redis.IsLoadingError(got[0].Err), "transitions = %+v, want one caused by LOADING", got)
+		require.NoError(t, <-restarted)
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			if out, _ := srv.CLI("PING"); out == "PONG" {
 				break // loading is over
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("still loading after 10s")
-			}
+			require.False(t, time.Now().After(deadline), "still loading after 10s")
 		}
 		waitBack(t, lim, 1500*time.Millisecond)
 	})
@@ -349,54 +298,47 @@ func TestFaultServerStates(t *testing.T) {
 		lim, _, tr := faultLimiter(t, replica.Addr)
 		for range 3 {
 			res, err := lim.Allow(context.Background(), "k")
-			if err != nil || !res.Degraded {
-				t.Fatalf("on a replica: %+v, %v; want a fallback decision", res, err)
-			}
+			require.NoError(t, err, "on a replica: %+v, %v; want a fallback decision", res, err)
+			require.True(t, res.Degraded, "on a replica: %+v, %v; want a fallback decision", res, err)
 		}
-		if got := tr.list(); len(got) != 1 || !redis.IsReadOnlyError(got[0].Err) {
-			t.Fatalf("transitions = %+v, want one caused by READONLY", got)
-		}
+		got := tr.list()
+		require.Len(t, got, 1, "transitions = %+v, want one caused by READONLY", got)
+		require.True(t, redis.IsReadOnlyError(got[0].Err), "transitions = %+v, want one caused by READONLY", got)
 		// The probe writes, so a replica answering PING does not count as back.
 		time.Sleep(500 * time.Millisecond)
-		if res, _ := lim.Allow(context.Background(), "k"); !res.Degraded {
-			t.Fatal("switched back to a read-only replica")
-		}
+		res, _ := lim.Allow(context.Background(), "k")
+		require.True(t, res.Degraded, "switched back to a read-only replica")
 	})
 	t.Run("OOM", func(t *testing.T) {
 		srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 		lim, _, tr := faultLimiter(t, srv.Addr)
-		if _, err := srv.CLI("CONFIG", "SET", "maxmemory", "1"); err != nil {
-			t.Fatal(err)
-		}
+		_, err := srv.CLI("CONFIG", "SET", "maxmemory", "1")
+		require.NoError(t, err)
 		res, err := lim.Allow(context.Background(), "k")
-		if err != nil || !res.Degraded {
-			t.Fatalf("out of memory: %+v, %v; want a fallback decision", res, err)
-		}
-		if got := tr.list(); len(got) != 1 || !redis.IsOOMError(got[0].Err) {
-			t.Fatalf("transitions = %+v, want one caused by OOM", got)
-		}
-		if _, err := srv.CLI("CONFIG", "SET", "maxmemory", "0"); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err, "out of memory: %+v, %v; want a fallback decision", res, err)
+		require.True(t, res.Degraded, "out of memory: %+v, %v; want a fallback decision", res, err)
+		got := tr.list()
+		require.Len(t, got, 1, "transitions = %+v, want one caused by OOM", got)
+		require.True(t, redis.IsOOMError(got[0].Err), "transitions = %+v, want one caused by OOM", got)
+		_, err = srv.CLI("CONFIG", "SET", "maxmemory", "0")
+		require.NoError(t, err)
 		waitBack(t, lim, 2*time.Second)
 	})
 	t.Run("NOREPLICAS", func(t *testing.T) {
 		srv := redistest.Start(t, "--min-replicas-to-write", "1")
 		lim, _, tr := faultLimiter(t, srv.Addr)
 		res, err := lim.Allow(context.Background(), "k")
-		if err != nil || !res.Degraded {
-			t.Fatalf("writes refused for want of replicas: %+v, %v; want a fallback decision", res, err)
-		}
-		if got := tr.list(); len(got) != 1 || !redis.HasErrorPrefix(got[0].Err, "NOREPLICAS") {
-			t.Fatalf("transitions = %+v, want one caused by NOREPLICAS", got)
-		}
+		require.NoError(t, err, "writes refused for want of replicas: %+v, %v; want a fallback decision", res, err)
+		require.True(t, res.Degraded, "writes refused for want of replicas: %+v, %v; want a fallback decision", res, err)
+		got := tr.list()
+		require.Len(t, got, 1, "transitions = %+v, want one caused by NOREPLICAS", got)
+		require.True(t, redis.HasErrorPrefix(got[0].Err, "NOREPLICAS"), "transitions = %+v, want one caused by NOREPLICAS", got)
 	})
 	t.Run("BUSY", func(t *testing.T) {
 		srv := redistest.Start(t, "--busy-reply-threshold", "100")
 		lim, _, tr := faultLimiter(t, srv.Addr)
-		if _, err := lim.Allow(context.Background(), "k"); err != nil {
-			t.Fatal(err)
-		}
+		_, err := lim.Allow(context.Background(), "k")
+		require.NoError(t, err)
 		slow := srv.Client(t)
 		done := make(chan error, 1)
 		go func() {
@@ -407,24 +349,18 @@ func TestFaultServerStates(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Second)
 		for {
 			res, err := lim.Allow(context.Background(), "k")
-			if err != nil {
-				t.Fatalf("while a script is busy: %v", err)
-			}
+			require.NoError(t, err, "while a script is busy: %v", err)
 			if res.Degraded {
 				break
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("no fallback while a script kept Redis busy")
-			}
+			require.False(t, time.Now().After(deadline), "no fallback while a script kept Redis busy")
 			time.Sleep(10 * time.Millisecond)
 		}
 		got := tr.list()
-		if len(got) != 1 || !(redis.HasErrorPrefix(got[0].Err, "BUSY") || isUnavailable(got[0].Err)) {
-			t.Fatalf("transitions = %+v, want one caused by BUSY or a timeout", got)
-		}
-		if _, err := srv.CLI("SCRIPT", "KILL"); err != nil {
-			t.Fatal(err)
-		}
+		require.Len(t, got, 1, "transitions = %+v, want one caused by BUSY or a timeout", got)
+		require.True(t, redis.HasErrorPrefix(got[0].Err, "BUSY") || isUnavailable(got[0].Err), "transitions = %+v, want one caused by BUSY or a timeout", got)
+		_, err = srv.CLI("SCRIPT", "KILL")
+		require.NoError(t, err)
 		<-done
 		waitBack(t, lim, 2*time.Second)
 	})
@@ -436,16 +372,12 @@ func waitBack(t *testing.T, lim *RateLimiter, within time.Duration) {
 	start := time.Now()
 	for {
 		res, err := lim.Allow(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !res.Degraded {
 			t.Logf("back on Redis after %v", time.Since(start).Round(time.Millisecond))
 			return
 		}
-		if time.Since(start) > within {
-			t.Fatalf("still degraded after %v", within)
-		}
+		require.LessOrEqual(t, time.Since(start), within, "still degraded after %v", within)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
@@ -456,9 +388,7 @@ func TestFaultPolicies(t *testing.T) {
 		t.Run(p.String(), func(t *testing.T) {
 			srv := redistest.Start(t)
 			lim, _, _ := faultLimiter(t, srv.Addr, WithFallback(p))
-			if err := srv.Kill(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, srv.Kill())
 			var outcomes []string
 			for range 3 {
 				res, err := lim.Allow(context.Background(), "k")
@@ -466,9 +396,9 @@ func TestFaultPolicies(t *testing.T) {
 				case err != nil && errors.Is(err, ErrUnavailable):
 					outcomes = append(outcomes, "unavailable")
 				case err != nil:
-					t.Fatalf("unexpected error %v", err)
+					require.NoError(t, err, "unexpected error %v", err)
 				case !res.Degraded:
-					t.Fatal("a result without Degraded while Redis is down")
+					require.True(t, res.Degraded, "a result without Degraded while Redis is down")
 				case res.Allowed:
 					outcomes = append(outcomes, "allowed")
 				default:
@@ -482,9 +412,8 @@ func TestFaultPolicies(t *testing.T) {
 				FallbackDeny:  "[denied denied denied]",
 				FallbackError: "[unavailable unavailable unavailable]",
 			}[p]
-			if got := fmt.Sprint(outcomes); got != want {
-				t.Errorf("outcomes %s, want %s", got, want)
-			}
+			got := fmt.Sprint(outcomes)
+			assert.Equal(t, want, got, "outcomes %s, want %s", got, want)
 		})
 	}
 }

@@ -3,6 +3,8 @@ package redlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestFixedWindowTable(t *testing.T) {
@@ -33,33 +35,21 @@ func TestFixedWindowStaleKeyFromPreviousWindow(t *testing.T) {
 	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 2, Period: 1500 * time.Microsecond})
 	ctx := t.Context()
 	key := lim.stateKey("k")
-	if _, err := lim.AllowN(ctx, "k", 2); err != nil {
-		t.Fatal(err)
-	}
+	_, err := lim.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
 	// Put the key back as if it had not expired yet: the first window's
 	// count and last digit, with its expiry (t0 + 1.5ms, rounded up to 2ms).
 	w0 := t0.UnixMicro() / 1500
 	b.advance(1500 * time.Microsecond) // t0+1.5ms: the second window
-	if err := b.rdb.Set(ctx, key, 2*10+w0%10, 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, b.rdb.Set(ctx, key, 2*10+w0%10, 0).Err())
+	require.NoError(t, b.rdb.PExpireAt(ctx, key, t0.Add(2*time.Millisecond)).Err())
 	res, err := lim.Allow(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Allowed || res.Remaining != 1 {
-		t.Fatalf("after the window edge: %+v, want allowed with 1 remaining", res)
-	}
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "after the window edge: %+v, want allowed with 1 remaining", res)
+	require.Equal(t, 1, res.Remaining, "after the window edge: %+v, want allowed with 1 remaining", res)
 	v, err := b.rdb.Get(ctx, key).Int64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := v, 1*10+(w0+1)%10; got != want {
-		t.Fatalf("stored %d, want %d: the second window's count and digit", got, want)
-	}
+	require.NoError(t, err)
+	require.Equal(t, 1*10+(w0+1)%10, v, "stored: the second window's count and digit")
 	// The second window ends at t0+3ms: 1.5ms from now, rounded up.
 	checkTTL(t, b.rdb, key, 2*time.Millisecond)
 }

@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // t0 is aligned to every period the tests use, so windows start at t0.
@@ -55,9 +56,7 @@ func miniBackend(t testing.TB) (*backend, *miniredis.Miniredis) {
 func newLimiter(t testing.TB, rdb redis.UniversalClient, s Strategy, l Limit, opts ...Option) *RateLimiter {
 	t.Helper()
 	lim, err := New(rdb, s, l, opts...)
-	if err != nil {
-		t.Fatalf("New(%v, %v): %v", s, l, err)
-	}
+	require.NoError(t, err, "New(%v, %v): %v", s, l, err)
 	rl := lim.(*RateLimiter)
 	t.Cleanup(func() { rl.Close() })
 	return rl
@@ -85,19 +84,13 @@ func run(t *testing.T, b *backend, lim Limiter, key string, steps []step) {
 			at += s.advance
 		}
 		res, err := lim.AllowN(ctx, key, s.n)
-		if err != nil {
-			t.Fatalf("step %d (t=%v, n=%d): %v", i, at, s.n, err)
-		}
+		require.NoError(t, err, "step %d (t=%v, n=%d): %v", i, at, s.n, err)
 		got := fmt.Sprintf("allowed=%v remaining=%d retry=%v reset=%v delay=%v",
 			res.Allowed, res.Remaining, res.RetryAfter, res.ResetAfter, res.Delay)
 		want := fmt.Sprintf("allowed=%v remaining=%d retry=%v reset=%v delay=%v",
 			s.allowed, s.remaining, s.retry, s.reset, s.delay)
-		if got != want {
-			t.Errorf("step %d (t=%v, n=%d):\n got %s\nwant %s", i, at, s.n, got, want)
-		}
-		if res.Degraded {
-			t.Errorf("step %d: Degraded result from a healthy Redis", i)
-		}
+		assert.Equal(t, want, got, "step %d (t=%v, n=%d):\n got %s\nwant %s", i, at, s.n, got, want)
+		assert.False(t, res.Degraded, "step %d: Degraded result from a healthy Redis", i)
 	}
 }
 
@@ -107,9 +100,7 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, key string) string {
 	t.Helper()
 	ctx := context.Background()
 	typ, err := rdb.Type(ctx, key).Result()
-	if err != nil {
-		t.Fatalf("TYPE %s: %v", key, err)
-	}
+	require.NoError(t, err, "TYPE %s: %v", key, err)
 	var val string
 	switch typ {
 	case "none":
@@ -130,11 +121,9 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, key string) string {
 		z, err = rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
 		val = fmt.Sprint(z)
 	default:
-		t.Fatalf("key %s has unexpected type %s", key, typ)
+		require.FailNow(t, "unexpected key type", "key %s has unexpected type %s", key, typ)
 	}
-	if err != nil {
-		t.Fatalf("read %s: %v", key, err)
-	}
+	require.NoError(t, err, "read %s: %v", key, err)
 	return fmt.Sprintf("%s %s expires %v", typ, val, expireTime(t, rdb, key))
 }
 
@@ -147,13 +136,10 @@ func expireTime(t *testing.T, rdb redis.UniversalClient, key string) int64 {
 	if err == nil {
 		return int64(exp / time.Millisecond)
 	}
-	if !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-		t.Fatalf("PEXPIRETIME %s: %v", key, err)
-	}
+	require.Contains(t, strings.ToLower(err.Error()), "unknown command", "PEXPIRETIME %s", key)
 	v, err := expireScript.Run(ctx, rdb, []string{key}).Int64Slice()
-	if err != nil || len(v) != 2 {
-		t.Fatalf("TIME and PTTL %s: %v, %v", key, v, err)
-	}
+	require.NoError(t, err, "TIME and PTTL %s", key)
+	require.Len(t, v, 2, "TIME and PTTL %s", key)
 	if v[1] < 0 {
 		return v[1]
 	}
@@ -175,9 +161,7 @@ func capacity(l Limit, s Strategy) int {
 
 func mustErrorIs(t *testing.T, err, target error) {
 	t.Helper()
-	if !errors.Is(err, target) {
-		t.Fatalf("err = %v, want one wrapping %v", err, target)
-	}
+	require.ErrorIs(t, err, target, "err = %v, want one wrapping %v", err, target)
 }
 
 // interval is the time one event is worth: Period/Rate, rounded up.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -36,19 +38,15 @@ func TestBehaviourRedis(t *testing.T) {
 // nor '..' on a number.
 func TestScriptsNeverStringifyNumbers(t *testing.T) {
 	files, err := filepath.Glob("scripts/*.lua")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
+	require.NoError(t, err, "no scripts: %v", err)
+	require.NotEmpty(t, files, "no scripts: %v", err)
 	for _, f := range files {
 		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for i, line := range strings.Split(string(src), "\n") {
 			code, _, _ := strings.Cut(line, "--")
-			if strings.Contains(code, "tostring") || strings.Contains(code, "..") {
-				t.Errorf("%s:%d: %s", f, i+1, strings.TrimSpace(line))
-			}
+			assert.NotContains(t, code, "tostring", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
+			assert.NotContains(t, code, "..", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
 		}
 	}
 }
@@ -133,9 +131,7 @@ func hammer(t *testing.T, lim Limiter, key string, g int, d time.Duration) ([]ti
 		})
 	}
 	wg.Wait()
-	if firstErr != nil {
-		t.Fatalf("a call failed or fell back: %v", firstErr)
-	}
+	require.NoError(t, firstErr, "a call failed or fell back: %v", firstErr)
 	sort.Slice(admitted, func(i, j int) bool { return admitted[i] < admitted[j] })
 	return admitted, maxCall, calls
 }
@@ -176,7 +172,7 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration,
 			if float64(j-i+1) > most(span)+0.5 {
 				violations++
 				if violations < 4 {
-					t.Errorf("%d events admitted within %v of client time (+%v max call): more than %v allows (%.1f)",
+					assert.LessOrEqual(t, float64(j-i+1), most(span)+0.5, "%d events admitted within %v of client time (+%v max call): more than %v allows (%.1f)",
 						j-i+1, admitted[j]-admitted[i], maxCall, tc.s, most(span))
 				}
 				break
@@ -189,9 +185,7 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration,
 	// What should be admitted from the first admission to the last (the
 	// goroutines take a moment to start, and calls are slow under -race),
 	// and at most over the whole run.
-	if len(admitted) == 0 {
-		t.Fatal("nothing admitted")
-	}
+	require.NotEmpty(t, admitted, "nothing admitted")
 	span := admitted[len(admitted)-1] - admitted[0]
 	expect := func(d time.Duration) float64 {
 		periods := float64(d) / float64(l.Period)
@@ -217,13 +211,9 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted []time.Duration,
 	}
 	t.Logf("%v %v: %d calls, %d admitted in %v (ideal %.0f, %.0f%%), longest call %v",
 		tc.s, l, calls, len(admitted), span.Round(time.Millisecond), ideal, 100*got/ideal, maxCall)
-	if got < low*ideal {
-		t.Errorf("admitted %d, fewer than %.0f%% of the %.0f the limit allows", len(admitted), low*100, ideal)
-	}
+	assert.GreaterOrEqual(t, got, low*ideal, "admitted %d, fewer than %.0f%% of the %.0f the limit allows", len(admitted), low*100, ideal)
 	ideal = expect(runFor)
-	if got > ideal+float64(burst)+float64(l.Rate) {
-		t.Errorf("admitted %d, more than the %.0f the limit allows over the run", len(admitted), ideal)
-	}
+	assert.LessOrEqual(t, got, ideal+float64(burst)+float64(l.Rate), "admitted %d, more than the %.0f the limit allows over the run", len(admitted), ideal)
 }
 
 // Redis memory each strategy keeps per limited key.
@@ -234,24 +224,19 @@ func TestMemoryPerKeyRedis(t *testing.T) {
 		lim := newLimiter(t, b.rdb, s, Limit{Rate: 1000, Period: time.Minute, Burst: 1000})
 		for _, events := range []int{1, 100, 1000} {
 			key := fmt.Sprintf("user:%d", 10000+events)
-			if err := lim.Reset(ctx, key); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := lim.AllowN(ctx, key, events); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, lim.Reset(ctx, key))
+			_, err := lim.AllowN(ctx, key, events)
+			require.NoError(t, err)
 			used, err := b.rdb.MemoryUsage(ctx, lim.stateKey(key), 0).Result() // SAMPLES 0: exact, not sampled
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			t.Logf("%-16s key %q, %3d events: MEMORY USAGE %d bytes", s, lim.stateKey(key), events, used)
-			if s != SlidingLog && used > 100 {
-				t.Errorf("%v keeps %d bytes per key, want at most 100", s, used)
+			if s != SlidingLog {
+				assert.LessOrEqual(t, used, int64(100), "%v keeps %d bytes per key, want at most 100", s, used)
 			}
 			// A small sorted set is a listpack (about 36 bytes an event); past
 			// 128 members Redis makes it a skiplist (about 118).
-			if most := int64(100 + 40*min(events, 128) + 150*max(events-128, 0)); s == SlidingLog && used > most {
-				t.Errorf("sliding log keeps %d bytes for %d events, want at most %d", used, events, most)
+			if most := int64(100 + 40*min(events, 128) + 150*max(events-128, 0)); s == SlidingLog {
+				assert.LessOrEqual(t, used, most, "sliding log keeps %d bytes for %d events, want at most %d", used, events, most)
 			}
 		}
 	}

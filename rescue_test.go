@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/redlimit/redlimit/internal/redistest"
@@ -100,60 +101,49 @@ func TestFallbackOutageAndRecovery(t *testing.T) {
 	rdb.AddHook(hook)
 	var tr transitions
 	lim, err := NewFixedWindow(rdb, PerMinute(1000), WithOnTransition(tr.record), WithPingInterval(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
-	if res, err := lim.Allow(ctx, "user"); err != nil || res.Degraded {
-		t.Fatalf("healthy: %+v, %v", res, err)
-	}
+	res, err := lim.Allow(ctx, "user")
+	require.NoError(t, err, "healthy: %+v, %v", res, err)
+	require.False(t, res.Degraded, "healthy: %+v, %v", res, err)
 
 	healthy := hook.n.Load() // EVALSHA, and EVAL after NOSCRIPT
 
 	m.Close()
 	for i := range 100 {
 		res, err := lim.Allow(ctx, "user")
-		if err != nil || !res.Allowed || !res.Degraded {
-			t.Fatalf("call %d during the outage: %+v, %v; want an allowed, degraded result", i, res, err)
-		}
+		require.NoError(t, err, "call %d during the outage: %+v, %v; want an allowed, degraded result", i, res, err)
+		require.True(t, res.Allowed, "call %d during the outage: %+v, %v; want an allowed, degraded result", i, res, err)
+		require.True(t, res.Degraded, "call %d during the outage: %+v, %v; want an allowed, degraded result", i, res, err)
 	}
-	if got := hook.n.Load() - healthy; got != 1 {
-		t.Errorf("%d commands went to Redis during the outage, want 1 (the one that found it)", got)
-	}
-	if got := tr.list(); len(got) != 1 || !got[0].Down || got[0].Err == nil || got[0].Strategy != FixedWindow {
-		t.Fatalf("transitions = %+v, want one Down with its error", got)
-	}
+	sent := hook.n.Load() - healthy
+	assert.Equal(t, int64(1), sent, "%d commands went to Redis during the outage, want 1 (the one that found it)", sent)
+	got := tr.list()
+	require.Len(t, got, 1, "transitions = %+v, want one Down with its error", got)
+	require.True(t, got[0].Down, "transitions = %+v, want one Down with its error", got)
+	require.Error(t, got[0].Err, "transitions = %+v, want one Down with its error", got)
+	require.Equal(t, FixedWindow, got[0].Strategy, "transitions = %+v, want one Down with its error", got)
 
-	if err := m.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, m.Restart())
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		res, err := lim.Allow(ctx, "user")
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if !res.Degraded {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("still degraded 3s after Redis came back")
-		}
+		require.False(t, time.Now().After(deadline), "still degraded 3s after Redis came back")
 		time.Sleep(5 * time.Millisecond)
 	}
-	got := tr.list()
-	if len(got) != 2 || got[1].Down || got[1].Outage <= 0 {
-		t.Fatalf("transitions = %+v, want Down then back with the outage's length", got)
-	}
-	if err := lim.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := lim.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if _, err := lim.Allow(ctx, "user"); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Allow after Close = %v, want ErrClosed", err)
-	}
+	got = tr.list()
+	require.Len(t, got, 2, "transitions = %+v, want Down then back with the outage's length", got)
+	require.False(t, got[1].Down, "transitions = %+v, want Down then back with the outage's length", got)
+	require.Greater(t, got[1].Outage, time.Duration(0), "transitions = %+v, want Down then back with the outage's length", got)
+	require.NoError(t, lim.Close())
+	err = lim.Close()
+	require.NoError(t, err, "second Close: %v", err)
+	_, err = lim.Allow(ctx, "user")
+	require.ErrorIs(t, err, ErrClosed, "Allow after Close = %v, want ErrClosed", err)
 	mustErrorIs(t, lim.Wait(ctx, "user"), ErrClosed)
 	mustErrorIs(t, lim.Reset(ctx, "user"), ErrClosed)
 }
@@ -164,13 +154,11 @@ func TestCloseStopsMonitor(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := tunedClient(t, m.Addr())
 	lim, err := NewTokenBucket(rdb, PerSecond(10))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m.Close()
-	if res, err := lim.Allow(context.Background(), "k"); err != nil || !res.Degraded {
-		t.Fatalf("%+v, %v", res, err)
-	}
+	res, err := lim.Allow(context.Background(), "k")
+	require.NoError(t, err, "%+v, %v", res, err)
+	require.True(t, res.Degraded, "%+v, %v", res, err)
 	lim.Close()
 	rdb.Close()
 }
@@ -186,30 +174,22 @@ func TestNotAnOutage(t *testing.T) {
 	// Denials are answers.
 	for i := range 50 {
 		res, err := lim.Allow(ctx, "k")
-		if err != nil || res.Degraded || (i >= 2 && res.Allowed) {
-			t.Fatalf("call %d: %+v, %v", i, res, err)
-		}
+		require.NoError(t, err, "call %d: %+v, %v", i, res, err)
+		require.False(t, res.Degraded, "call %d: %+v, %v", i, res, err)
+		require.False(t, i >= 2 && res.Allowed, "call %d: %+v, %v", i, res, err)
 	}
 	// The caller's context ending is the caller's business.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := lim.Allow(cancelled, "k"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled ctx: err = %v", err)
-	}
+	_, err := lim.Allow(cancelled, "k")
+	require.ErrorIs(t, err, context.Canceled, "cancelled ctx: err = %v", err)
 	// A bug (here a key of the wrong type) is an error, loudly.
-	if err := rdb.HSet(ctx, lim.stateKey("bad"), "x", "1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	_, err := lim.Allow(ctx, "bad")
-	if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("wrong type: err = %v, want the WRONGTYPE error", err)
-	}
-	if got := tr.list(); len(got) != 0 {
-		t.Fatalf("transitions = %+v, want none", got)
-	}
-	if lim.rescue.anyDown() {
-		t.Fatal("marked down")
-	}
+	require.NoError(t, rdb.HSet(ctx, lim.stateKey("bad"), "x", "1").Err())
+	_, err = lim.Allow(ctx, "bad")
+	require.ErrorContains(t, err, "WRONGTYPE", "wrong type: err = %v, want the WRONGTYPE error", err)
+	got := tr.list()
+	require.Empty(t, got, "transitions = %+v, want none", got)
+	require.False(t, lim.rescue.anyDown(), "marked down")
 }
 
 func TestFallbackPolicies(t *testing.T) {
@@ -232,19 +212,15 @@ func TestFallbackPolicies(t *testing.T) {
 			for i := range 3 {
 				res, err := lim.Allow(context.Background(), "k")
 				if tt.err != nil {
-					if !errors.Is(err, tt.err) {
-						t.Fatalf("call %d: err = %v, want %v", i, err, tt.err)
-					}
-					if !strings.Contains(err.Error(), "connect") {
-						t.Errorf("err %q does not tell the cause", err)
-					}
+					require.ErrorIs(t, err, tt.err, "call %d: err = %v, want %v", i, err, tt.err)
+					assert.Contains(t, err.Error(), "connect", "err %q does not tell the cause", err)
 					continue
 				}
-				if err != nil || res.Allowed != tt.allowed || !res.Degraded {
-					t.Fatalf("call %d: %+v, %v; want allowed=%v, degraded", i, res, err, tt.allowed)
-				}
-				if !res.Allowed && res.RetryAfter <= 0 {
-					t.Errorf("denied without RetryAfter: %+v", res)
+				require.NoError(t, err, "call %d: %+v, %v; want allowed=%v, degraded", i, res, err, tt.allowed)
+				require.Equal(t, tt.allowed, res.Allowed, "call %d: %+v, %v; want allowed=%v, degraded", i, res, err, tt.allowed)
+				require.True(t, res.Degraded, "call %d: %+v, %v; want allowed=%v, degraded", i, res, err, tt.allowed)
+				if !res.Allowed {
+					assert.Greater(t, res.RetryAfter, time.Duration(0), "denied without RetryAfter: %+v", res)
 				}
 			}
 		})
@@ -274,23 +250,22 @@ func TestFallbackMapping(t *testing.T) {
 			ctx := context.Background()
 			for i := range tt.admitted {
 				res, err := lim.Allow(ctx, "k")
-				if err != nil || !res.Allowed || !res.Degraded {
-					t.Fatalf("call %d: %+v, %v", i, res, err)
-				}
+				require.NoError(t, err, "call %d: %+v, %v", i, res, err)
+				require.True(t, res.Allowed, "call %d: %+v, %v", i, res, err)
+				require.True(t, res.Degraded, "call %d: %+v, %v", i, res, err)
 				if tt.s == LeakyBucket {
 					want := time.Duration(i) * 100 * time.Millisecond
-					if d := res.Delay; d < want-time.Millisecond || d > want {
-						t.Errorf("call %d: Delay = %v, want about %v", i, d, want)
-					}
+					d := res.Delay
+					assert.GreaterOrEqual(t, d, want-time.Millisecond, "call %d: Delay = %v, want about %v", i, d, want)
+					assert.LessOrEqual(t, d, want, "call %d: Delay = %v, want about %v", i, d, want)
 				}
 			}
 			res, err := lim.Allow(ctx, "k")
-			if err != nil || res.Allowed {
-				t.Fatalf("over the burst: %+v, %v", res, err)
-			}
-			if d := res.RetryAfter; d > tt.retryAfter || d < tt.retryAfter-5*time.Millisecond {
-				t.Errorf("RetryAfter = %v, want about %v", d, tt.retryAfter)
-			}
+			require.NoError(t, err, "over the burst: %+v, %v", res, err)
+			require.False(t, res.Allowed, "over the burst: %+v, %v", res, err)
+			d := res.RetryAfter
+			assert.LessOrEqual(t, d, tt.retryAfter, "RetryAfter = %v, want about %v", d, tt.retryAfter)
+			assert.GreaterOrEqual(t, d, tt.retryAfter-5*time.Millisecond, "RetryAfter = %v, want about %v", d, tt.retryAfter)
 		})
 	}
 }
@@ -308,17 +283,13 @@ func TestFallbackShare(t *testing.T) {
 				lim := newLimiter(t, rdb, s, PerMinute(100), WithFallbackShare(0.25), WithPingInterval(time.Hour))
 				for range 200 {
 					res, err := lim.Allow(context.Background(), "k")
-					if err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
 					if res.Allowed {
 						total++
 					}
 				}
 			}
-			if total != 100 {
-				t.Fatalf("4 instances admitted %d at once, want the global 100", total)
-			}
+			require.Equal(t, 100, total, "4 instances admitted %d at once, want the global 100", total)
 		})
 	}
 }
@@ -338,21 +309,19 @@ func TestFallbackKeysBounded(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	const keys = 1_000_000
 	for i := range keys {
-		if res, err := lim.Allow(ctx, fmt.Sprintf("ip:10.%d.%d.%d", i>>16, (i>>8)&255, i&255)); err != nil || !res.Degraded {
-			t.Fatalf("key %d: %+v, %v", i, res, err)
+		res, err := lim.Allow(ctx, fmt.Sprintf("ip:10.%d.%d.%d", i>>16, (i>>8)&255, i&255))
+		if err != nil || !res.Degraded { // a million testify calls would double the test's time
+			require.NoError(t, err, "key %d: %+v, %v", i, res, err)
+			require.True(t, res.Degraded, "key %d: %+v, %v", i, res, err)
 		}
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	held := lim.rescue.locals.len()
-	if held > 100_000 {
-		t.Fatalf("the fallback holds %d keys, want at most 100,000", held)
-	}
+	require.LessOrEqual(t, held, 100_000, "the fallback holds %d keys, want at most 100,000", held)
 	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("%d keys offered, %d held, heap grew %.1f MB (%d bytes a key)", keys, held, float64(grew)/1e6, grew/int64(held))
-	if grew > 40<<20 {
-		t.Fatalf("heap grew %d MB, want at most the documented 40 MB", grew>>20)
-	}
+	require.LessOrEqual(t, grew, int64(40<<20), "heap grew %d MB, want at most the documented 40 MB", grew>>20)
 }
 
 // The transition hook may call Close, even from the monitor's switch back.
@@ -368,25 +337,18 @@ func TestCloseFromTransitionHook(t *testing.T) {
 				closed <- lim.Close()
 			}
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m.Close()
-	if res, err := lim.Allow(context.Background(), "k"); err != nil || !res.Degraded {
-		t.Fatalf("%+v, %v", res, err)
-	}
-	if err := m.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	res, err := lim.Allow(context.Background(), "k")
+	require.NoError(t, err, "%+v, %v", res, err)
+	require.True(t, res.Degraded, "%+v, %v", res, err)
+	require.NoError(t, m.Restart())
 	select {
 	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 	case <-time.After(3 * time.Second):
-		t.Fatal("Close from the hook did not return")
+		require.FailNow(t, "Close from the hook did not return")
 	}
-	if _, err := lim.Allow(context.Background(), "k"); !errors.Is(err, ErrClosed) {
-		t.Fatalf("after Close: %v", err)
-	}
+	_, err = lim.Allow(context.Background(), "k")
+	require.ErrorIs(t, err, ErrClosed, "after Close: %v", err)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestSlidingCounterTable(t *testing.T) {
@@ -40,8 +42,7 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 		{n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: 1500 * ms},
 	})
 	v, err := b.rdb.Get(t.Context(), lim.stateKey("k")).Result()
+	require.NoError(t, err, "stored %q, %v; want the counts as text", v, err)
 	// c:p:w, w the window index (t0 + 1.5s, in whole seconds).
-	if want := fmt.Sprintf("700000000:600000000:%d", t0.Unix()+1); err != nil || v != want {
-		t.Fatalf("stored %q, %v; want the counts as text", v, err)
-	}
+	require.Equal(t, fmt.Sprintf("700000000:600000000:%d", t0.Unix()+1), v, "stored %q; want the counts as text", v)
 }

@@ -3,6 +3,8 @@ package redlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestSlidingLogTable(t *testing.T) {
@@ -32,34 +34,28 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 	lim := newLimiter(t, b.rdb, SlidingLog, PerSecond(10))
 	ctx := t.Context()
 	for range 3 {
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {
-			t.Fatalf("Allow: %+v, %v", res, err)
-		}
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err, "Allow: %+v, %v", res, err)
+		require.True(t, res.Allowed, "Allow: %+v, %v", res, err)
 	}
-	if res, err := lim.AllowN(ctx, "k", 4); err != nil || !res.Allowed || res.Remaining != 3 {
-		t.Fatalf("AllowN(4): %+v, %v; want allowed, 3 remaining", res, err)
-	}
+	res, err := lim.AllowN(ctx, "k", 4)
+	require.NoError(t, err, "AllowN(4): %+v, %v; want allowed, 3 remaining", res, err)
+	require.True(t, res.Allowed, "AllowN(4): %+v, %v; want allowed, 3 remaining", res, err)
+	require.Equal(t, 3, res.Remaining, "AllowN(4): %+v, %v; want allowed, 3 remaining", res, err)
 	n, err := b.rdb.ZCard(ctx, lim.stateKey("k")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != 7 {
-		t.Fatalf("ZCARD = %d, want 7 members for 7 events in one microsecond", n)
-	}
+	require.NoError(t, err)
+	require.Equal(t, int64(7), n, "ZCARD = %d, want 7 members for 7 events in one microsecond", n)
 	// An AllowN larger than one ZADD chunk (500 events) works too.
 	big := newLimiter(t, b.rdb, SlidingLog, PerSecond(2000))
 	for range 2 {
-		if _, err := big.AllowN(ctx, "big", MaxSlidingLogN); err != nil {
-			t.Fatalf("AllowN(%d): %v", MaxSlidingLogN, err)
-		}
+		_, err := big.AllowN(ctx, "big", MaxSlidingLogN)
+		require.NoError(t, err, "AllowN(%d)", MaxSlidingLogN)
 	}
-	if n, _ := b.rdb.ZCard(ctx, big.stateKey("big")).Result(); n != 2*MaxSlidingLogN {
-		t.Fatalf("ZCARD = %d, want %d", n, 2*MaxSlidingLogN)
-	}
+	n, _ = b.rdb.ZCard(ctx, big.stateKey("big")).Result()
+	require.Equal(t, int64(2*MaxSlidingLogN), n, "ZCARD = %d, want %d", n, 2*MaxSlidingLogN)
 	// More than MaxSlidingLogN in one call is refused, and writes nothing.
 	_, err = big.AllowN(ctx, "other", MaxSlidingLogN+1)
-	mustErrorIs(t, err, ErrInvalidArgument)
-	if n, _ := b.rdb.Exists(ctx, big.stateKey("other")).Result(); n != 0 {
-		t.Fatalf("a refused AllowN wrote its key")
-	}
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	n, _ = b.rdb.Exists(ctx, big.stateKey("other")).Result()
+	require.Zero(t, n, "a refused AllowN wrote its key")
 }

@@ -3,6 +3,8 @@ package redlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestTokenBucketTable(t *testing.T) {
@@ -29,27 +31,26 @@ func TestTokenBucketFractionalInterval(t *testing.T) {
 	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(3))
 	ctx := t.Context()
 	for i := range 3 {
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 2-i {
-			t.Fatalf("Allow %d: %+v, %v", i, res, err)
-		}
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err, "Allow %d: %+v, %v", i, res, err)
+		require.True(t, res.Allowed, "Allow %d: %+v, %v", i, res, err)
+		require.Equal(t, 2-i, res.Remaining, "Allow %d: %+v, %v", i, res, err)
 	}
 	res, err := lim.Allow(ctx, "k")
 	// 333333.3µs, rounded up: the refill is exact (see bucket.lua).
-	if err != nil || res.Allowed || res.RetryAfter != 333334*time.Microsecond {
-		t.Fatalf("4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
-	}
+	require.NoError(t, err, "4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
+	require.False(t, res.Allowed, "4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
+	require.Equal(t, 333334*time.Microsecond, res.RetryAfter, "4th Allow: %+v, %v; want denied, retry 333334µs", res, err)
 	b.advance(333333 * time.Microsecond)
-	if res, _ := lim.Allow(ctx, "k"); res.Allowed {
-		t.Fatalf("allowed 1µs before RetryAfter: %+v", res)
-	}
+	res, _ = lim.Allow(ctx, "k")
+	require.False(t, res.Allowed, "allowed 1µs before RetryAfter: %+v", res)
 	b.advance(time.Microsecond)
-	if res, _ := lim.Allow(ctx, "k"); !res.Allowed {
-		t.Fatalf("denied at RetryAfter: %+v", res)
-	}
+	res, _ = lim.Allow(ctx, "k")
+	require.True(t, res.Allowed, "denied at RetryAfter: %+v", res)
 	b.advance(time.Second)
-	if res, err := lim.AllowN(ctx, "k", 0); err != nil || res.Remaining != 3 {
-		t.Fatalf("after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)
-	}
+	res, err = lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err, "after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)
+	require.Equal(t, 3, res.Remaining, "after 1s: %+v, %v; want 3 remaining (a full refill)", res, err)
 }
 
 // At an interval of 10µs the bucket is exact, and its key lives one period

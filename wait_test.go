@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // bubbleClient returns a client of a miniredis that runs on the synctest
@@ -42,15 +43,11 @@ func TestWaitAsksOncePerRetryAfter(t *testing.T) {
 				lim := newLimiter(t, rdb, s, Limit{Rate: 2, Period: time.Second, Burst: 2}, observe)
 				ctx := context.Background()
 				for range 2 {
-					if err := lim.Wait(ctx, "k"); err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, lim.Wait(ctx, "k"))
 				}
 				calls.Store(0)
 				start := time.Now()
-				if err := lim.Wait(ctx, "k"); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, lim.Wait(ctx, "k"))
 				waited := time.Since(start)
 				want := map[Strategy]time.Duration{
 					FixedWindow:    time.Second,             // the next window
@@ -59,12 +56,9 @@ func TestWaitAsksOncePerRetryAfter(t *testing.T) {
 					TokenBucket:    500 * time.Millisecond,  // one token
 					LeakyBucket:    500 * time.Millisecond,  // the second Wait slept until 500ms; the next slot is at 1s
 				}[s]
-				if waited != want {
-					t.Errorf("Wait took %v, want %v", waited, want)
-				}
-				if got := calls.Load(); got > 2 {
-					t.Errorf("Wait asked Redis %d times, want at most 2 (denied, then allowed)", got)
-				}
+				assert.Equal(t, want, waited, "Wait took %v, want %v", waited, want)
+				got := calls.Load()
+				assert.LessOrEqual(t, got, int64(2), "Wait asked Redis %d times, want at most 2 (denied, then allowed)", got)
 			})
 		})
 	}
@@ -76,24 +70,18 @@ func TestWaitDeadline(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb := bubbleClient(t)
 				lim := newLimiter(t, rdb, s, Limit{Rate: 1, Period: time.Second, Burst: 1})
-				if err := lim.Wait(context.Background(), "k"); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, lim.Wait(context.Background(), "k"))
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				start := time.Now()
 				err := lim.Wait(ctx, "k")
-				if !errors.Is(err, context.DeadlineExceeded) {
-					t.Fatalf("Wait = %v, want an error wrapping context.DeadlineExceeded", err)
-				}
-				if waited := time.Since(start); waited != 0 {
-					t.Errorf("Wait returned after %v, want at once", waited)
-				}
+				require.ErrorIs(t, err, context.DeadlineExceeded, "Wait = %v, want an error wrapping context.DeadlineExceeded", err)
+				waited := time.Since(start)
+				assert.Zero(t, waited, "Wait returned after %v, want at once", waited)
 				cancelled, cancel2 := context.WithCancel(context.Background())
 				cancel2()
-				if err := lim.Wait(cancelled, "k"); !errors.Is(err, context.Canceled) {
-					t.Errorf("Wait on a cancelled context = %v", err)
-				}
+				err = lim.Wait(cancelled, "k")
+				assert.ErrorIs(t, err, context.Canceled, "Wait on a cancelled context = %v", err)
 			})
 		})
 	}
@@ -106,25 +94,18 @@ func TestLeakyBucketWaitKeepsSlot(t *testing.T) {
 		lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 3})
 		ctx := context.Background()
 		// Take the slots at 0 and 100ms without waiting.
-		if _, err := lim.AllowN(ctx, "k", 2); err != nil {
-			t.Fatal(err)
-		}
+		_, err := lim.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
 		short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
 		defer cancel()
-		err := lim.Wait(short, "k") // its slot would be at 200ms
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Wait = %v, want DeadlineExceeded", err)
-		}
+		err = lim.Wait(short, "k") // its slot would be at 200ms
+		require.ErrorIs(t, err, context.DeadlineExceeded, "Wait = %v, want DeadlineExceeded", err)
 		res, err := lim.AllowN(ctx, "k", 0)
-		if err != nil || res.Remaining != 1 {
-			t.Fatalf("after the refused Wait: %+v, %v; want the slot still free (1 remaining)", res, err)
-		}
+		require.NoError(t, err, "after the refused Wait: %+v, %v; want the slot still free (1 remaining)", res, err)
+		require.Equal(t, 1, res.Remaining, "after the refused Wait: %+v, %v; want the slot still free (1 remaining)", res, err)
 		start := time.Now()
-		if err := lim.Wait(ctx, "k"); err != nil {
-			t.Fatal(err)
-		}
-		if waited := time.Since(start); waited != 200*time.Millisecond {
-			t.Errorf("Wait slept %v, want the slot's delay of 200ms", waited)
-		}
+		require.NoError(t, lim.Wait(ctx, "k"))
+		waited := time.Since(start)
+		assert.Equal(t, 200*time.Millisecond, waited, "Wait slept %v, want the slot's delay of 200ms", waited)
 	})
 }

@@ -8,15 +8,15 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func miniEnv(t *testing.T) *Env {
 	t.Helper()
 	m := miniredis.RunT(t)
 	env, err := NewEnv(m.Addr(), redistest.TunedOptions(m.Addr()), true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(env.Close)
 	return env
 }
@@ -25,9 +25,7 @@ func redisEnv(t *testing.T) *Env {
 	t.Helper()
 	s := redistest.Start(t)
 	env, err := NewEnv(s.Addr, redistest.TunedOptions(s.Addr), false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(env.Close)
 	return env
 }
@@ -48,41 +46,30 @@ func TestCompareMiniredis(t *testing.T) {
 		HotRate:     2,
 		Seed:        1,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	rep.Markdown(&sb)
-	if len(rep.Skipped) > 0 {
-		t.Errorf("contenders skipped: %v", rep.Skipped)
-	}
-	if got, want := len(rep.Rows), 3*len(Contenders()); got != want {
-		t.Fatalf("got %d rows, want %d", got, want)
-	}
+	assert.Empty(t, rep.Skipped, "contenders skipped: %v", rep.Skipped)
+	got, want := len(rep.Rows), 3*len(Contenders())
+	require.Equal(t, want, got, "got %d rows, want %d", got, want)
 	for _, row := range rep.Rows {
 		ops, allowed, errs, first := row.TotalOps()
-		if ops == 0 || errs > 0 {
-			t.Errorf("%s %s: %d decisions, %d errors (%s), want > 0 and none", row.Workload, row.Contender, ops, errs, first)
+		if !assert.NotZero(t, ops, "%s %s: %d decisions, %d errors (%s), want > 0 and none", row.Workload, row.Contender, ops, errs, first) ||
+			!assert.Zero(t, errs, "%s %s: %d decisions, %d errors (%s), want > 0 and none", row.Workload, row.Contender, ops, errs, first) {
 			continue
 		}
-		if row.Ratio() <= 0 {
-			t.Errorf("%s %s: no ratio to INCR", row.Workload, row.Contender)
-		}
+		assert.Greater(t, row.Ratio(), 0.0, "%s %s: no ratio to INCR", row.Workload, row.Contender)
 		switch {
-		case row.Workload != "hot" && allowed != ops:
-			t.Errorf("%s %s: allowed %d of %d, want all", row.Workload, row.Contender, allowed, ops)
-		case row.Workload == "hot" && row.Kind != "floor" && allowed*2 > ops:
+		case row.Workload != "hot":
+			assert.Equal(t, ops, allowed, "%s %s: allowed %d of %d, want all", row.Workload, row.Contender, allowed, ops)
+		case row.Kind != "floor":
 			// A 2/s limit offered thousands per second: a window or a
 			// bucket lets through about 2 (go-zero's bucket, in whole
 			// seconds, a few more).
-			t.Errorf("hot %s: allowed %d of %d, want most denied", row.Contender, allowed, ops)
+			assert.LessOrEqual(t, allowed*2, ops, "hot %s: allowed %d of %d, want most denied", row.Contender, allowed, ops)
 		}
-		if !strings.Contains(sb.String(), row.Contender) {
-			t.Errorf("%s missing from the table", row.Contender)
-		}
+		assert.Contains(t, sb.String(), row.Contender, "%s missing from the table", row.Contender)
 	}
-	if !strings.Contains(sb.String(), "not Redis") {
-		t.Error("the table does not say that miniredis figures are not Redis's")
-	}
+	assert.Contains(t, sb.String(), "not Redis", "the table does not say that miniredis figures are not Redis's")
 }
 
 // TestRedisModes runs the memory, ceiling and AutoPipeliner modes briefly on
@@ -92,51 +79,38 @@ func TestRedisModes(t *testing.T) {
 	ctx := context.Background()
 
 	mem, err := Memory(ctx, env, 200)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, row := range mem.Rows {
-		if row.Bytes <= 0 || len(row.Keys) == 0 {
-			t.Errorf("memory %s: %d bytes in %v", row.Contender, row.Bytes, row.Keys)
-		}
+		assert.Greater(t, row.Bytes, int64(0), "memory %s: %d bytes in %v", row.Contender, row.Bytes, row.Keys)
+		assert.NotEmpty(t, row.Keys, "memory %s: %d bytes in %v", row.Contender, row.Bytes, row.Keys)
 	}
 
 	ceil, err := Ceiling(ctx, env, CeilingConfig{Duration: 30 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, row := range ceil.Rows {
-		if row.GoOps <= 0 || row.GoErrs > 0 || row.UsecPerCall <= 0 {
-			t.Errorf("ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
-		}
+		assert.Greater(t, row.GoOps, 0.0, "ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
+		assert.Zero(t, row.GoErrs, "ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
+		assert.Greater(t, row.UsecPerCall, 0.0, "ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
 	}
 
-	if err := env.EnableAutoPipeline(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, env.EnableAutoPipeline())
 	ns, err := CheckNoScript(ctx, env)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, line := range ns.Single {
-		if !strings.Contains(line, "after SCRIPT FLUSH allowed=true err=<nil>") {
-			t.Errorf("NOSCRIPT through the AutoPipeliner: %s", line)
-		}
+		assert.Contains(t, line, "after SCRIPT FLUSH allowed=true err=<nil>", "NOSCRIPT through the AutoPipeliner: %s", line)
 	}
-	if ns.LoadOps == 0 || ns.LoadErrs > 0 {
-		t.Errorf("NOSCRIPT under load: %d decisions, %d errors (%s)", ns.LoadOps, ns.LoadErrs, ns.LoadFirstErr)
-	}
+	assert.NotZero(t, ns.LoadOps, "NOSCRIPT under load: %d decisions, %d errors (%s)", ns.LoadOps, ns.LoadErrs, ns.LoadFirstErr)
+	assert.Zero(t, ns.LoadErrs, "NOSCRIPT under load: %d decisions, %d errors (%s)", ns.LoadOps, ns.LoadErrs, ns.LoadFirstErr)
 	rep, err := Run(ctx, Config{
 		Env: env, Contenders: AutoPipelineContenders(), Workloads: []string{"keys"},
 		Concurrency: []int{16}, Rounds: 1, Duration: 30 * time.Millisecond, NumKeys: 100,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, row := range rep.Rows {
-		if ops, allowed, errs, first := row.TotalOps(); ops == 0 || errs > 0 || allowed != ops {
-			t.Errorf("%s: %d decisions, %d allowed, %d errors (%s)", row.Contender, ops, allowed, errs, first)
-		}
+		ops, allowed, errs, first := row.TotalOps()
+		assert.NotZero(t, ops, "%s: %d decisions, %d allowed, %d errors (%s)", row.Contender, ops, allowed, errs, first)
+		assert.Zero(t, errs, "%s: %d decisions, %d allowed, %d errors (%s)", row.Contender, ops, allowed, errs, first)
+		assert.Equal(t, ops, allowed, "%s: %d decisions, %d allowed, %d errors (%s)", row.Contender, ops, allowed, errs, first)
 	}
 }
 
@@ -150,14 +124,13 @@ func TestHistQuantile(t *testing.T) {
 		want time.Duration
 	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, 1000 * time.Microsecond}} {
 		got := h.quantile(c.q)
-		if diff := float64(got-c.want) / float64(c.want); diff < -1.0/64 || diff > 1.0/64 {
-			t.Errorf("quantile(%v) = %v, want %v within 1/64", c.q, got, c.want)
-		}
+		diff := float64(got-c.want) / float64(c.want)
+		assert.InDelta(t, 0, diff, 1.0/64, "quantile(%v) = %v, want %v within 1/64", c.q, got, c.want)
 	}
 	for _, v := range []uint64{0, 1, 127, 128, 129, 1000, 123456789, 1 << 46} {
 		i := histIndex(v)
-		if mid := histValue(i); float64(mid) < float64(v)*(1-1.0/64) || float64(mid) > float64(v)*(1+1.0/64)+1 {
-			t.Errorf("value %d: bucket %d middle %d, more than 1/64 off", v, i, mid)
-		}
+		mid := histValue(i)
+		assert.GreaterOrEqual(t, float64(mid), float64(v)*(1-1.0/64), "value %d: bucket %d middle %d, more than 1/64 off", v, i, mid)
+		assert.LessOrEqual(t, float64(mid), float64(v)*(1+1.0/64)+1, "value %d: bucket %d middle %d, more than 1/64 off", v, i, mid)
 	}
 }

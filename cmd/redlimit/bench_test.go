@@ -2,33 +2,28 @@ package main
 
 import (
 	"bytes"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestBenchEmbedded runs every strategy briefly on the embedded miniredis.
 func TestBenchEmbedded(t *testing.T) {
 	t.Parallel()
 	code, stdout, stderr := runT(t, "bench", "-duration", "200ms", "-concurrency", "4", "-keys", "3")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, stderr)
-	}
-	if !strings.Contains(stdout, "embedded miniredis (this measures the library and the go-redis client, not Redis)") {
-		t.Errorf("stdout does not say what miniredis measures:\n%s", stdout)
-	}
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	assert.Contains(t, stdout, "embedded miniredis (this measures the library and the go-redis client, not Redis)", "stdout does not say what miniredis measures:\n%s", stdout)
 	for _, s := range []string{"fixed-window", "sliding-log", "sliding-counter", "token-bucket", "leaky-bucket"} {
 		row := rowOf(stdout, s)
-		if len(row) != 7 {
-			t.Errorf("no row of 7 columns for %s:\n%s", s, stdout)
+		if !assert.Len(t, row, 7, "no row of 7 columns for %s:\n%s", s, stdout) {
 			continue
 		}
-		if row[1] == "0" || row[6] != "0" {
-			t.Errorf("%s: %s decisions, %s errors; want some and none", s, row[1], row[6])
-		}
+		assert.NotEqual(t, "0", row[1], "%s: %s decisions, %s errors; want some and none", s, row[1], row[6])
+		assert.Equal(t, "0", row[6], "%s: %s decisions, %s errors; want some and none", s, row[1], row[6])
 	}
 }
 
@@ -38,22 +33,14 @@ func TestBenchRedisAddr(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)
 	m.ClockTTL(true)
-	if err := m.Set("user-data", "keep"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, m.Set("user-data", "keep"))
 	code, stdout, stderr := runT(t, "bench", "-redis", m.Addr(), "-strategy", "sliding-log", "-duration", "200ms", "-rate", "50", "-keys", "2", "-timeout", "2s")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, stderr)
-	}
-	if !strings.Contains(stdout, "target: Redis at "+m.Addr()) {
-		t.Errorf("stdout does not name the target:\n%s", stdout)
-	}
-	if row := rowOf(stdout, "sliding-log"); len(row) != 7 || rowOf(stdout, "token-bucket") != nil {
-		t.Errorf("want one row, for sliding-log:\n%s", stdout)
-	}
-	if got := m.Keys(); len(got) != 1 || got[0] != "user-data" {
-		t.Errorf("keys after bench = %q, want [user-data]", got)
-	}
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	assert.Contains(t, stdout, "target: Redis at "+m.Addr(), "stdout does not name the target:\n%s", stdout)
+	assert.Len(t, rowOf(stdout, "sliding-log"), 7, "want one row, for sliding-log:\n%s", stdout)
+	assert.Nil(t, rowOf(stdout, "token-bucket"), "want one row, for sliding-log:\n%s", stdout)
+	got := m.Keys()
+	assert.Equal(t, []string{"user-data"}, got, "keys after bench = %q, want [user-data]", got)
 }
 
 func TestPercentile(t *testing.T) {
@@ -74,9 +61,8 @@ func TestPercentile(t *testing.T) {
 		{lat, 100, 200 * time.Millisecond},
 	}
 	for _, tt := range tests {
-		if got := percentile(tt.sorted, tt.p); got != tt.want {
-			t.Errorf("percentile(%d values, %v) = %v, want %v", len(tt.sorted), tt.p, got, tt.want)
-		}
+		got := percentile(tt.sorted, tt.p)
+		assert.Equal(t, tt.want, got, "percentile(%d values, %v) = %v, want %v", len(tt.sorted), tt.p, got, tt.want)
 	}
 }
 
@@ -93,12 +79,9 @@ func TestProgress(t *testing.T) {
 		if tty {
 			want = "\r\033[Kbench token-bucket: 1.5s of 3s, 1234 decisions"
 		}
-		if got := buf.String(); got != want {
-			t.Errorf("tty=%v: got %q, want %q", tty, got, want)
-		}
+		got := buf.String()
+		assert.Equal(t, want, got, "tty=%v: got %q, want %q", tty, got, want)
 	}
 	// A writer that is not a terminal gets plain lines.
-	if isTerminal(&bytes.Buffer{}) {
-		t.Error("isTerminal(buffer) = true")
-	}
+	assert.False(t, isTerminal(&bytes.Buffer{}), "isTerminal(buffer) = true")
 }

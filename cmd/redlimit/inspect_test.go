@@ -8,6 +8,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
 )
@@ -28,14 +30,11 @@ func startRedis(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 func allowT(t *testing.T, rdb *redis.Client, s redlimit.Strategy, limit redlimit.Limit, key string, n int) {
 	t.Helper()
 	lim, err := redlimit.New(rdb, s, limit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lim.(*redlimit.RateLimiter).Close()
 	res, err := lim.AllowN(context.Background(), key, n)
-	if err != nil || !res.Allowed {
-		t.Fatalf("AllowN(%q, %d) = %+v, %v; want allowed", key, n, res, err)
-	}
+	require.NoError(t, err, "AllowN(%q, %d) = %+v, %v; want allowed", key, n, res, err)
+	require.True(t, res.Allowed, "AllowN(%q, %d) = %+v, %v; want allowed", key, n, res, err)
 }
 
 // field returns the value printed after name at the start of a line.
@@ -55,9 +54,7 @@ func TestInspectAndReset(t *testing.T) {
 
 	inspectArgs := []string{"inspect", "-redis", m.Addr(), "-strategy", "token-bucket", "-rate", "10", "-period", "1s", key}
 	code, stdout, stderr := runT(t, inspectArgs...)
-	if code != 0 {
-		t.Fatalf("inspect: exit %d, stderr %q", code, stderr)
-	}
+	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
 	for name, want := range map[string]string{
 		"key":         key,
 		"strategy":    "token-bucket",
@@ -70,29 +67,22 @@ func TestInspectAndReset(t *testing.T) {
 		state:               "string 300ms 631065602200000",
 		state + blockSuffix: "(missing) - -",
 	} {
-		if got := field(stdout, name); got != want {
-			t.Errorf("inspect: %s = %q, want %q\n%s", name, got, want, stdout)
-		}
+		got := field(stdout, name)
+		assert.Equal(t, want, got, "inspect: %s = %q, want %q\n%s", name, got, want, stdout)
 	}
 
 	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
-	if code != 0 {
-		t.Fatalf("reset: exit %d, stderr %q", code, stderr)
-	}
-	if got, want := stdout, "reset "+key+": deleted "+state+"\n"; got != want {
-		t.Errorf("reset: stdout %q, want %q", got, want)
-	}
-	if m.Exists(state) {
-		t.Errorf("%s still exists after reset", state)
-	}
+	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
+	want := "reset " + key + ": deleted " + state + "\n"
+	assert.Equal(t, want, stdout, "reset: stdout %q, want %q", stdout, want)
+	assert.False(t, m.Exists(state), "%s still exists after reset", state)
 	_, stdout, _ = runT(t, inspectArgs...)
-	if got, want := field(stdout, "remaining"), "10"; got != want {
-		t.Errorf("inspect after reset: remaining = %q, want %q", got, want)
-	}
+	got := field(stdout, "remaining")
+	want = "10"
+	assert.Equal(t, want, got, "inspect after reset: remaining = %q, want %q", got, want)
 	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
-	if want := "reset " + key + ": no state in Redis (" + state + ")\n"; stdout != want {
-		t.Errorf("second reset: stdout %q, want %q", stdout, want)
-	}
+	want = "reset " + key + ": no state in Redis (" + state + ")\n"
+	assert.Equal(t, want, stdout, "second reset: stdout %q, want %q", stdout, want)
 }
 
 // TestInspectStrategies checks, for every strategy, that inspect finds the
@@ -122,26 +112,20 @@ func TestInspectStrategies(t *testing.T) {
 			m, rdb := startRedis(t)
 			limit := redlimit.Limit{Rate: 4, Period: 2 * time.Second}
 			lim, err := redlimit.New(rdb, tt.strategy, limit, redlimit.WithPrefix("p"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer lim.(*redlimit.RateLimiter).Close()
-			if _, err := lim.AllowN(context.Background(), "u", 2); err != nil {
-				t.Fatal(err)
-			}
+			_, err = lim.AllowN(context.Background(), "u", 2)
+			require.NoError(t, err)
 			code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", tt.strategy.String(),
 				"-rate", "4", "-period", "2s", "-prefix", "p", "u")
-			if code != 0 {
-				t.Fatalf("exit %d, stderr %q", code, stderr)
-			}
+			require.Zero(t, code, "exit %d, stderr %q", code, stderr)
 			for name, want := range map[string]string{
 				tt.state:      tt.keyRow,
 				"remaining":   tt.remaining,
 				"reset-after": tt.reset,
 			} {
-				if got := field(stdout, name); got != want {
-					t.Errorf("%s = %q, want %q\n%s", name, got, want, stdout)
-				}
+				got := field(stdout, name)
+				assert.Equal(t, want, got, "%s = %q, want %q\n%s", name, got, want, stdout)
 			}
 		})
 	}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // runT runs a command line and returns its exit status and output.
@@ -51,19 +53,14 @@ func TestUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runT(t, tt.args...)
-		if code != tt.code {
-			t.Errorf("%q: exit %d, want %d (stderr %q)", tt.args, code, tt.code, stderr)
-		}
-		if !strings.Contains(stdout, tt.stdout) {
-			t.Errorf("%q: stdout %q, want it to contain %q", tt.args, stdout, tt.stdout)
-		}
+		assert.Equal(t, tt.code, code, "%q: exit %d, want %d (stderr %q)", tt.args, code, tt.code, stderr)
+		assert.Contains(t, stdout, tt.stdout, "%q: stdout %q, want it to contain %q", tt.args, stdout, tt.stdout)
 		if tt.stderrLine != "" {
-			if first, _, _ := strings.Cut(stderr, "\n"); first != tt.stderrLine {
-				t.Errorf("%q: stderr starts %q, want %q", tt.args, first, tt.stderrLine)
-			}
+			first, _, _ := strings.Cut(stderr, "\n")
+			assert.Equal(t, tt.stderrLine, first, "%q: stderr starts %q, want %q", tt.args, first, tt.stderrLine)
 		}
-		if tt.code == 2 && tt.stderrLine != "" && !strings.Contains(stderr, "Run 'redlimit help") {
-			t.Errorf("%q: stderr %q does not point to the help", tt.args, stderr)
+		if tt.code == 2 && tt.stderrLine != "" {
+			assert.Contains(t, stderr, "Run 'redlimit help", "%q: stderr %q does not point to the help", tt.args, stderr)
 		}
 	}
 }
@@ -78,8 +75,8 @@ func TestUnreachableRedis(t *testing.T) {
 		{"bench", "-redis", "127.0.0.1:1", "-duration", "10ms"},
 	} {
 		code, _, stderr := runT(t, args...)
-		if code != 1 || !strings.HasPrefix(stderr, "redlimit: cannot reach Redis at 127.0.0.1:1: ") || strings.Count(stderr, "\n") != 1 {
-			t.Errorf("%q: exit %d, stderr %q; want 1 and one line about Redis", args, code, stderr)
-		}
+		assert.Equal(t, 1, code, "%q: exit %d, stderr %q; want 1 and one line about Redis", args, code, stderr)
+		assert.True(t, strings.HasPrefix(stderr, "redlimit: cannot reach Redis at 127.0.0.1:1: "), "%q: exit %d, stderr %q; want 1 and one line about Redis", args, code, stderr)
+		assert.Equal(t, 1, strings.Count(stderr, "\n"), "%q: exit %d, stderr %q; want 1 and one line about Redis", args, code, stderr)
 	}
 }

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // simulateT runs a simulation of pattern and returns the outcomes by
@@ -23,16 +26,12 @@ func simulateT(t *testing.T, name string, limit redlimit.Limit, offered float64,
 	}
 	sim := &simulation{limit: limit, pattern: name, arrivals: arrivals, duration: d, step: limit.Period / 10}
 	outs, err := runSimulation(context.Background(), sim)
-	if err != nil {
-		t.Fatalf("runSimulation: %v", err)
-	}
+	require.NoError(t, err, "runSimulation: %v", err)
 	by := make(map[redlimit.Strategy]*outcome)
 	for _, o := range outs {
 		by[o.strategy] = o
 	}
-	if got, want := len(by), len(redlimit.Strategies()); got != want {
-		t.Fatalf("got %d strategies, want %d", got, want)
-	}
+	require.Len(t, by, len(redlimit.Strategies()), "got %d strategies, want %d", len(by), len(redlimit.Strategies()))
 	return by
 }
 
@@ -49,22 +48,18 @@ func TestSimulateBursty(t *testing.T) {
 	// within 100ms, but it never holds more than rate in each of the two
 	// windows an interval of one period can overlap.
 	fw := by[redlimit.FixedWindow].maxIn(time.Second)
-	if fw <= rate || fw > 2*rate {
-		t.Errorf("fixed-window: max in any period = %d, want in (%d, %d]", fw, rate, 2*rate)
-	}
+	assert.Greater(t, fw, rate, "fixed-window: max in any period = %d, want in (%d, %d]", fw, rate, 2*rate)
+	assert.LessOrEqual(t, fw, 2*rate, "fixed-window: max in any period = %d, want in (%d, %d]", fw, rate, 2*rate)
 	// The exact log never admits more than rate in [t, t+period).
-	if got := by[redlimit.SlidingLog].maxIn(time.Second); got > rate {
-		t.Errorf("sliding-log: max in any period = %d, want <= %d", got, rate)
-	}
+	got := by[redlimit.SlidingLog].maxIn(time.Second)
+	assert.LessOrEqual(t, got, rate, "sliding-log: max in any period = %d, want <= %d", got, rate)
 	// A token bucket holds burst tokens and refills fewer than rate in less
 	// than a period, T = period/rate apart: at most burst + rate - 1.
-	if got, bound := by[redlimit.TokenBucket].maxIn(time.Second), rate+rate-1; got > bound {
-		t.Errorf("token-bucket: max in any period = %d, want <= %d", got, bound)
-	}
+	got, bound := by[redlimit.TokenBucket].maxIn(time.Second), rate+rate-1
+	assert.LessOrEqual(t, got, bound, "token-bucket: max in any period = %d, want <= %d", got, bound)
 	// The queue holds bursts back.
-	if got := by[redlimit.LeakyBucket].meanDelay(); got <= 0 {
-		t.Errorf("leaky-bucket: mean delay = %v, want > 0", got)
-	}
+	delay := by[redlimit.LeakyBucket].meanDelay()
+	assert.Greater(t, delay, time.Duration(0), "leaky-bucket: mean delay = %v, want > 0", delay)
 
 	// The run is deterministic, so its numbers are exact. Each burst of 60
 	// gets rate from each strategy (2×rate from the fixed window, one
@@ -83,12 +78,10 @@ func TestSimulateBursty(t *testing.T) {
 	}
 	for _, w := range want {
 		o := by[w.s]
-		if got := len(o.admitted); got != w.admitted {
-			t.Errorf("%v: admitted %d, want %d", w.s, got, w.admitted)
-		}
-		if got := o.maxIn(time.Second); got != w.maxIn {
-			t.Errorf("%v: max in any period %d, want %d", w.s, got, w.maxIn)
-		}
+		got := len(o.admitted)
+		assert.Equal(t, w.admitted, got, "%v: admitted %d, want %d", w.s, got, w.admitted)
+		got = o.maxIn(time.Second)
+		assert.Equal(t, w.maxIn, got, "%v: max in any period %d, want %d", w.s, got, w.maxIn)
 	}
 }
 
@@ -128,11 +121,10 @@ func TestSimulateBounds(t *testing.T) {
 			}
 			for s, bound := range bounds {
 				o := by[s]
-				if got := o.maxIn(tt.limit.Period); got > bound {
-					t.Errorf("%v: max in any %v = %d, want <= %d", s, tt.limit.Period, got, bound)
-				}
-				if s != redlimit.LeakyBucket && o.delay != 0 {
-					t.Errorf("%v: total delay %v, want 0", s, o.delay)
+				got := o.maxIn(tt.limit.Period)
+				assert.LessOrEqual(t, got, bound, "%v: max in any %v = %d, want <= %d", s, tt.limit.Period, got, bound)
+				if s != redlimit.LeakyBucket {
+					assert.Zero(t, o.delay, "%v: total delay %v, want 0", s, o.delay)
 				}
 			}
 		})
@@ -144,9 +136,8 @@ func TestSimulateBounds(t *testing.T) {
 func TestTokenBucketBoundIsTight(t *testing.T) {
 	t.Parallel()
 	by := simulateT(t, "steady", redlimit.Limit{Rate: 10, Period: time.Second}, 30, 3*time.Second, 0)
-	if got, want := by[redlimit.TokenBucket].maxIn(time.Second), 19; got != want {
-		t.Errorf("token-bucket: max in any period = %d, want %d", got, want)
-	}
+	got, want := by[redlimit.TokenBucket].maxIn(time.Second), 19
+	assert.Equal(t, want, got, "token-bucket: max in any period = %d, want %d", got, want)
 }
 
 func TestMaxInWindow(t *testing.T) {
@@ -171,9 +162,8 @@ func TestMaxInWindow(t *testing.T) {
 		{ms(7, 7, 7), time.Millisecond, 3},
 	}
 	for _, tt := range tests {
-		if got := maxInWindow(tt.ts, tt.w); got != tt.want {
-			t.Errorf("maxInWindow(%v, %v) = %d, want %d", tt.ts, tt.w, got, tt.want)
-		}
+		got := maxInWindow(tt.ts, tt.w)
+		assert.Equal(t, tt.want, got, "maxInWindow(%v, %v) = %d, want %d", tt.ts, tt.w, got, tt.want)
 	}
 }
 
@@ -191,9 +181,8 @@ func TestPatterns(t *testing.T) {
 	}
 	for _, tt := range tests {
 		ts := patterns[tt.name](30, time.Second, d)
-		if got := len(ts); got != tt.want {
-			t.Errorf("%s: %d requests, want %d", tt.name, got, tt.want)
-		}
+		got := len(ts)
+		assert.Equal(t, tt.want, got, "%s: %d requests, want %d", tt.name, got, tt.want)
 		checkArrivals(t, tt.name, ts, d)
 		checkArrivals(t, tt.name+" jittered", jitter(ts, 42, d), d)
 	}
@@ -202,12 +191,11 @@ func TestPatterns(t *testing.T) {
 // checkArrivals checks that ts is sorted, in whole µs and within [0, d).
 func checkArrivals(t *testing.T, name string, ts []time.Duration, d time.Duration) {
 	t.Helper()
-	if !slices.IsSorted(ts) {
-		t.Errorf("%s: arrivals not sorted", name)
-	}
+	assert.True(t, slices.IsSorted(ts), "%s: arrivals not sorted", name)
 	for _, at := range ts {
-		if at < 0 || at >= d || at%time.Microsecond != 0 {
-			t.Errorf("%s: arrival %v not a whole µs in [0, %v)", name, at, d)
+		if !assert.GreaterOrEqual(t, at, time.Duration(0), "%s: arrival %v not a whole µs in [0, %v)", name, at, d) ||
+			!assert.Less(t, at, d, "%s: arrival %v not a whole µs in [0, %v)", name, at, d) ||
+			!assert.Zero(t, at%time.Microsecond, "%s: arrival %v not a whole µs in [0, %v)", name, at, d) {
 			return
 		}
 	}
@@ -229,19 +217,15 @@ func TestReadArrivals(t *testing.T) {
 	}
 	for i, tt := range tests {
 		path := filepath.Join(dir, "arrivals"+string(rune('a'+i)))
-		if err := os.WriteFile(path, []byte(tt.text), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(path, []byte(tt.text), 0o644))
 		got, err := readArrivals(path)
 		switch {
 		case tt.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("readArrivals(%q): error %v, want one containing %q", tt.text, err, tt.wantErr)
-			}
+			assert.ErrorContains(t, err, tt.wantErr, "readArrivals(%q): error %v, want one containing %q", tt.text, err, tt.wantErr)
 		case err != nil:
-			t.Errorf("readArrivals(%q): %v", tt.text, err)
-		case !slices.Equal(got, tt.want):
-			t.Errorf("readArrivals(%q) = %v, want %v", tt.text, got, tt.want)
+			assert.NoError(t, err, "readArrivals(%q): %v", tt.text, err)
+		default:
+			assert.Equal(t, tt.want, got, "readArrivals(%q) = %v, want %v", tt.text, got, tt.want)
 		}
 	}
 }
@@ -270,27 +254,21 @@ func TestSimulateCommand(t *testing.T) {
 func testSimulateChart(t *testing.T, out, magic string) {
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"simulate", "-pattern", "bursty", "-duration", "4s", "-out", out}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, stderr.String())
-	}
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
 	// Two bursts of 60, at 1s and 3s.
 	for _, want := range [][]string{
 		{"fixed-window", "120", "40", "20", "0s"},
 		{"sliding-log", "120", "20", "10", "0s"},
 	} {
-		if got := rowOf(stdout.String(), want[0]); !slices.Equal(got, want) {
-			t.Errorf("row %q, want %q\n%s", got, want, stdout.String())
-		}
+		got := rowOf(stdout.String(), want[0])
+		assert.Equal(t, want, got, "row %q, want %q\n%s", got, want, stdout.String())
 	}
 	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) < 1000 || !strings.HasPrefix(string(b), magic) {
-		t.Errorf("%s: %d bytes starting %q, want a chart starting %q", out, len(b), b[:min(len(b), 8)], magic)
-	}
-	if strings.HasSuffix(out, ".svg") && !strings.Contains(string(b), "leaky-bucket: 20 of 120 admitted") {
-		t.Errorf("%s: no panel title for leaky-bucket", out)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, len(b), 1000, "%s: %d bytes starting %q, want a chart starting %q", out, len(b), b[:min(len(b), 8)], magic)
+	assert.True(t, strings.HasPrefix(string(b), magic), "%s: %d bytes starting %q, want a chart starting %q", out, len(b), b[:min(len(b), 8)], magic)
+	if strings.HasSuffix(out, ".svg") {
+		assert.True(t, strings.Contains(string(b), "leaky-bucket: 20 of 120 admitted"), "%s: no panel title for leaky-bucket", out)
 	}
 }
 
@@ -300,25 +278,19 @@ func TestSimulateFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "arrivals.txt")
-	if err := os.WriteFile(path, []byte("0.9\n0.95\n1.0\n1.05\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(path, []byte("0.9\n0.95\n1.0\n1.05\n"), 0o644))
 	var stdout, stderr bytes.Buffer
 	args := []string{"simulate", "-file", path, "-rate", "2", "-out", filepath.Join(dir, "c.svg")}
-	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, stderr.String())
-	}
-	if !strings.Contains(stdout.String(), "pattern file, limit 2/1s: 4 requests offered in 2s") {
-		t.Errorf("stdout lacks the summary line:\n%s", stdout.String())
-	}
+	code := run(context.Background(), args, &stdout, &stderr)
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
+	assert.Contains(t, stdout.String(), "pattern file, limit 2/1s: 4 requests offered in 2s", "stdout lacks the summary line:\n%s", stdout.String())
 	for _, want := range [][]string{
 		{"fixed-window", "4", "4", "4", "0s"},
 		{"sliding-log", "4", "2", "2", "0s"},
 		{"token-bucket", "4", "2", "2", "0s"},
 	} {
-		if got := rowOf(stdout.String(), want[0]); !slices.Equal(got, want) {
-			t.Errorf("row %q, want %q", got, want)
-		}
+		got := rowOf(stdout.String(), want[0])
+		assert.Equal(t, want, got, "row %q, want %q", got, want)
 	}
 }
 

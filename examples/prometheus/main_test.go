@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestSelfTest runs the selftest's decisions in-process and checks every
@@ -26,16 +28,11 @@ func TestSelfTest(t *testing.T) {
 	t.Cleanup(cancel)
 
 	made, err := traffic(ctx, rdb, mr, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := made, (tally{decisions: 21, allowed: 13, denied: 6, shadowed: 2, degraded: 2}); got != want {
-		t.Errorf("decisions made: got %+v, want %+v", got, want)
-	}
+	require.NoError(t, err)
+	want := tally{decisions: 21, allowed: 13, denied: 6, shadowed: 2, degraded: 2}
+	assert.Equal(t, want, made, "decisions made: got %+v, want %+v", made, want)
 	_, samples, err := scrape(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, c := range []struct {
 		series string
 		want   float64
@@ -56,25 +53,20 @@ func TestSelfTest(t *testing.T) {
 		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="fallback"}`, 1},
 		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="redis"}`, 1},
 	} {
-		if got, ok := samples[c.series]; !ok || got != c.want {
-			t.Errorf("%s: got %v (present %v), want %v", c.series, got, ok, c.want)
-		}
+		got, ok := samples[c.series]
+		assert.True(t, ok, "%s: got %v (present %v), want %v", c.series, got, ok, c.want)
+		assert.Equal(t, c.want, got, "%s: got %v (present %v), want %v", c.series, got, ok, c.want)
 	}
 	allowed := sum(samples, "redlimit_decisions_total", `result="allowed"`)
 	denied := sum(samples, "redlimit_decisions_total", `result="denied"`)
 	shadowed := sum(samples, "redlimit_decisions_total", `result="shadowed"`)
-	if got, want := allowed+denied+shadowed, float64(made.decisions); got != want {
-		t.Errorf("allowed + denied + shadowed = %v, want %v decisions", got, want)
-	}
-	if err := check(samples, made, true); err != nil {
-		t.Error(err)
-	}
+	got, wantSum := allowed+denied+shadowed, float64(made.decisions)
+	assert.Equal(t, wantSum, got, "allowed + denied + shadowed = %v, want %v decisions", got, wantSum)
+	assert.NoError(t, check(samples, made, true))
 }
 
 // TestSelfTestFails checks that check notices metrics that do not match.
 func TestSelfTestFails(t *testing.T) {
 	samples := map[string]float64{`redlimit_decisions_total{result="allowed",strategy="token-bucket"}`: 3}
-	if err := check(samples, tally{decisions: 4, allowed: 4}, false); err == nil {
-		t.Error("check: got nil, want an error for 3 allowed in the metrics and 4 made")
-	}
+	assert.Error(t, check(samples, tally{decisions: 4, allowed: 4}, false), "check: got nil, want an error for 3 allowed in the metrics and 4 made")
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -128,9 +130,8 @@ func TestSlotKnownValues(t *testing.T) {
 		{"rl:{user42}:cnt", 14710},
 		{"{user42}", 14710},
 	} {
-		if got := redistest.Slot(tt.key); got != tt.want {
-			t.Errorf("Slot(%q) = %d, want %d", tt.key, got, tt.want)
-		}
+		got := redistest.Slot(tt.key)
+		assert.Equal(t, tt.want, got, "Slot(%q) = %d, want %d", tt.key, got, tt.want)
 	}
 }
 
@@ -140,46 +141,30 @@ func TestServerKillRestart(t *testing.T) {
 	t0 := time.Now()
 	s := redistest.Start(t)
 	t.Logf("server start: %v", time.Since(t0))
-	if got, want := s.Addr, "127.0.0.1:"+strconv.Itoa(s.Port); got != want {
-		t.Fatalf("Addr = %q, want %q", got, want)
-	}
+	want := "127.0.0.1:" + strconv.Itoa(s.Port)
+	require.Equal(t, want, s.Addr, "Addr = %q, want %q", s.Addr, want)
 	rdb := tunedClient(t, s.Addr)
-	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rdb.Set(ctx, "k", "v", 0).Err())
 
 	pid := s.PID()
-	if err := s.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if got := s.PID(); got != 0 {
-		t.Errorf("PID after Kill = %d, want 0", got)
-	}
-	if !gone(pid) {
-		t.Errorf("process %d still exists after Kill", pid)
-	}
-	if err := refusedSoon(ctx, rdb, 3); err != nil {
-		t.Error(err)
-	}
+	require.NoError(t, s.Kill())
+	got := s.PID()
+	assert.Zero(t, got, "PID after Kill = %d, want 0", got)
+	assert.True(t, gone(pid), "process %d still exists after Kill", pid)
+	assert.NoError(t, refusedSoon(ctx, rdb, 3))
 
 	port := s.Port
 	t0 = time.Now()
-	if err := s.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, s.Restart())
 	t.Logf("restart: %v", time.Since(t0))
-	if s.Port != port || s.PID() == 0 || s.PID() == pid {
-		t.Errorf("after Restart: port %d pid %d, want port %d and a new pid", s.Port, s.PID(), port)
-	}
-	if err := pingSoon(ctx, rdb, 3); err != nil {
-		t.Fatalf("tuned client after restart: %v", err)
-	}
-	if err := s.Client(t).Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
-		t.Errorf("GET k after restart: got %v, want redis.Nil (data gone)", err)
-	}
-	if err := s.Restart(); err == nil {
-		t.Error("Restart of a running server: got nil error")
-	}
+	assert.Equal(t, port, s.Port, "after Restart: port %d pid %d, want port %d and a new pid", s.Port, s.PID(), port)
+	assert.NotZero(t, s.PID(), "after Restart: port %d pid %d, want port %d and a new pid", s.Port, s.PID(), port)
+	assert.NotEqual(t, pid, s.PID(), "after Restart: port %d pid %d, want port %d and a new pid", s.Port, s.PID(), port)
+	err := pingSoon(ctx, rdb, 3)
+	require.NoError(t, err, "tuned client after restart: %v", err)
+	err = s.Client(t).Get(ctx, "k").Err()
+	assert.ErrorIs(t, err, redis.Nil, "GET k after restart: got %v, want redis.Nil (data gone)", err)
+	assert.Error(t, s.Restart(), "Restart of a running server: got nil error")
 }
 
 func TestServerArgsAndCLI(t *testing.T) {
@@ -194,19 +179,14 @@ func TestServerArgsAndCLI(t *testing.T) {
 		{"port", strconv.Itoa(s.Port)},
 	} {
 		got, err := s.CLI("CONFIG", "GET", tt.param)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := strings.TrimSpace(tt.param + "\n" + tt.want); got != want {
-			t.Errorf("CONFIG GET %s = %q, want %q", tt.param, got, want)
-		}
+		require.NoError(t, err)
+		want := strings.TrimSpace(tt.param + "\n" + tt.want)
+		assert.Equal(t, want, got, "CONFIG GET %s = %q, want %q", tt.param, got, want)
 	}
-	if _, err := s.CLI("NOSUCHCOMMAND"); err == nil {
-		t.Error("CLI(NOSUCHCOMMAND): got nil error")
-	}
-	if _, err := os.Stat(filepath.Join(s.Dir, "redis.log")); err != nil {
-		t.Errorf("log file: %v", err)
-	}
+	_, err := s.CLI("NOSUCHCOMMAND")
+	assert.Error(t, err, "CLI(NOSUCHCOMMAND): got nil error")
+	_, err = os.Stat(filepath.Join(s.Dir, "redis.log"))
+	assert.NoError(t, err, "log file: %v", err)
 }
 
 func TestServerCloseIdempotent(t *testing.T) {
@@ -215,24 +195,18 @@ func TestServerCloseIdempotent(t *testing.T) {
 	redistest.SkipOrFail(t, err)
 	defer s.Close()
 	pid := s.PID()
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if s.PID() != 0 || !gone(pid) {
-		t.Errorf("after Close: PID() = %d, process %d gone = %v", s.PID(), pid, gone(pid))
-	}
-	if _, err := os.Stat(s.Dir); !os.IsNotExist(err) {
-		t.Errorf("Dir after Close: got %v, want not exist", err)
-	}
-	if err := s.Restart(); err != nil {
-		t.Fatalf("Restart after Close: %v", err)
-	}
-	if got, err := s.CLI("PING"); err != nil || got != "PONG" {
-		t.Errorf("PING after Restart: %q, %v", got, err)
-	}
+	require.NoError(t, s.Close())
+	err = s.Close()
+	require.NoError(t, err, "second Close: %v", err)
+	assert.Zero(t, s.PID(), "after Close: PID() = %d, process %d gone = %v", s.PID(), pid, gone(pid))
+	assert.True(t, gone(pid), "after Close: PID() = %d, process %d gone = %v", s.PID(), pid, gone(pid))
+	_, err = os.Stat(s.Dir)
+	assert.True(t, os.IsNotExist(err), "Dir after Close: got %v, want not exist", err)
+	err = s.Restart()
+	require.NoError(t, err, "Restart after Close: %v", err)
+	got, err := s.CLI("PING")
+	assert.NoError(t, err, "PING after Restart: %q, %v", got, err)
+	assert.Equal(t, "PONG", got, "PING after Restart: %q, %v", got, err)
 }
 
 func TestServerPauseResume(t *testing.T) {
@@ -240,30 +214,20 @@ func TestServerPauseResume(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
 	rdb := tunedClient(t, s.Addr)
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rdb.Ping(ctx).Err())
+	require.NoError(t, s.Pause())
 	t0 := time.Now()
 	err := rdb.Ping(ctx).Err()
-	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
-		t.Errorf("PING on a paused server: got %v after %v, want a timeout after about 100ms", err, d)
-	}
-	if err := tunedClient(t, s.Addr).Ping(ctx).Err(); !isTimeout(err) {
-		t.Errorf("new client on a paused server: got %v, want a timeout", err)
-	}
-	if err := s.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	if err := pingSoon(ctx, rdb, 3); err != nil {
-		t.Errorf("PING after Resume: %v", err)
-	}
+	d := time.Since(t0)
+	assert.True(t, isTimeout(err), "PING on a paused server: got %v after %v, want a timeout after about 100ms", err, d)
+	assert.LessOrEqual(t, d, time.Second, "PING on a paused server: got %v after %v, want a timeout after about 100ms", err, d)
+	err = tunedClient(t, s.Addr).Ping(ctx).Err()
+	assert.True(t, isTimeout(err), "new client on a paused server: got %v, want a timeout", err)
+	require.NoError(t, s.Resume())
+	err = pingSoon(ctx, rdb, 3)
+	assert.NoError(t, err, "PING after Resume: %v", err)
 	// Close must stop a paused server too.
-	if err := s.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, s.Pause())
 }
 
 func TestProxy(t *testing.T) {
@@ -272,60 +236,51 @@ func TestProxy(t *testing.T) {
 	s := redistest.Start(t)
 	p := redistest.NewProxy(t, s.Addr)
 	rdb := tunedClient(t, p.Addr)
-	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rdb.Set(ctx, "k", "v", 0).Err())
 
 	p.Cut()
-	if _, err := net.DialTimeout("tcp", p.Addr, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Errorf("dial after Cut: got %v, want connection refused", err)
-	}
-	if err := refusedSoon(ctx, rdb, 3); err != nil {
-		t.Errorf("after Cut: %v", err)
-	}
+	_, err := net.DialTimeout("tcp", p.Addr, time.Second)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED, "dial after Cut: got %v, want connection refused", err)
+	err = refusedSoon(ctx, rdb, 3)
+	assert.NoError(t, err, "after Cut: %v", err)
 	addr := p.Addr
 	p.Restore()
-	if p.Addr != addr {
-		t.Errorf("Addr after Restore = %s, want %s", p.Addr, addr)
-	}
-	if err := pingSoon(ctx, rdb, 3); err != nil {
-		t.Fatalf("after Restore: %v", err)
-	}
+	assert.Equal(t, addr, p.Addr, "Addr after Restore = %s, want %s", p.Addr, addr)
+	err = pingSoon(ctx, rdb, 3)
+	require.NoError(t, err, "after Restore: %v", err)
 
 	p.Blackhole(true)
 	t0 := time.Now()
-	err := rdb.Ping(ctx).Err()
-	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
-		t.Errorf("black hole: got %v after %v, want a timeout after about 100ms", err, d)
-	}
-	if !strings.Contains(fmt.Sprint(err), "i/o timeout") {
-		t.Errorf("black hole: got %v, want i/o timeout", err)
-	}
+	err = rdb.Ping(ctx).Err()
+	d := time.Since(t0)
+	assert.True(t, isTimeout(err), "black hole: got %v after %v, want a timeout after about 100ms", err, d)
+	assert.LessOrEqual(t, d, time.Second, "black hole: got %v after %v, want a timeout after about 100ms", err, d)
+	assert.Contains(t, fmt.Sprint(err), "i/o timeout", "black hole: got %v, want i/o timeout", err)
 	p.Blackhole(false)
-	if err := pingSoon(ctx, rdb, 3); err != nil {
-		t.Fatalf("after Blackhole(false): %v", err)
-	}
+	err = pingSoon(ctx, rdb, 3)
+	require.NoError(t, err, "after Blackhole(false): %v", err)
 
 	p.SetDelay(150 * time.Millisecond)
 	t0 = time.Now()
 	err = rdb.Get(ctx, "k").Err()
-	if d := time.Since(t0); !isTimeout(err) || d > time.Second {
-		t.Errorf("delay 150ms: got %v after %v, want a timeout after about 100ms", err, d)
-	}
+	d = time.Since(t0)
+	assert.True(t, isTimeout(err), "delay 150ms: got %v after %v, want a timeout after about 100ms", err, d)
+	assert.LessOrEqual(t, d, time.Second, "delay 150ms: got %v after %v, want a timeout after about 100ms", err, d)
 	p.SetDelay(30 * time.Millisecond)
-	if err := pingSoon(ctx, rdb, 3); err != nil { // dials a new connection
-		t.Fatalf("delay 30ms: %v", err)
-	}
+	err = pingSoon(ctx, rdb, 3) // dials a new connection
+	require.NoError(t, err, "delay 30ms: %v", err)
 	t0 = time.Now()
 	v, err := rdb.Get(ctx, "k").Result()
-	if d := time.Since(t0); err != nil || v != "v" || d < 30*time.Millisecond {
-		t.Errorf("delay 30ms: GET = %q, %v after %v, want \"v\" after at least 30ms", v, err, d)
-	}
+	d = time.Since(t0)
+	assert.NoError(t, err, "delay 30ms: GET = %q, %v after %v, want \"v\" after at least 30ms", v, err, d)
+	assert.Equal(t, "v", v, "delay 30ms: GET = %q, %v after %v, want \"v\" after at least 30ms", v, err, d)
+	assert.GreaterOrEqual(t, d, 30*time.Millisecond, "delay 30ms: GET = %q, %v after %v, want \"v\" after at least 30ms", v, err, d)
 	p.Restore()
 	t0 = time.Now()
-	if err := rdb.Ping(ctx).Err(); err != nil || time.Since(t0) > 20*time.Millisecond {
-		t.Errorf("after Restore: %v after %v, want no delay", err, time.Since(t0))
-	}
+	err = rdb.Ping(ctx).Err()
+	d = time.Since(t0)
+	assert.NoError(t, err, "after Restore: %v after %v, want no delay", err, d)
+	assert.LessOrEqual(t, d, 20*time.Millisecond, "after Restore: %v after %v, want no delay", err, d)
 	p.Close()
 	p.Close()
 }
@@ -339,26 +294,21 @@ func TestCluster(t *testing.T) {
 	t.Cleanup(c.Close)
 	t.Logf("cluster 3+1 start: %v", time.Since(t0))
 
-	if len(c.Masters) != 3 || len(c.Replicas) != 3 || len(c.Addrs()) != 6 {
-		t.Fatalf("got %d masters, %d replicas, %d addrs; want 3, 3, 6", len(c.Masters), len(c.Replicas), len(c.Addrs()))
-	}
+	require.Len(t, c.Masters, 3, "got %d masters, %d replicas, %d addrs; want 3, 3, 6", len(c.Masters), len(c.Replicas), len(c.Addrs()))
+	require.Len(t, c.Replicas, 3, "got %d masters, %d replicas, %d addrs; want 3, 3, 6", len(c.Masters), len(c.Replicas), len(c.Addrs()))
+	require.Len(t, c.Addrs(), 6, "got %d masters, %d replicas, %d addrs; want 3, 3, 6", len(c.Masters), len(c.Replicas), len(c.Addrs()))
 
 	node := c.Masters[0].Client(t)
 	for _, key := range []string{"user42", "{a}b", "a{}b", "{", "}", "名前", "", "}{x}", "{{a}b}", "a{b}{c}", "rl:{user42}:cnt", "\xff\xfe{\x00}", strings.Repeat("x", 10000)} {
 		want, err := node.ClusterKeySlot(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := redistest.Slot(key); int64(got) != want {
-			t.Errorf("Slot(%q) = %d, want %d (CLUSTER KEYSLOT)", key, got, want)
-		}
+		require.NoError(t, err)
+		got := redistest.Slot(key)
+		assert.Equal(t, want, int64(got), "Slot(%q) = %d, want %d (CLUSTER KEYSLOT)", key, got, want)
 	}
 
 	// MasterOf and ReplicaOf agree with CLUSTER NODES.
 	text, err := node.ClusterNodes(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	type entry struct{ id, flags, master string }
 	byAddr := map[string]entry{}
 	for line := range strings.SplitSeq(strings.TrimSpace(text), "\n") {
@@ -376,84 +326,60 @@ func TestCluster(t *testing.T) {
 			for _, slot := range []string{lo, hi} {
 				n, _ := strconv.Atoi(slot)
 				m, err := c.MasterOf(n)
-				if err != nil || m.Addr != addr {
-					t.Errorf("MasterOf(%d) = %v, %v; want %s", n, m, err, addr)
+				if assert.NoError(t, err, "MasterOf(%d) = %v, %v; want %s", n, m, err, addr) {
+					assert.Equal(t, addr, m.Addr, "MasterOf(%d) = %v, %v; want %s", n, m, err, addr)
 				}
 			}
 		}
 	}
 	for i, m := range c.Masters {
-		if !strings.Contains(byAddr[m.Addr].flags, "master") {
-			t.Errorf("Masters[%d] %s has flags %s", i, m.Addr, byAddr[m.Addr].flags)
-		}
+		assert.Contains(t, byAddr[m.Addr].flags, "master", "Masters[%d] %s has flags %s", i, m.Addr, byAddr[m.Addr].flags)
 		r, err := c.ReplicaOf(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r != c.Replicas[i] {
-			t.Errorf("ReplicaOf(Masters[%d]) = %s, want Replicas[%d] = %s", i, r, i, c.Replicas[i])
-		}
-		if e := byAddr[r.Addr]; !strings.Contains(e.flags, "slave") || e.master != byAddr[m.Addr].id {
-			t.Errorf("CLUSTER NODES for replica %s: flags %s master %s, want slave of %s", r, e.flags, e.master, byAddr[m.Addr].id)
-		}
+		require.NoError(t, err)
+		assert.Same(t, c.Replicas[i], r, "ReplicaOf(Masters[%d]) = %s, want Replicas[%d] = %s", i, r, i, c.Replicas[i])
+		e := byAddr[r.Addr]
+		assert.Contains(t, e.flags, "slave", "CLUSTER NODES for replica %s: flags %s master %s, want slave of %s", r, e.flags, e.master, byAddr[m.Addr].id)
+		assert.Equal(t, byAddr[m.Addr].id, e.master, "CLUSTER NODES for replica %s: flags %s master %s, want slave of %s", r, e.flags, e.master, byAddr[m.Addr].id)
 	}
-	if m, _ := c.MasterOf(0); m != c.Masters[0] {
-		t.Errorf("MasterOf(0) = %v, want Masters[0] %v", m, c.Masters[0])
-	}
+	m0, _ := c.MasterOf(0)
+	assert.Same(t, c.Masters[0], m0, "MasterOf(0) = %v, want Masters[0] %v", m0, c.Masters[0])
 
 	// A tuned cluster client works, and hash tags decide CROSSSLOT.
 	cc := redis.NewClusterClient(redistest.TunedClusterOptions(c.Addrs()))
 	t.Cleanup(func() { cc.Close() })
 	for i := range 50 {
-		if err := cc.Set(ctx, "key"+strconv.Itoa(i), i, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, cc.Set(ctx, "key"+strconv.Itoa(i), i, 0).Err())
 	}
 	two := "return redis.call('SET', KEYS[1], 1) and redis.call('SET', KEYS[2], 1)"
-	if err := cc.Eval(ctx, two, []string{"rl:{u}:a", "rl:{u}:b"}).Err(); err != nil {
-		t.Errorf("two keys, one tag: %v", err)
-	}
-	if err := cc.Eval(ctx, two, []string{"rl:{}:a", "rl:{}:b"}).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
-		t.Errorf("two keys, empty tag: got %v, want CROSSSLOT", err)
+	err = cc.Eval(ctx, two, []string{"rl:{u}:a", "rl:{u}:b"}).Err()
+	assert.NoError(t, err, "two keys, one tag: %v", err)
+	err = cc.Eval(ctx, two, []string{"rl:{}:a", "rl:{}:b"}).Err()
+	if assert.Error(t, err, "two keys, empty tag: got %v, want CROSSSLOT", err) {
+		assert.True(t, strings.HasPrefix(err.Error(), "CROSSSLOT"), "two keys, empty tag: got %v, want CROSSSLOT", err)
 	}
 
 	// Failover: kill the master of a slot; its replica takes over.
 	slot := redistest.Slot("{a}k")
 	m, err := c.MasterOf(slot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r, err := c.ReplicaOf(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, m.Kill())
 	t0 = time.Now()
-	if err := c.WaitHealthy(20 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.WaitHealthy(20*time.Second))
 	t.Logf("failover after SIGKILL of %s: healthy after %v", m, time.Since(t0))
-	if got, err := c.MasterOf(slot); got != r {
-		t.Errorf("MasterOf(%d) after failover = %v, %v; want the replica %s", slot, got, err, r)
-	}
+	got, err := c.MasterOf(slot)
+	assert.Same(t, r, got, "MasterOf(%d) after failover = %v, %v; want the replica %s", slot, got, err, r)
 	t0 = time.Now()
-	if err := m.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, m.Restart())
 	for {
 		if got, err := c.ReplicaOf(r); err == nil && got == m {
 			break
 		}
-		if time.Since(t0) > 15*time.Second {
-			t.Fatalf("restarted %s did not become a replica of %s", m, r)
-		}
+		require.LessOrEqual(t, time.Since(t0), 15*time.Second, "restarted %s did not become a replica of %s", m, r)
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := c.WaitHealthy(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.WaitHealthy(10*time.Second))
 	t.Logf("old master rejoined as a replica after %v", time.Since(t0))
 
 	var pids []int
@@ -464,9 +390,7 @@ func TestCluster(t *testing.T) {
 	c.Close()
 	t.Logf("cluster close: %v", time.Since(t0))
 	for _, pid := range pids {
-		if !gone(pid) {
-			t.Errorf("process %d still exists after Close", pid)
-		}
+		assert.True(t, gone(pid), "process %d still exists after Close", pid)
 	}
 }
 
@@ -499,9 +423,8 @@ func TestSkipOrFail(t *testing.T) {
 			t.Setenv(redistest.RequireEnv, tt.env)
 			f := &fakeTB{TB: t}
 			redistest.SkipOrFail(f, tt.err)
-			if f.skipped != tt.wantSkip || f.failed != tt.wantFatal {
-				t.Errorf("skipped %v failed %v, want %v %v", f.skipped, f.failed, tt.wantSkip, tt.wantFatal)
-			}
+			assert.Equal(t, tt.wantSkip, f.skipped, "skipped %v failed %v, want %v %v", f.skipped, f.failed, tt.wantSkip, tt.wantFatal)
+			assert.Equal(t, tt.wantFatal, f.failed, "skipped %v failed %v, want %v %v", f.skipped, f.failed, tt.wantSkip, tt.wantFatal)
 		})
 	}
 }
@@ -509,20 +432,16 @@ func TestSkipOrFail(t *testing.T) {
 func TestSingleNodeCluster(t *testing.T) {
 	redistest.Require(t)
 	c, err := redistest.StartCluster(1, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer c.Close()
 	rdb := redis.NewClusterClient(redistest.TunedClusterOptions(c.Addrs()))
 	defer rdb.Close()
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "{user}x"} {
-		if err := rdb.Set(ctx, k, "1", 0).Err(); err != nil {
-			t.Fatalf("SET %s: %v", k, err)
-		}
+		err = rdb.Set(ctx, k, "1", 0).Err()
+		require.NoError(t, err, "SET %s: %v", k, err)
 	}
 	m, err := c.MasterOf(redistest.Slot("b"))
-	if err != nil || m != c.Masters[0] {
-		t.Fatalf("MasterOf = %v, %v; want the only master", m, err)
-	}
+	require.NoError(t, err, "MasterOf = %v, %v; want the only master", m, err)
+	require.Same(t, c.Masters[0], m, "MasterOf = %v, %v; want the only master", m, err)
 }
