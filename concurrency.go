@@ -24,7 +24,8 @@ var ErrLeaseExpired = errors.New("redlimit: lease expired")
 // Limits on the values of a [Concurrency].
 const (
 	// MaxConcurrency is the largest max accepted: each live lease is a
-	// sorted-set member in Redis (about 20 bytes, see the README).
+	// sorted-set member in Redis (about 30 bytes up to 128 leases on a
+	// key, about 120 beyond; see the README).
 	MaxConcurrency = 100_000
 	// MinLeaseTTL is the shortest lease ttl accepted.
 	MinLeaseTTL = time.Millisecond
