@@ -369,6 +369,7 @@ func TestConcurrencyLimitAcquireEnds(t *testing.T) {
 // in Redis comes back by ttl); in-process leases release in process, also
 // after Redis is back.
 func TestConcurrencyLimitFallbackLocal(t *testing.T) {
+	verifyNoLeak(t) // the monitor stops when Redis is back, and at Close
 	m := miniredis.RunT(t)
 	rdb := tunedClient(t, m.Addr())
 	ctx := context.Background()
