@@ -1,0 +1,601 @@
+package redlimit
+
+import (
+	"container/list"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrLeaseExpired is returned by [Lease.Extend] for a lease that is no
+// longer held: its ttl ended before the call (another holder may have its
+// slot by now), or it was released.
+var ErrLeaseExpired = errors.New("redlimit: lease expired")
+
+// Limits on the values of a [Concurrency].
+const (
+	// MaxConcurrency is the largest max accepted: each live lease is a
+	// sorted-set member in Redis (about 30 bytes up to 128 leases on a
+	// key, about 120 beyond; see the README).
+	MaxConcurrency = 100_000
+	// MinLeaseTTL is the shortest lease ttl accepted.
+	MinLeaseTTL = time.Millisecond
+	// MaxLeaseTTL is the longest lease ttl accepted. A crashed holder's slot
+	// comes back only when its lease expires, so keep ttl short and call
+	// Extend for long work.
+	MaxLeaseTTL = 24 * time.Hour
+	// AcquirePollInterval is the longest Acquire waits before asking Redis
+	// again whether a slot is free (less when the oldest lease expires
+	// sooner; each wait is drawn between half of it and all of it).
+	AcquirePollInterval = 50 * time.Millisecond
+)
+
+// Concurrency limits how many leases per key are held at once, across
+// every instance that shares its Redis and key prefix: at most max
+// requests in flight per user, max jobs running per tenant. It is a
+// distributed semaphore per key, whose naming follows
+// golang.org/x/sync/semaphore: [Concurrency.Acquire] waits for a slot,
+// [Concurrency.TryAcquire] does not.
+//
+// A lease lives for ttl after it is taken or last extended
+// ([Lease.Extend]), on the Redis server's clock (TIME, µs; see
+// [WithClientClock] for servers that refuse it). A lease that is neither
+// released nor extended within ttl expires, so a crashed holder's slot
+// comes back within ttl, with nobody cleaning up. Each limited key is one
+// sorted set, <prefix>:{<key>}:cc (key escaped as for the rate limiters,
+// one Redis Cluster slot), with a member per live lease and its expiry as
+// the score; one script prunes expired leases, counts and adds, in one
+// round trip. The key's own TTL is the latest lease's expiry, set on every
+// acquire and extend.
+//
+// When Redis is unavailable (see [FallbackPolicy]), calls are answered in
+// process with Result.Degraded set, and a monitor brings them back to
+// Redis as for the rate limiters. FallbackLocal is a semaphore per key in
+// this process, of capacity floor(max × share) but at least 1 (see
+// [WithFallbackShare]): with N instances and a share of 1/N the fleet holds
+// at most max leases of a key when max ≥ N, and N when max < N. Its leases
+// expire after ttl like those in Redis; they are released in process, and
+// are not copied to Redis: when Redis is back, new leases are counted in
+// Redis only, so a key can briefly have up to max in Redis plus those
+// still held in process. A lease taken on Redis and released while Redis
+// is unavailable cannot be removed from Redis: its slot there comes back
+// when its ttl ends (Release returns nil, or an error wrapping
+// ErrUnavailable under FallbackError); it cannot be extended (Extend
+// returns an error wrapping ErrUnavailable).
+//
+// The options that apply are WithPrefix, WithFallback, WithPingInterval,
+// WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
+// WithClientClock. The observer sees every try to take a lease with
+// Strategy 0 and N 1; transitions have Strategy 0. WithBlock,
+// WithDenyCache, WithShadow, WithLimitFunc and WithRulesFunc are refused.
+//
+// A Concurrency is safe for concurrent use. Call Close when done with it.
+type Concurrency struct {
+	e      *engine
+	limit  Limit // Rate = max, Period = ttl, Burst = max
+	maxArg int64
+	ttlArg int64 // µs
+
+	local    *lru[*localSem] // FallbackLocal's semaphores, by state key
+	localCap int             // their capacity: floor(max × share), at least 1
+
+	poll    time.Duration // Acquire's longest wait between tries
+	waitMu  sync.Mutex
+	waits   map[string]*waiters // keys that Acquire waits for in this process
+	wakeCap int
+	done    chan struct{} // closed by Close
+	once    sync.Once
+}
+
+// concurrencyAlg is the rule a Concurrency gives its engine: the engine
+// supplies the options, the key scheme and the fallback monitor; the
+// decisions are concurrency.lua's. Strategy 0 names it in decisions and
+// transitions.
+var concurrencyAlg = &algorithm{code: "cc", maxRate: MaxConcurrency}
+
+var concurrencyScript = sync.OnceValue(func() *redis.Script { return loadScript("concurrency.lua") })
+
+// The operations of concurrency.lua, and its reply codes.
+const (
+	opAcquire = 1
+	opExtend  = 2
+	opRelease = 3
+
+	leaseDone    = 0
+	leaseDenied  = 1
+	leaseMissing = 4
+)
+
+// releaseTimeout bounds a Release whose ctx was already done; undoTimeout
+// bounds taking back a lease whose acquire's ctx ended during the call.
+const (
+	releaseTimeout = time.Second
+	undoTimeout    = 100 * time.Millisecond
+)
+
+// NewConcurrency limits how many leases per key are held at once across
+// every instance. A lease not released or extended within ttl expires, so a
+// crashed holder's slot comes back. max must be in [1, MaxConcurrency] and
+// ttl in [MinLeaseTTL, MaxLeaseTTL], a whole number of microseconds; else
+// the error wraps ErrInvalidLimit.
+func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts ...Option) (*Concurrency, error) {
+	bad := func(format string, args ...any) (*Concurrency, error) {
+		return nil, fmt.Errorf("redlimit: concurrency: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case max < 1 || max > MaxConcurrency:
+		return bad("max %d must be between 1 and %d", max, MaxConcurrency)
+	case ttl < MinLeaseTTL || ttl > MaxLeaseTTL:
+		return bad("ttl %v must be between %v and %v", ttl, MinLeaseTTL, MaxLeaseTTL)
+	case ttl%time.Microsecond != 0:
+		return bad("ttl %v must be a whole number of microseconds", ttl)
+	}
+	limit := Limit{Rate: max, Period: ttl, Burst: max}
+	r := rule{alg: concurrencyAlg, limit: limit, suffix: "}:" + concurrencyAlg.code}
+	e, err := newEngine(rdb, "concurrency", []rule{r}, concurrencyScript(), opts)
+	if err != nil {
+		return nil, err
+	}
+	var refused string
+	switch cfg := &e.cfg; {
+	case cfg.block > 0:
+		refused = "WithBlock"
+	case cfg.denyCache > 0:
+		refused = "WithDenyCache"
+	case cfg.shadow:
+		refused = "WithShadow"
+	case cfg.limitFunc != nil:
+		refused = "WithLimitFunc"
+	case cfg.rulesFunc != nil:
+		refused = "WithRulesFunc"
+	}
+	if refused != "" {
+		e.close()
+		return bad("%s does not apply to a concurrency limit", refused)
+	}
+	return &Concurrency{
+		e:        e,
+		limit:    limit,
+		maxArg:   int64(max),
+		ttlArg:   int64(ttl / time.Microsecond),
+		local:    newLRU[*localSem](e.cfg.localKeys),
+		localCap: fallbackCapacity(max, e.cfg.share),
+		poll:     AcquirePollInterval,
+		waits:    make(map[string]*waiters),
+		wakeCap:  min(max, 64),
+		done:     make(chan struct{}),
+	}, nil
+}
+
+// fallbackCapacity is an instance's share of max for the in-process
+// semaphores: floor(max × share), at least 1. Unlike a rate (newLocal keeps
+// a fractional capacity on average), a semaphore's capacity is a hard
+// bound, so it is rounded down: N instances with a share of 1/N never hold
+// more than max between them unless max < N.
+func fallbackCapacity(max int, share float64) int {
+	return int(math.Max(math.Floor(float64(max)*share+1e-9), 1))
+}
+
+// TryAcquire takes a lease on key if one is free, without waiting. When
+// none is, the lease is nil and the Result says so, with RetryAfter the
+// time until the oldest lease expires (a holder may release sooner). When
+// granted, Remaining is the slots still free and ResetAfter the time until
+// every lease expires. err is non-nil only when no decision was made: an
+// empty key, Close, ctx done, a script or server error, or Redis down with
+// FallbackError.
+//
+// When ctx ends during the call, the lease the script may have added is
+// removed again (best effort, within 100ms). A lease granted by Redis whose
+// reply is lost otherwise (a timeout or a cut connection after the script
+// ran) holds its slot until its ttl ends.
+func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Result, error) {
+	var start time.Time
+	if c.e.cfg.observer != nil {
+		start = time.Now()
+	}
+	l, res, err := c.tryAcquire(ctx, key)
+	if f := c.e.cfg.observer; f != nil {
+		d := Decision{Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
+		if err == nil && !res.Allowed {
+			d.DeniedBy = DeniedByLimit
+		}
+		f(d)
+	}
+	return l, res, err
+}
+
+func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Result, error) {
+	if c.e.closed.Load() {
+		return nil, Result{}, ErrClosed
+	}
+	if err := checkKey(key); err != nil {
+		return nil, Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+	}
+	state := c.e.stateKey(key, &c.e.own.rules[0])
+	if c.e.rescue.isDown(state) {
+		return c.fallback(key, state)
+	}
+	id := newLeaseID()
+	res, code, err := c.eval(ctx, opAcquire, state, id)
+	if err != nil {
+		if ctxErr := callerDone(ctx); ctxErr != nil {
+			// The script may have run, its reply come too late: take the
+			// lease back rather than leave its slot taken until ttl.
+			c.undo(ctx, state, id)
+			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, ctxErr)
+		}
+		if !c.e.rescue.outage(ctx, err, state) {
+			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+		}
+		return c.fallback(key, state)
+	}
+	if code != leaseDone {
+		return nil, res, nil
+	}
+	return &Lease{c: c, key: key, state: state, id: id}, res, nil
+}
+
+// undo removes the lease id that an acquire whose ctx ended may have
+// added, with a context detached from ctx and bounded by undoTimeout. It is
+// best effort: if it fails too, the lease expires by its ttl.
+func (c *Concurrency) undo(ctx context.Context, state, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	c.eval(ctx, opRelease, state, id)
+}
+
+// Acquire takes a lease on key, waiting until one is free or ctx is done
+// (then the error wraps ctx's error). It does not poll busily: after a
+// denial it waits for the shorter of the RetryAfter Redis gave (the oldest
+// lease's expiry) and a random time between AcquirePollInterval/2 and
+// AcquirePollInterval, then tries again; a lease of key released by this
+// Concurrency (in this process) wakes one waiter at once. So a slot freed
+// in this process is taken within a round trip, one freed by another
+// process within about AcquirePollInterval. Waiters are not served in
+// order. Each try is one TryAcquire, seen by the observer.
+func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	w := c.watch(key)
+	defer c.unwatch(key, w)
+	for {
+		l, res, err := c.TryAcquire(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if l != nil {
+			return l, nil
+		}
+		wait := min(res.RetryAfter, c.poll/2+rand.N(c.poll/2+1))
+		t := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-w.ch:
+			t.Stop()
+		case <-c.done:
+			t.Stop()
+			return nil, ErrClosed
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("redlimit: acquire %q: %w", key, ctx.Err())
+		}
+	}
+}
+
+// Close stops the fallback monitor, if one runs, and makes later calls
+// return ErrClosed (Acquire returns at once). Leases still held can be
+// released after Close, not extended. It does not close the Redis client.
+// It is safe to call more than once.
+func (c *Concurrency) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return c.e.close()
+}
+
+// eval runs concurrency.lua for one lease.
+func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Result, int64, error) {
+	now := argZero
+	if c.e.clock != nil && op != opRelease {
+		us, err := c.e.clock.nowMicros(ctx)
+		if err != nil {
+			return Result{}, 0, err
+		}
+		now = us
+	}
+	reply, err := concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, c.maxArg, c.ttlArg).Slice()
+	if err != nil {
+		return Result{}, 0, err
+	}
+	if len(reply) != 4 {
+		return Result{}, 0, fmt.Errorf("redlimit: concurrency: script replied %d values, want 4", len(reply))
+	}
+	var v [4]int64
+	for i, x := range reply {
+		n, ok := x.(int64)
+		if !ok {
+			return Result{}, 0, fmt.Errorf("redlimit: concurrency: script reply %d is %T, want an integer", i, x)
+		}
+		v[i] = n
+	}
+	res := Result{
+		Allowed:    op == opAcquire && v[0] == leaseDone,
+		Limit:      c.limit,
+		Remaining:  int(max(v[1], 0)),
+		ResetAfter: time.Duration(max(v[3], 0)) * time.Microsecond,
+	}
+	if v[0] == leaseDenied {
+		res.RetryAfter = time.Duration(max(v[2], 0)) * time.Microsecond
+	}
+	return res, v[0], nil
+}
+
+// fallback answers TryAcquire while Redis is unavailable, by the policy.
+func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
+	cfg := &c.e.cfg
+	switch cfg.fallback {
+	case FallbackAllow:
+		return &Lease{c: c, key: key, state: state, free: true},
+			Result{Allowed: true, Limit: c.limit, Remaining: c.limit.Rate, Degraded: true}, nil
+	case FallbackDeny:
+		wait := cfg.pingInterval
+		return nil, Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, nil
+	case FallbackError:
+		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause())
+	}
+	sem := c.local.getOrAdd(state, func() *localSem { return newLocalSem(c.localCap) })
+	id, res := sem.acquire(time.Now(), c.limit.Period)
+	res.Limit, res.Degraded = c.limit, true
+	if !res.Allowed {
+		return nil, res, nil
+	}
+	return &Lease{c: c, key: key, state: state, sem: sem, local: id}, res, nil
+}
+
+// cause returns the error that marked Redis unavailable.
+func (c *Concurrency) cause() error {
+	r := c.e.rescue
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cause == nil {
+		return errors.New("marked unavailable")
+	}
+	return r.cause
+}
+
+// newLeaseID returns a random lease id: 64 bits, as 16 hex digits.
+func newLeaseID() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return hex.EncodeToString(b[:])
+}
+
+// waiters is the wake-up channel of the Acquire calls waiting for one key
+// in this process. A release sends one token (wakes one waiter); tokens
+// that nobody takes only cause an early try.
+type waiters struct {
+	ch chan struct{}
+	n  int
+}
+
+func (c *Concurrency) watch(key string) *waiters {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	w := c.waits[key]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{}, c.wakeCap)}
+		c.waits[key] = w
+	}
+	w.n++
+	return w
+}
+
+func (c *Concurrency) unwatch(key string, w *waiters) {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	if w.n--; w.n == 0 {
+		delete(c.waits, key)
+	}
+}
+
+// wake tells one Acquire waiting for key, if any, that a slot was freed.
+func (c *Concurrency) wake(key string) {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	if w := c.waits[key]; w != nil {
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Lease is one slot of a [Concurrency] key, held until Release, or until
+// its ttl ends without an Extend. Its methods are safe for concurrent use.
+type Lease struct {
+	c     *Concurrency
+	key   string
+	state string
+	id    string    // the member in Redis; empty for a lease taken in process
+	sem   *localSem // FallbackLocal: the semaphore that holds it
+	local uint64    // its id in sem
+	free  bool      // FallbackAllow: a lease that holds nothing
+	done  atomic.Bool
+}
+
+// Release gives the slot back. It is idempotent: only the first call does
+// anything, and releasing a lease that already expired is harmless (it
+// cannot free another holder's slot). A Release whose ctx is already done
+// (a deferred Release after the request's context was cancelled) still
+// frees the slot, with a context detached from ctx and bounded by 1s.
+// While Redis is unavailable a lease taken on Redis cannot be removed: its
+// slot comes back when its ttl ends, and Release returns nil (an error
+// wrapping ErrUnavailable under FallbackError). A lease taken in process
+// is released in process. Release works after Close.
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil || !l.done.CompareAndSwap(false, true) {
+		return nil
+	}
+	c := l.c
+	defer c.wake(l.key)
+	switch {
+	case l.sem != nil:
+		l.sem.release(l.local)
+		return nil
+	case l.free:
+		return nil
+	case c.e.rescue.isDown(l.state):
+		return c.lostRelease(l)
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
+	_, _, err := c.eval(ctx, opRelease, l.state, l.id)
+	switch {
+	case err == nil:
+		return nil
+	case callerDone(ctx) != nil:
+		return fmt.Errorf("redlimit: release %q: %w", l.key, callerDone(ctx))
+	case c.e.rescue.outage(ctx, err, l.state):
+		return c.lostRelease(l)
+	}
+	return fmt.Errorf("redlimit: release %q: %w", l.key, err)
+}
+
+// lostRelease is Release of a Redis lease while Redis is unavailable.
+func (c *Concurrency) lostRelease(l *Lease) error {
+	if c.e.cfg.fallback == FallbackError {
+		return fmt.Errorf("redlimit: release %q (its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause())
+	}
+	return nil
+}
+
+// Extend renews the lease's ttl from now. A lease that expired (or was
+// released) cannot be extended: the error wraps ErrLeaseExpired, and the
+// slot may already be another holder's. While Redis is unavailable a lease
+// taken on Redis cannot be extended either: the error wraps ErrUnavailable,
+// and the lease keeps its old expiry in Redis. After Close, the error is
+// ErrClosed.
+func (l *Lease) Extend(ctx context.Context) error {
+	if l == nil {
+		return fmt.Errorf("redlimit: extend a nil lease: %w", ErrInvalidArgument)
+	}
+	c := l.c
+	if c.e.closed.Load() {
+		return ErrClosed
+	}
+	if l.done.Load() {
+		return fmt.Errorf("redlimit: extend lease of %q: released: %w", l.key, ErrLeaseExpired)
+	}
+	switch {
+	case l.sem != nil:
+		if !l.sem.extend(l.local, time.Now(), c.limit.Period) {
+			l.done.Store(true)
+			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
+		}
+		return nil
+	case l.free:
+		return nil
+	case c.e.rescue.isDown(l.state):
+		return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause())
+	}
+	_, code, err := c.eval(ctx, opExtend, l.state, l.id)
+	if err != nil {
+		if ctxErr := callerDone(ctx); ctxErr != nil {
+			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ctxErr)
+		}
+		if c.e.rescue.outage(ctx, err, l.state) {
+			return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, err)
+		}
+		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, err)
+	}
+	if code == leaseMissing {
+		l.done.Store(true)
+		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
+	}
+	return nil
+}
+
+// localSem is FallbackLocal's semaphore for one key: its live leases in
+// order of expiry. Every lease lives ttl from its acquire or last extend,
+// on the monotonic clock, so a new or extended lease always goes last and
+// the expired ones are at the front.
+type localSem struct {
+	mu    sync.Mutex
+	cap   int
+	next  uint64
+	order list.List                // *localLease, earliest expiry first
+	byID  map[uint64]*list.Element // live leases
+}
+
+type localLease struct {
+	id  uint64
+	exp time.Time
+}
+
+func newLocalSem(capacity int) *localSem {
+	return &localSem{cap: capacity, byID: make(map[uint64]*list.Element)}
+}
+
+// pruneLocked drops the leases that expired by now.
+func (s *localSem) pruneLocked(now time.Time) {
+	for e := s.order.Front(); e != nil; e = s.order.Front() {
+		ll := e.Value.(*localLease)
+		if now.Before(ll.exp) {
+			return
+		}
+		s.order.Remove(e)
+		delete(s.byID, ll.id)
+	}
+}
+
+// acquire takes a lease of ttl if one is free, and returns its id.
+func (s *localSem) acquire(now time.Time, ttl time.Duration) (uint64, Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(now)
+	if s.order.Len() >= s.cap {
+		first := s.order.Front().Value.(*localLease)
+		last := s.order.Back().Value.(*localLease)
+		return 0, Result{RetryAfter: first.exp.Sub(now), ResetAfter: last.exp.Sub(now)}
+	}
+	s.next++
+	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
+	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len(), ResetAfter: ttl}
+}
+
+func (s *localSem) release(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.byID[id]; ok {
+		s.order.Remove(e)
+		delete(s.byID, id)
+	}
+}
+
+// extend renews lease id for ttl from now; false when it is not live.
+func (s *localSem) extend(id uint64, now time.Time, ttl time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(now)
+	e, ok := s.byID[id]
+	if !ok {
+		return false
+	}
+	e.Value.(*localLease).exp = now.Add(ttl)
+	s.order.MoveToBack(e)
+	return true
+}

@@ -1,0 +1,96 @@
+-- concurrency.lua: leases of a concurrency limit (see concurrency.go). It is
+-- a script of its own, not a part of the decision scripts (common.lua).
+--
+-- State: one sorted set per limited key; member = a lease id (random, from
+-- the client), score = the lease's expiry in µs on the script's clock. A
+-- lease is live while now < score. Expired leases are removed by this
+-- script (ZREMRANGEBYSCORE before any count), so a holder that crashed
+-- gives its slot back when its lease's ttl ends, with nobody cleaning up.
+-- Every acquire and extend sets the key's PEXPIRE to the latest expiry in
+-- the set (not only on the first acquire: a key that expired while a later
+-- lease was live would forget that lease and over-admit).
+--
+-- KEYS[1]  the lease set: <prefix>:{<key>}:cc
+-- ARGV[1]  op: 1 acquire, 2 extend, 3 release
+-- ARGV[2]  lease id (the member)
+-- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
+-- ARGV[4]  max: live leases allowed at once (1 to 100,000)
+-- ARGV[5]  ttl in µs (>= 1000): a lease lives this long after its acquire
+--          or its last extend
+--
+-- Reply: an array of four integers, times in µs, rounded up:
+--   [1] code: 0 done (acquired, extended, released), 1 denied: no free slot
+--       (acquire), 4 no such lease: expired or released (extend, release)
+--   [2] free slots after the call (>= 0)
+--   [3] when denied: the retry after, until enough leases expire for one
+--       slot to be free; else 0
+--   [4] reset after: until the latest live lease expires (every slot free
+--       with no more traffic); 0 when none is live
+--
+-- Numbers: scores are integer µs, exact in a Lua double (below 2^53); they
+-- reach redis.call as numbers, which Redis formats exactly (%.17g), and are
+-- never turned into strings here.
+
+local key = KEYS[1]
+local op = tonumber(ARGV[1])
+local id = ARGV[2]
+local now = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+
+if op == 3 then
+  -- Release needs no clock: removing a lease that already expired is
+  -- harmless, and the key's expiry stays at or past its latest lease's.
+  local removed = redis.call('ZREM', key, id)
+  if removed == 0 then return {4, 0, 0, 0} end
+  return {0, 0, 0, 0}
+end
+
+if now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- ms returns a PX lifetime for d µs: rounded up, never 0.
+local function ms(d)
+  local v = math.ceil(d / 1000)
+  if v < 1 then v = 1 end
+  return v
+end
+
+-- latest returns the latest expiry in the set, or nil when it is empty.
+local function latest()
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 0 then return nil end
+  return tonumber(last[2])
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local count = redis.call('ZCARD', key)
+
+if op == 2 then
+  if redis.call('ZSCORE', key, id) == false then
+    local reset = 0
+    local l = latest()
+    if l ~= nil then reset = l - now end
+    return {4, math.max(limit - count, 0), 0, reset}
+  end
+  redis.call('ZADD', key, 'XX', now + ttl, id)
+  local l = latest()
+  redis.call('PEXPIRE', key, ms(l - now))
+  return {0, math.max(limit - count, 0), 0, l - now}
+end
+
+if count >= limit then
+  -- count - limit + 1 leases must expire for a slot to be free: the one at
+  -- rank count - limit (0-based, by expiry) is the last of them. count >
+  -- limit happens only after max was lowered (a rolling deploy).
+  local e = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+  local retry = tonumber(e[2]) - now
+  return {1, 0, retry, latest() - now}
+end
+
+redis.call('ZADD', key, now + ttl, id)
+local l = latest()
+redis.call('PEXPIRE', key, ms(l - now))
+return {0, limit - count - 1, 0, l - now}
