@@ -48,7 +48,7 @@ func BenchmarkParseReply(b *testing.B) {
 	l := benchLimiter(b)
 	reply := []any{int64(0), int64(9), int64(0), int64(100000), int64(1)}
 	for b.Loop() {
-		if _, _, err := l.parse(reply, l.own); err != nil {
+		if _, _, err := l.parse(reply, l.own, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -216,7 +216,7 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 	if err := e.check(key, n, rs); err != nil {
 		return Result{}, err
 	}
-	res, _, err := e.call(ctx, key, n, -1, rs, "")
+	res, _, err := e.call(ctx, key, n, -1, rs, nil)
 	return res, err
 }
 
@@ -241,7 +241,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
 			}
 		}
-		res, why, err := e.call(ctx, key, n, maxDelay, rs, "")
+		res, why, err := e.call(ctx, key, n, maxDelay, rs, nil)
 		if err != nil {
 			return err
 		}
@@ -348,9 +348,9 @@ const (
 )
 
 // decide makes one decision: from the deny cache, from Redis, or from the
-// fallback while Redis is down. rid, when not empty, records an admitted
-// call as a reservation.
-func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
+// fallback while Redis is down. rc, when not nil, records an admitted call
+// as a reservation.
+func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	state := e.stateKey(key, &rs.rules[0])
 	if e.denies != nil && n > 0 {
 		if res, ok := e.denies.lookup(state, n, rs.sig); ok {
@@ -359,13 +359,13 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		}
 	}
 	if e.rescue.isDown(state) {
-		return e.rescue.decide(state, n, maxDelay, rs)
+		return e.rescue.decide(state, n, maxDelay, rs, rc)
 	}
 	var epoch uint64
 	if e.denies != nil {
 		epoch = e.denies.epoch.Load()
 	}
-	res, why, err := e.eval(ctx, state, n, maxDelay, rs, rid)
+	res, why, err := e.eval(ctx, state, n, maxDelay, rs, rc)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, ctxErr)
@@ -373,7 +373,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		if !e.rescue.outage(ctx, err, state) {
 			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
 		}
-		return e.rescue.decide(state, n, maxDelay, rs)
+		return e.rescue.decide(state, n, maxDelay, rs, rc)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		e.denies.remember(state, n, rs.sig, res.RetryAfter, epoch)
@@ -412,7 +412,7 @@ var (
 )
 
 // eval runs the decision script (see scripts/common.lua for its layout).
-func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
+func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	a := evalArgsPool.Get().(*evalArgs)
 	defer func() {
 		clear(a.keys)
@@ -441,8 +441,8 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		a.keys = append(a.keys, first+blockSuffix)
 	}
 	ridArg, life := argNoRID, argZero
-	if rid != "" {
-		ridArg, life = rid, e.cfg.argReserveTTL
+	if rc != nil {
+		ridArg, life = rc.id, e.cfg.argReserveTTL
 		a.keys = append(a.keys, first+reserveSuffix)
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
@@ -453,14 +453,19 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	if err != nil {
 		return Result{}, 0, err
 	}
-	return e.parse(reply, rs)
+	return e.parse(reply, rs, rc)
 }
 
 // parse decodes a script reply (see scripts/common.lua): code, remaining,
-// delay or retry after, reset after, deciding rule.
-func (e *engine) parse(reply []any, rs *ruleSet) (Result, reason, error) {
-	if len(reply) != 5 {
-		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want 5", e.kind, len(reply))
+// delay or retry after, reset after, deciding rule; and for an admitted
+// reservation (rc not nil), each rule's tag.
+func (e *engine) parse(reply []any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+	want := 5
+	if rc != nil && len(reply) > 0 && reply[0] == int64(reasonAllowed) {
+		want += len(rs.rules)
+	}
+	if len(reply) != want {
+		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want %d", e.kind, len(reply), want)
 	}
 	var v [5]int64
 	for i, x := range reply {
@@ -468,7 +473,11 @@ func (e *engine) parse(reply []any, rs *ruleSet) (Result, reason, error) {
 		if !ok {
 			return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
 		}
-		v[i] = n
+		if i < 5 {
+			v[i] = n
+		} else {
+			rc.tags = append(rc.tags, n)
+		}
 	}
 	why := reason(v[0])
 	idx := int(v[4]) - 1

@@ -31,7 +31,7 @@ type localRule struct {
 func (r *rescue) forget(state string) { r.locals.remove(state) }
 
 // decide answers without Redis, by the fallback policy.
-func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet) (Result, reason, error) {
+func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
 	switch e.cfg.fallback {
@@ -53,7 +53,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		// WithLimitFunc gave this key other limits: follow the latest.
 		set.sig, set.lims = rs.sig, r.newLocal(rs).lims
 	}
-	return r.decideLocked(set, n, maxDelay, rs)
+	return r.decideLocked(set, n, maxDelay, rs, rc)
 }
 
 // verdict is one stand-in's answer, before the set commits or cancels it.
@@ -66,7 +66,7 @@ type verdict struct {
 	rv                   []*rate.Reservation // a queue's reservations
 }
 
-func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet) (Result, reason, error) {
+func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	now := time.Now()
 	res := Result{Degraded: true}
 	var verdicts [MaxRules]verdict
@@ -129,6 +129,9 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 			}
 		}
 		return res, reasonAllowed, nil
+	}
+	if rc != nil {
+		rc.local = &localHold{set: set}
 	}
 	for i := range set.lims {
 		if lr := &set.lims[i]; !lr.queue {

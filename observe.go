@@ -99,12 +99,12 @@ func deniedBy(why reason) DeniedBy {
 }
 
 // call makes one decision and applies shadow mode and the observer.
-func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rid string) (Result, reason, error) {
+func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	var start time.Time
 	if e.cfg.observer != nil {
 		start = time.Now()
 	}
-	res, why, err := e.decide(ctx, key, n, maxDelay, rs, rid)
+	res, why, err := e.decide(ctx, key, n, maxDelay, rs, rc)
 	shadowed := err == nil && e.cfg.shadow && !res.Allowed && why != reasonMaxDelay
 	if shadowed {
 		res.Allowed, res.Shadowed, res.RetryAfter = true, true, 0

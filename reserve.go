@@ -1,0 +1,255 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// ErrSettled is returned by Settle and Cancel for a reservation that is
+// settled already (by an earlier call, also one whose reply was lost), or
+// that lapsed: it was not settled within the reservation lifetime (see
+// [WithReservationTTL]) and stands as taken. Nothing changes.
+var ErrSettled = errors.New("redlimit: reservation already settled or lapsed")
+
+// WithReservationTTL sets how long a reservation can be settled. After it
+// the reservation stands as taken and Settle returns ErrSettled. Redis keeps
+// one sorted-set member per reservation that is neither settled nor lapsed
+// (about 30 bytes each, in the key's slot). The default is one hour; it
+// must be between 1s and MaxPeriod.
+func WithReservationTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.reserveTTL = d })
+}
+
+// Reservation is n events taken by Reserve, to be settled once with what
+// was really used: an LLM request's maximum tokens, settled with the
+// tokens it used; an upload's declared size, settled with the bytes sent.
+// Until it is settled it stands as taken; nothing is refunded by itself.
+//
+// A Reservation is safe for concurrent use; it settles once.
+type Reservation struct {
+	e     *engine
+	rs    *ruleSet
+	key   string
+	state string // the first rule's state key
+	id    string
+	n     int
+	res   Result
+	tags  []int64    // each rule's tag, from the script's reply
+	local *localHold // taken in-process, by the fallback
+
+	mu   sync.Mutex
+	done bool
+}
+
+// reserveCall carries a reservation through a decision: its id in, and
+// out what settling needs.
+type reserveCall struct {
+	id    string
+	tags  []int64
+	local *localHold
+}
+
+// localHold is the in-process fallback's stand-ins that took a
+// reservation.
+type localHold struct {
+	set *localSet
+}
+
+// Reserve is AllowN that can be settled later with what was really used
+// (see [Reservation]). n must be at least 1. A denied reservation
+// (Result().Allowed false) holds nothing.
+func (l *RateLimiter) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+	return l.reserve(ctx, key, n)
+}
+
+// Reserve is AllowN that can be settled later with what was really used
+// (see [Reservation]): every rule takes n events, and settling adjusts
+// every rule. n must be at least 1. A denied reservation holds nothing.
+func (p *Policy) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+	return p.reserve(ctx, key, n)
+}
+
+func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+	if n < 1 && !e.closed.Load() {
+		return nil, fmt.Errorf("redlimit: reserve n = %d: a reservation takes at least 1 event: %w", n, ErrInvalidArgument)
+	}
+	rs, err := e.rulesFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.check(key, n, rs); err != nil {
+		return nil, err
+	}
+	rc := &reserveCall{id: strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
+	res, _, err := e.call(ctx, key, n, -1, rs, rc)
+	if err != nil {
+		return nil, err
+	}
+	return &Reservation{
+		e: e, rs: rs, key: key, state: e.stateKey(key, &rs.rules[0]),
+		id: rc.id, n: n, res: res, tags: rc.tags, local: rc.local,
+	}, nil
+}
+
+// Result returns the decision made when the reservation was taken.
+func (r *Reservation) Result() Result { return r.res }
+
+// Settle records that used events really happened: used < n refunds the
+// difference, used > n charges the difference even past the limit (the key
+// owes it; later calls are denied until it is paid back by the refill or
+// the window). A reservation settles once: a second Settle returns
+// ErrSettled and changes nothing, also when the first one's reply was lost
+// and the caller retries. Settling a denied reservation is an error
+// wrapping ErrInvalidArgument.
+//
+// A refund never gives back more than was taken, never lifts a key above
+// its full allowance, and never re-credits refill or a window that has
+// passed: FixedWindow and SlidingCounter refund only while the
+// reservation's window counts, SlidingLog removes the reservation's own
+// entries still in the log, the buckets return tokens still used.
+//
+// The Result is the key's state after settling, as AllowN(ctx, key, 0)
+// reports it. A reservation taken in shadow mode that the limit denied
+// holds nothing: Settle returns its Result and touches nothing.
+//
+// Outages: a reservation taken by the in-process fallback (Result().Degraded)
+// settles in-process. One taken on Redis cannot be settled while Redis is
+// down: Settle returns an error wrapping ErrUnavailable and the reservation
+// stays unsettled, so that the caller can settle it again once Redis is
+// back (within the reservation lifetime); if it never does, it stands as
+// taken.
+func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
+	switch {
+	case used < 0 || used > MaxRate:
+		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d must be between 0 and %d: %w", r.key, used, MaxRate, ErrInvalidArgument)
+	case !r.res.Allowed:
+		return Result{}, fmt.Errorf("redlimit: settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrSettled)
+	}
+	if r.e.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	switch {
+	case r.res.Shadowed:
+		r.done = true
+		return r.res, nil
+	case r.local != nil:
+		r.done = true
+		return r.settleLocal(used), nil
+	}
+	if r.e.rescue.isDown(r.state) {
+		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrUnavailable)
+	}
+	res, err := r.settleRedis(ctx, used)
+	if err != nil {
+		if errors.Is(err, ErrSettled) {
+			r.done = true
+		}
+		return Result{}, err
+	}
+	r.done = true
+	return res, nil
+}
+
+// Cancel is Settle(ctx, 0): it gives back every event the reservation took,
+// within the same limits.
+func (r *Reservation) Cancel(ctx context.Context) error {
+	_, err := r.Settle(ctx, 0)
+	return err
+}
+
+// settleScript settles a reservation of any strategy (see
+// scripts/settle.lua).
+var settleScript = loadScript("common.lua", "fixedwindow.lua", "slidinglog.lua",
+	"slidingcounter.lua", "bucket.lua", "settle.lua")
+
+func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
+	e, rs := r.e, r.rs
+	keys := make([]string, 0, len(rs.rules)+1)
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(r.state, rs, i))
+	}
+	keys = append(keys, r.state+reserveSuffix)
+	now := argZero
+	if e.clock != nil {
+		us, err := e.clock.nowMicros(ctx)
+		if err != nil {
+			return Result{}, r.settleErr(ctx, err)
+		}
+		now = us
+	}
+	args := make([]any, 0, 8+5*len(rs.rules))
+	args = append(args, 0, len(rs.rules), now, argNoMaxDelay, argZero, r.id, used)
+	for i := range rs.rules {
+		args = append(args, rs.rules[i].args[:]...)
+	}
+	args = append(args, r.n)
+	for _, t := range r.tags {
+		args = append(args, t)
+	}
+	reply, err := settleScript.Run(ctx, e.rdb, keys, args...).Slice()
+	if err != nil {
+		return Result{}, r.settleErr(ctx, err)
+	}
+	if len(reply) == 1 {
+		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrSettled)
+	}
+	res, _, err := e.parse(reply, rs, nil)
+	if err != nil {
+		return Result{}, err
+	}
+	res.Allowed = true
+	return res, nil
+}
+
+// settleErr wraps a failed settle's error: the caller's context, an outage
+// (ErrUnavailable, and Redis marked down), or what Redis said.
+func (r *Reservation) settleErr(ctx context.Context, err error) error {
+	if ctxErr := callerDone(ctx); ctxErr != nil {
+		return fmt.Errorf("redlimit: settle %q: %w", r.key, ctxErr)
+	}
+	if r.e.rescue.outage(ctx, err, r.state) {
+		return fmt.Errorf("redlimit: settle %q: %w: %w", r.key, ErrUnavailable, err)
+	}
+	return fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+}
+
+// settleLocal settles a reservation the fallback took. Each stand-in gets
+// the unused events back as tokens (x/time/rate takes a negative n as a
+// refund; what passes the burst is dropped at its next update, so never
+// above full, and refill that already happened is not given again), or
+// takes the overspend as a debt (a reservation that need not wait).
+func (r *Reservation) settleLocal(used int) Result {
+	h := r.local
+	h.set.mu.Lock()
+	defer h.set.mu.Unlock()
+	now := time.Now()
+	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
+	delta := used - r.n
+	for i := range h.set.lims {
+		lr := &h.set.lims[i]
+		if delta < 0 {
+			lr.lim.AllowN(now, delta)
+		}
+		for left := delta; left > 0; {
+			k := min(left, lr.burst)
+			lr.lim.ReserveN(now, k) // a debt when the tokens are not there
+			left -= k
+		}
+		tokens := lr.lim.TokensAt(now)
+		if i == 0 || int(tokens) < res.Remaining {
+			res.Remaining = max(int(tokens), 0)
+		}
+		res.ResetAfter = max(res.ResetAfter, seconds((float64(lr.burst)-tokens)/lr.every))
+	}
+	return res
+}

@@ -1,0 +1,352 @@
+package redlimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// remaining is what AllowN(key, 0) reports.
+func remaining(t *testing.T, l Limiter, key string) int {
+	t.Helper()
+	res, err := l.AllowN(context.Background(), key, 0)
+	require.NoError(t, err)
+	return res.Remaining
+}
+
+// A refund gives back exactly the difference, the next calls see exactly
+// the refunded events; an overspend is owed; a reservation settles once.
+func TestReserveSettleExact(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Minute})
+			ctx := t.Context()
+			rv, err := lim.Reserve(ctx, "k", 8)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			assert.Equal(t, 2, remaining(t, lim, "k"))
+			res, err := rv.Settle(ctx, 3)
+			require.NoError(t, err)
+			assert.Equal(t, 7, res.Remaining, "5 refunded")
+			assert.Equal(t, 7, remaining(t, lim, "k"))
+			for i := range 7 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "refunded event %d", i+1)
+			}
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "exactly the refunded events")
+
+			// Settled once: again, or Cancel, is ErrSettled and changes nothing.
+			_, err = rv.Settle(ctx, 0)
+			require.ErrorIs(t, err, ErrSettled)
+			require.ErrorIs(t, rv.Cancel(ctx), ErrSettled)
+			assert.Equal(t, 0, remaining(t, lim, "k"))
+
+			// Overspend: 4 reserved, 9 used: 5 owed past the limit.
+			require.NoError(t, lim.Reset(ctx, "k"))
+			rv, err = lim.Reserve(ctx, "k", 4)
+			require.NoError(t, err)
+			_, err = rv.Settle(ctx, 9)
+			require.NoError(t, err)
+			assert.Equal(t, 1, remaining(t, lim, "k"))
+			rv, err = lim.Reserve(ctx, "k", 1)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			_, err = rv.Settle(ctx, 5)
+			require.NoError(t, err)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "in debt: 14 used of 10")
+			assert.Equal(t, 0, res.Remaining)
+		})
+	}
+}
+
+// No refund past the full allowance, none of refill that already happened,
+// none after the reservation's window passed.
+func TestReserveRefundBounds(t *testing.T) {
+	t.Run("bucket never above full, never refill again", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 10, Period: time.Second, Burst: 10})
+		ctx := t.Context()
+		rv, err := lim.Reserve(ctx, "k", 10)
+		require.NoError(t, err)
+		b.advance(600 * time.Millisecond) // 6 tokens back by refill
+		require.NoError(t, rv.Cancel(ctx))
+		assert.Equal(t, 10, remaining(t, lim, "k"), "full, not 16")
+		rv, err = lim.Reserve(ctx, "k", 10)
+		require.NoError(t, err)
+		b.advance(300 * time.Millisecond) // 3 back
+		_, err = rv.Settle(ctx, 4)        // 6 refunded: 3 + 6 = 9
+		require.NoError(t, err)
+		assert.Equal(t, 9, remaining(t, lim, "k"))
+	})
+	t.Run("fixed window: not after the window", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, FixedWindow, PerSecond(5))
+		ctx := t.Context()
+		rv, err := lim.Reserve(ctx, "k", 5)
+		require.NoError(t, err)
+		b.advance(time.Second) // the next window
+		_, err = lim.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.NoError(t, rv.Cancel(ctx))
+		assert.Equal(t, 3, remaining(t, lim, "k"), "nothing given to the new window")
+	})
+	t.Run("sliding counter: weighted while previous, not after", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, SlidingCounter, PerSecond(10))
+		ctx := t.Context()
+		rv, err := lim.Reserve(ctx, "k", 10)
+		require.NoError(t, err)
+		b.advance(1500 * time.Millisecond) // half of the previous window still counts: 5
+		assert.Equal(t, 5, remaining(t, lim, "k"))
+		_, err = rv.Settle(ctx, 4) // 6 of the previous window refunded: it now weighs 2
+		require.NoError(t, err)
+		assert.Equal(t, 8, remaining(t, lim, "k"))
+		rv, err = lim.Reserve(ctx, "k", 8)
+		require.NoError(t, err)
+		b.advance(2 * time.Second) // its window has passed entirely
+		require.NoError(t, rv.Cancel(ctx))
+		assert.Equal(t, 10, remaining(t, lim, "k"))
+		_, err = lim.AllowN(ctx, "k", 10)
+		require.NoError(t, err)
+		assert.Equal(t, 0, remaining(t, lim, "k"), "nothing left over from the old reservation")
+	})
+	t.Run("sliding log: only its own entries still in the log", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, SlidingLog, PerSecond(10))
+		ctx := t.Context()
+		_, err := lim.AllowN(ctx, "k", 3) // someone else's, at the same µs
+		require.NoError(t, err)
+		rv, err := lim.Reserve(ctx, "k", 5)
+		require.NoError(t, err)
+		require.NoError(t, rv.Cancel(ctx))
+		assert.Equal(t, 7, remaining(t, lim, "k"), "the other 3 stay")
+		rv, err = lim.Reserve(ctx, "k", 5)
+		require.NoError(t, err)
+		b.advance(time.Second) // everything left the log
+		require.NoError(t, rv.Cancel(ctx))
+		assert.Equal(t, 10, remaining(t, lim, "k"))
+	})
+	t.Run("denied reservation holds nothing", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(2))
+		ctx := t.Context()
+		_, err := lim.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		rv, err := lim.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, rv.Result().Allowed)
+		_, err = rv.Settle(ctx, 1)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = lim.Reserve(ctx, "k", 0)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = lim.Reserve(ctx, "k", 3)
+		require.ErrorIs(t, err, ErrExceedsLimit)
+	})
+	t.Run("lapsed reservation stands as taken", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, FixedWindow, PerHour(5), WithReservationTTL(time.Minute))
+		ctx := t.Context()
+		rv, err := lim.Reserve(ctx, "k", 5)
+		require.NoError(t, err)
+		b.advance(time.Minute)
+		_, err = rv.Settle(ctx, 0)
+		require.ErrorIs(t, err, ErrSettled)
+		assert.Equal(t, 0, remaining(t, lim, "k"))
+	})
+}
+
+// A Policy's reservation settles every rule.
+func TestReservePolicy(t *testing.T) {
+	b, _ := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "rps", Strategy: TokenBucket, Limit: PerSecond(100)},
+		{Name: "tpm", Strategy: SlidingCounter, Limit: PerMinute(1000)},
+		{Name: "log", Strategy: SlidingLog, Limit: PerMinute(500)},
+	})
+	ctx := t.Context()
+	rv, err := p.Reserve(ctx, "k", 80)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	res, err := rv.Settle(ctx, 30)
+	require.NoError(t, err)
+	assert.Equal(t, 70, res.Remaining, "rps: 100 - 30")
+	tb := newLimiter(t, b.rdb, TokenBucket, PerSecond(100))
+	sc := newLimiter(t, b.rdb, SlidingCounter, PerMinute(1000))
+	sl := newLimiter(t, b.rdb, SlidingLog, PerMinute(500))
+	assert.Equal(t, 70, remaining(t, tb, "k"))
+	assert.Equal(t, 970, remaining(t, sc, "k"))
+	assert.Equal(t, 470, remaining(t, sl, "k"))
+}
+
+// dropReplies proxies to addr and, once armed, lets one command through to
+// Redis but swallows its reply and cuts the connection.
+type dropReplies struct {
+	ln    net.Listener
+	armed atomic.Bool
+}
+
+func newDropReplies(t *testing.T, addr string) *dropReplies {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	d := &dropReplies{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go d.serve(c, addr)
+		}
+	}()
+	return d
+}
+
+func (d *dropReplies) serve(c net.Conn, addr string) {
+	defer c.Close()
+	up, err := net.Dial("tcp", addr)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				up.Close()
+				return
+			}
+			if _, err := up.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := up.Read(buf)
+		if err != nil {
+			return
+		}
+		if d.armed.CompareAndSwap(true, false) {
+			return // Redis ran the command; its reply is lost
+		}
+		if _, err := c.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// A settle whose reply was lost and that the caller retries changes
+// nothing the second time (real Redis, a proxy dropping the reply).
+func TestReserveSettleLostReplyRedis(t *testing.T) {
+	srv := realServer(t)
+	proxy := newDropReplies(t, srv.Addr)
+	opts := &redis.Options{Addr: proxy.ln.Addr().String(), MaxRetries: -1, ReadTimeout: time.Second}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	lim := newLimiter(t, rdb, FixedWindow, PerHour(10), WithPrefix(prefixFor(t)), WithFallback(FallbackError), WithPingInterval(time.Hour))
+	ctx := context.Background()
+	warm, err := lim.Reserve(ctx, "warm", 1) // loads both scripts: no NOSCRIPT below
+	require.NoError(t, err)
+	require.NoError(t, warm.Cancel(ctx))
+	rv, err := lim.Reserve(ctx, "k", 8)
+	require.NoError(t, err)
+	proxy.armed.Store(true)
+	_, err = rv.Settle(ctx, 2) // Redis refunds 6; the reply is lost
+	require.Error(t, err)
+	// The caller retries, on a healthy connection.
+	direct := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { direct.Close() })
+	check := newLimiter(t, direct, FixedWindow, PerHour(10), WithPrefix(prefixFor(t)))
+	assert.Equal(t, 8, remaining(t, check, "k"), "the lost settle was applied once")
+	rv.e = check.engine // the retry goes through the healthy client
+	_, err = rv.Settle(ctx, 2)
+	require.ErrorIs(t, err, ErrSettled)
+	assert.Equal(t, 8, remaining(t, check, "k"), "the retried settle changed nothing")
+}
+
+// 64 goroutines reserve and settle at random: what the key has charged is
+// exactly the sum of what was settled.
+func TestReserveConcurrentRedis(t *testing.T) {
+	opts := redistest.TunedOptions(realServer(t).Addr)
+	opts.PoolSize, opts.PoolTimeout = 64, 2*time.Second // one connection per goroutine
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = time.Second, time.Second, time.Second
+	b := &backend{rdb: redis.NewClient(opts)}
+	t.Cleanup(func() { b.rdb.Close() })
+	for _, s := range []Strategy{FixedWindow, SlidingCounter, TokenBucket, SlidingLog} {
+		t.Run(s.String(), func(t *testing.T) {
+			limit, capacity := Limit{Rate: 100_000, Period: time.Hour}, 100_000
+			switch s {
+			case SlidingLog:
+				limit.Rate, capacity = 50_000, 50_000
+			case TokenBucket: // no refill to speak of while the test runs
+				limit, capacity = Limit{Rate: 1, Period: time.Hour, Burst: 100_000}, 100_000
+			}
+			lim := newLimiter(t, b.rdb, s, limit, WithPrefix(prefixFor(t)))
+			ctx := context.Background()
+			var settled atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 64 {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 1))
+					for range 10 {
+						n := 1 + rng.IntN(60)
+						rv, err := lim.Reserve(ctx, "k", n)
+						if !assert.NoError(t, err) || !assert.True(t, rv.Result().Allowed) {
+							return
+						}
+						used := rng.IntN(2 * n)
+						_, err = rv.Settle(ctx, used)
+						if assert.NoError(t, err) {
+							settled.Add(int64(used))
+						}
+					}
+				})
+			}
+			wg.Wait()
+			assert.Equal(t, capacity-int(settled.Load()), remaining(t, lim, "k"), "charged = settled")
+		})
+	}
+}
+
+// A reservation taken by the fallback settles in-process; one taken on
+// Redis cannot be settled while Redis is down, and can be once it is back.
+func TestReserveFallback(t *testing.T) {
+	b, m := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour, Burst: 10}, WithPingInterval(10*time.Millisecond))
+	ctx := t.Context()
+	onRedis, err := lim.Reserve(ctx, "k", 5)
+	require.NoError(t, err)
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	local, err := lim.Reserve(ctx, "j", 6)
+	require.NoError(t, err)
+	require.True(t, local.Result().Degraded)
+	res, err := local.Settle(ctx, 2)
+	require.NoError(t, err)
+	assert.True(t, res.Degraded)
+	assert.Equal(t, 8, res.Remaining, "4 given back in-process")
+	_, err = onRedis.Settle(ctx, 1)
+	require.ErrorIs(t, err, ErrUnavailable)
+	m.SetError("")
+	require.Eventually(t, func() bool { return !lim.rescue.anyDown() }, 5*time.Second, 10*time.Millisecond)
+	res, err = onRedis.Settle(ctx, 1)
+	require.NoError(t, err, "settled once Redis is back")
+	assert.Equal(t, 9, res.Remaining)
+}
