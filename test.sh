@@ -4,6 +4,10 @@
 # working, not to judge speed). Tests that need redis-server start their own
 # on free loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
 # skipping, when redis-server is not installed.
+#
+# REDLIMIT_ENGINES (colon-separated redis-server programs, as
+# `.ci/engines.sh --paths` prints them) runs the root package and the test
+# harness once more on each of those engines, after the normal run.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -46,3 +50,29 @@ for m in "${modules[@]}"; do
   # cluster tests do not share the 2 cores with another package's clusters.
   (cd "$m" && go test -race -count=1 -p 1 -timeout 20m ./...)
 done
+
+if [ -n "${REDLIMIT_ENGINES:-}" ]; then
+  # The root package holds every real-Redis and cluster test (about 2 min
+  # an engine here); internal/redistest checks that servers, restarts and
+  # clusters work on the engine. Every engine runs, then the failures are
+  # listed.
+  IFS=: read -ra engines <<<"$REDLIMIT_ENGINES"
+  failed=()
+  for server in "${engines[@]}"; do
+    if ! version=$("$server" --version); then
+      failed+=("$server (does not run)")
+      continue
+    fi
+    echo "== tests on ${version%% sha=*} ($server)"
+    start=$SECONDS
+    if REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m . ./internal/redistest/; then
+      echo "-- ${version%% sha=*}: passed in $((SECONDS - start)) s"
+    else
+      failed+=("${version%% sha=*}")
+    fi
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf 'tests failed on: %s\n' "${failed[@]}" >&2
+    exit 1
+  fi
+fi

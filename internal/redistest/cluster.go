@@ -52,7 +52,11 @@ type Cluster struct {
 // The caller must Close the cluster. The error wraps [ErrNotInstalled] when
 // redis-server or redis-cli is not on the PATH.
 func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, error) {
-	if err := lookPath("redis-server", "redis-cli"); err != nil {
+	if _, err := serverPath(); err != nil {
+		return nil, err
+	}
+	redisCLI, err := cliPath()
+	if err != nil {
 		return nil, err
 	}
 	if masters == 1 && replicasPerMaster == 0 {
@@ -99,7 +103,7 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 	}
 	cli = append(cli, "--cluster-replicas", strconv.Itoa(replicasPerMaster), "--cluster-yes")
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	out, err := exec.CommandContext(ctx, "redis-cli", cli...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, redisCLI, cli...).CombinedOutput()
 	cancel()
 	if err != nil {
 		return fail(fmt.Errorf("redistest: redis-cli %s: %w\n%s", strings.Join(cli, " "), err, lastLines(string(out), 20)))
@@ -166,9 +170,14 @@ func startSingleNodeCluster(args []string) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{Masters: []*Server{s}}
-	if out, err := s.CLI("CLUSTER", "ADDSLOTSRANGE", "0", strconv.Itoa(NumSlots-1)); err != nil || out != "OK" {
+	// CLUSTER ADDSLOTS with every slot: ADDSLOTSRANGE needs Redis 7.
+	cmd := []string{"CLUSTER", "ADDSLOTS"}
+	for slot := range NumSlots {
+		cmd = append(cmd, strconv.Itoa(slot))
+	}
+	if out, err := do(s.Addr, 2*time.Second, cmd...); err != nil || out != "OK" {
 		c.Close()
-		return nil, fmt.Errorf("redistest: CLUSTER ADDSLOTSRANGE: %q, %v", out, err)
+		return nil, fmt.Errorf("redistest: CLUSTER ADDSLOTS: %q, %v", out, err)
 	}
 	if err := c.WaitHealthy(clusterStartTimeout); err != nil {
 		c.Close()

@@ -16,15 +16,23 @@
 // The package needs redis-server (and redis-cli for clusters) on the PATH.
 // Tests call [Require] or [SkipOrFail], which skip when they are missing,
 // or fail when the environment variable REDLIMIT_REQUIRE_REDIS is "1".
+//
+// The environment variable REDLIMIT_REDIS_SERVER runs another engine: the
+// path of a redis-server compatible program, such as Redis 6.0, Redis 8.0
+// or Valkey, or a wrapper that starts one (.ci/engines.sh writes them).
+// [ServerVersion] tells which engine the tests run on.
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,22 +50,137 @@ var ErrNotInstalled = errors.New("redistest: redis-server or redis-cli not found
 // Redis into failures when it is set to "1".
 const RequireEnv = "REDLIMIT_REQUIRE_REDIS"
 
-// lookPath reports ErrNotInstalled, wrapped with the missing program's name,
-// when one of progs is not on the PATH.
-func lookPath(progs ...string) error {
-	for _, p := range progs {
-		if _, err := exec.LookPath(p); err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrNotInstalled, p, err)
+// ServerEnv is the environment variable that names the server program the
+// package starts, for single servers and cluster nodes: a path, or a name
+// looked up in the PATH. The default is redis-server. The program gets
+// redis-server's command line, so a shell script that execs another server
+// with "$@" works; it must exec it, not fork it, because the package
+// signals the process it started.
+const ServerEnv = "REDLIMIT_REDIS_SERVER"
+
+// CLIEnv is the environment variable that names the redis-cli program used
+// by [Server.CLI] and to create clusters. The default is the redis-cli in the
+// directory of $REDLIMIT_REDIS_SERVER, when that is a path and that
+// directory has one, and otherwise redis-cli from the PATH.
+const CLIEnv = "REDLIMIT_REDIS_CLI"
+
+// serverPath returns the absolute path of the server program.
+func serverPath() (string, error) {
+	return program(ServerEnv, "redis-server")
+}
+
+// cliPath returns the absolute path of the redis-cli program.
+func cliPath() (string, error) {
+	if os.Getenv(CLIEnv) == "" {
+		if srv := os.Getenv(ServerEnv); strings.ContainsRune(srv, filepath.Separator) {
+			beside := filepath.Join(filepath.Dir(srv), "redis-cli")
+			if _, err := exec.LookPath(beside); err == nil {
+				return filepath.Abs(beside)
+			}
 		}
 	}
-	return nil
+	return program(CLIEnv, "redis-cli")
+}
+
+// program resolves the program named by the environment variable env, or
+// def when env is unset. A default missing from the PATH is ErrNotInstalled,
+// so tests skip; a program that env names and that cannot be run is another
+// error, so they fail: the run asked for that engine.
+func program(env, def string) (string, error) {
+	name := os.Getenv(env)
+	if name == "" {
+		p, err := exec.LookPath(def)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s: %v", ErrNotInstalled, def, err)
+		}
+		return filepath.Abs(p)
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("redistest: %s=%s: %w", env, name, err)
+	}
+	// Absolute, because servers run in their own directory.
+	return filepath.Abs(p)
 }
 
 // Require skips the test when redis-server is not on the PATH, or fails it
-// when the environment variable REDLIMIT_REQUIRE_REDIS is "1".
+// when the environment variable REDLIMIT_REQUIRE_REDIS is "1". It fails the
+// test when REDLIMIT_REDIS_SERVER names a program that cannot be run.
 func Require(tb testing.TB) {
 	tb.Helper()
-	SkipOrFail(tb, lookPath("redis-server"))
+	_, err := serverPath()
+	SkipOrFail(tb, err)
+}
+
+// Version is a server program's name and version, as its --version prints
+// them ("Redis server v=6.0.16 ..." is {"Redis", 6, 0, 16}).
+type Version struct {
+	// Name is "Redis" or "Valkey".
+	Name                string
+	Major, Minor, Patch int
+}
+
+// String returns the name and version, for example "Valkey 8.1.1".
+func (v Version) String() string {
+	return fmt.Sprintf("%s %d.%d.%d", v.Name, v.Major, v.Minor, v.Patch)
+}
+
+// AtLeast reports whether v is version major.minor or later. Valkey numbers
+// its own releases: Valkey 7.2 is Redis 7.2, and Valkey 8 has Redis 7.2's
+// commands and more, not Redis 8's.
+func (v Version) AtLeast(major, minor int) bool {
+	return v.Major > major || v.Major == major && v.Minor >= minor
+}
+
+var versions struct {
+	sync.Mutex
+	byPath map[string]Version
+}
+
+var versionRE = regexp.MustCompile(`^(\w+) server v=(\d+)\.(\d+)\.(\d+)`)
+
+// ServerVersion returns the version of the server program the package
+// starts (redis-server, or $REDLIMIT_REDIS_SERVER), for a test that must
+// tell engines apart. It runs the program with --version once per program.
+// The error wraps [ErrNotInstalled] when redis-server is not on the PATH.
+func ServerVersion() (Version, error) {
+	path, err := serverPath()
+	if err != nil {
+		return Version{}, err
+	}
+	versions.Lock()
+	defer versions.Unlock()
+	if v, ok := versions.byPath[path]; ok {
+		return v, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return Version{}, fmt.Errorf("redistest: %s --version: %w", path, err)
+	}
+	v, err := parseVersion(string(out))
+	if err != nil {
+		return Version{}, fmt.Errorf("redistest: %s --version: %w", path, err)
+	}
+	if versions.byPath == nil {
+		versions.byPath = make(map[string]Version)
+	}
+	versions.byPath[path] = v
+	return v, nil
+}
+
+// parseVersion reads the output of redis-server --version.
+func parseVersion(out string) (Version, error) {
+	m := versionRE.FindStringSubmatch(out)
+	if m == nil {
+		return Version{}, fmt.Errorf("unexpected output %q", strings.TrimSpace(out))
+	}
+	v := Version{Name: m[1]}
+	v.Major, _ = strconv.Atoi(m[2])
+	v.Minor, _ = strconv.Atoi(m[3])
+	v.Patch, _ = strconv.Atoi(m[4])
+	return v, nil
 }
 
 // SkipOrFail is for errors returned by [StartServer] and [StartCluster],

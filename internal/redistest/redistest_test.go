@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -444,4 +445,83 @@ func TestSingleNodeCluster(t *testing.T) {
 	m, err := c.MasterOf(redistest.Slot("b"))
 	require.NoError(t, err, "MasterOf = %v, %v; want the only master", m, err)
 	require.Same(t, c.Masters[0], m, "MasterOf = %v, %v; want the only master", m, err)
+}
+
+// TestServerVersion checks ServerVersion against what the running server
+// says in INFO server (Valkey reports redis_version 7.2.4 for clients and its
+// own version as valkey_version).
+func TestServerVersion(t *testing.T) {
+	t.Parallel()
+	v, err := redistest.ServerVersion()
+	redistest.SkipOrFail(t, err)
+	t.Logf("engine: %v", v)
+	s := redistest.Start(t)
+	info, err := s.Client(t).Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	field := func(name string) string {
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if k, val, ok := strings.Cut(line, ":"); ok && k == name {
+				return val
+			}
+		}
+		return ""
+	}
+	name, want := "Redis", field("redis_version")
+	if vv := field("valkey_version"); vv != "" {
+		name, want = "Valkey", vv
+	}
+	if got := fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch); v.Name != name || got != want {
+		t.Errorf("ServerVersion() = %v, INFO server says %s %s", v, name, want)
+	}
+}
+
+// TestServerEnv runs the server through a wrapper script named by
+// REDLIMIT_REDIS_SERVER, as .ci/engines.sh writes them, and checks that a
+// missing program named there fails the test instead of skipping it.
+func TestServerEnv(t *testing.T) {
+	redistest.Require(t)
+	real, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("the default redis-server is not on the PATH")
+	}
+	dir := t.TempDir()
+	wrapper := filepath.Join(dir, "redis-server")
+	script := "#!/bin/sh\necho wrapped >&2\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(redistest.ServerEnv, wrapper)
+
+	s := redistest.Start(t)
+	if got, err := s.CLI("PING"); err != nil || got != "PONG" {
+		t.Fatalf("PING: %q, %v", got, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(s.Dir, "stderr.log")); err != nil || !strings.Contains(string(b), "wrapped") {
+		t.Errorf("stderr.log = %q, %v; want the wrapper's line", b, err)
+	}
+	// The wrapper execs: the process started is the server, so Kill reaches it.
+	pid := s.PID()
+	if err := s.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(pid) {
+		t.Errorf("process %d still there after Kill", pid)
+	}
+	if _, err := redistest.ServerVersion(); err != nil {
+		t.Errorf("ServerVersion through the wrapper: %v", err)
+	}
+
+	t.Setenv(redistest.ServerEnv, filepath.Join(dir, "missing"))
+	t.Setenv(redistest.RequireEnv, "")
+	_, err = redistest.StartServer()
+	if err == nil || errors.Is(err, redistest.ErrNotInstalled) {
+		t.Errorf("StartServer with %s naming a missing program: got %v, want an error other than ErrNotInstalled", redistest.ServerEnv, err)
+	}
+	f := &fakeTB{TB: t}
+	redistest.Require(f)
+	if f.skipped || !f.failed {
+		t.Errorf("Require with a missing %s: skipped %v failed %v, want a failure", redistest.ServerEnv, f.skipped, f.failed)
+	}
 }

@@ -46,7 +46,8 @@ type Server struct {
 	// Close removes it.
 	Dir string
 
-	args []string // redis-server arguments after the fixed ones
+	prog string   // the server program, an absolute path
+	args []string // its arguments after the fixed ones
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil when not running
@@ -83,7 +84,8 @@ func StartServer(args ...string) (*Server, error) {
 // startServer starts a server; bus says that port+10000 must be free too.
 // A port found busy at bind time is replaced by a new one.
 func startServer(bus bool, args []string) (*Server, error) {
-	if err := lookPath("redis-server"); err != nil {
+	prog, err := serverPath()
+	if err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "redistest-")
@@ -101,6 +103,7 @@ func startServer(bus bool, args []string) (*Server, error) {
 			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 			Port: port,
 			Dir:  dir,
+			prog: prog,
 			args: append([]string(nil), args...),
 		}
 		s.mu.Lock()
@@ -145,13 +148,13 @@ func (s *Server) launchLocked(timeout time.Duration, pong bool) error {
 		"--logfile", logPath,
 	}
 	argv = append(argv, s.args...)
-	cmd := exec.Command("redis-server", argv...)
+	cmd := exec.Command(s.prog, argv...)
 	cmd.Dir = s.Dir
 	cmd.Stdout = stderr
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redistest: start redis-server: %w", err)
+		return fmt.Errorf("redistest: start %s: %w", s.prog, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -340,19 +343,20 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 }
 
 // CLI runs `redis-cli -h 127.0.0.1 -p <Port> args...` (for example
-// "CONFIG", "SET", "maxmemory", "2mb") and returns its output without
-// surrounding white space. redis-cli exits with status 0 on an error reply,
+// "CONFIG", "SET", "maxmemory", "2mb"; redis-cli as [CLIEnv] says) and
+// returns its output without surrounding white space. redis-cli exits with status 0 on an error reply,
 // so CLI returns an error when redis-cli fails or when the reply starts with
 // "ERR "; other error replies (WRONGTYPE, NOSCRIPT, ...) come back as output.
 // A call gives up after 10 s.
 func (s *Server) CLI(args ...string) (string, error) {
-	if err := lookPath("redis-cli"); err != nil {
+	cli, err := cliPath()
+	if err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
 	defer cancel()
 	argv := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port)}, args...)
-	out, err := exec.CommandContext(ctx, "redis-cli", argv...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, cli, argv...).CombinedOutput()
 	res := strings.TrimSpace(string(out))
 	if err != nil {
 		return res, fmt.Errorf("redistest: redis-cli -p %d %s: %w: %s", s.Port, strings.Join(args, " "), err, res)
