@@ -196,3 +196,19 @@ func TestBucketByteRateRedis(t *testing.T) {
 	t.Logf("admitted %d bytes in %v (bound %.0f: %.1f%%)", admitted.Load(), d, bound, 100*float64(admitted.Load())/bound)
 	assert.LessOrEqual(t, float64(admitted.Load()), bound)
 }
+
+// A bucket whose Burst × Period passes 2^63 µs keeps its state (the text
+// form printed it with %d, which wrapped to a negative number: a full
+// bucket again).
+func TestBucketHugeState(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: MaxRate, Period: time.Hour})
+	ctx := t.Context()
+	res, err := lim.AllowN(ctx, "k", MaxRate)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	res, err = lim.AllowN(ctx, "k", MaxRate)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "the second burst: %+v", res)
+	assert.Equal(t, time.Hour, res.RetryAfter)
+}

@@ -71,7 +71,7 @@ local function bucket_write(key, used, rate, period)
     end
     value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
   else
-    value = string.format('%d:%d', used, now)
+    value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
   end
   return {'SET', key, value, 'PX', ms(ttl)}, life
 end

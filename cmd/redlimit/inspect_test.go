@@ -63,8 +63,9 @@ func TestInspectAndReset(t *testing.T) {
 		"remaining":   "7",
 		"retry-after": "0s",
 		"reset-after": "300ms",
-		// 3 tokens of 100ms: the bucket is full again in 300ms.
-		state:               "string 300ms 631065602200000",
+		// 3 tokens used (D = 3 × 1s in µs, then the write time in ms): the
+		// bucket is full again in 300ms; the key lives one period.
+		state:               "string 1s 30000000456000250",
 		state + blockSuffix: "(missing) - -",
 	} {
 		got := field(stdout, name)
@@ -96,15 +97,18 @@ func TestInspectStrategies(t *testing.T) {
 		remaining string
 		reset     string
 	}{
-		// Window of [0s, 2s) at 0.25s: the counter expires at its end.
-		{redlimit.FixedWindow, "p:{u}:fw2000000", "string 1.75s 2", "2", "1.75s"},
+		// Window of [0s, 2s) at 0.25s: the counter expires at its end. Its
+		// value is count*10 + the window's last digit (here 0).
+		{redlimit.FixedWindow, "p:{u}:fw2000000", "string 1.75s 20", "2", "1.75s"},
 		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2s 2 members", "2", "2s"},
-		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 2", "2", "3.75s"},
-		// The counter's two counts are packed in one integer (here c=2, p=0).
-		// T = 500ms: 2 events fill the bucket again in 1s; the value is the
-		// time it is full again, in quarter microseconds since 2025.
-		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 1s 631065605000000", "2", "1s"},
-		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 1s 631065605000000", "2", "1s"},
+		// The counter's two counts are packed in one integer (here c=2, p=0),
+		// then the window's last digit.
+		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 20", "2", "3.75s"},
+		// T = 500ms: 2 events are used, D = 2 × 2s = 4000000 (µs units),
+		// written as its 8 digits, an exponent 0 and the write time in ms
+		// modulo 1e9; the key lives at least one period.
+		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 2s 40000000456000250", "2", "1s"},
+		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 2s 40000000456000250", "2", "1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.strategy.String(), func(t *testing.T) {

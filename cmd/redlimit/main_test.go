@@ -40,7 +40,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"simulate", "-out", "chart.gif"}, 2, "", `redlimit: simulate: -out "chart.gif": the chart must be a .png or .svg file`},
 		{[]string{"simulate", "-pattern", "zigzag", "-out", out}, 2, "", `redlimit: simulate: unknown pattern "zigzag" (want steady, bursty, ramp, onoff or file)`},
 		{[]string{"simulate", "-pattern", "file", "-out", out}, 2, "", "redlimit: simulate: -pattern file needs -file"},
-		{[]string{"simulate", "-rate", "-1", "-offered", "1", "-out", out}, 2, "", "redlimit: simulate: limit -1/1s: Rate must be at least 1: invalid limit"},
+		{[]string{"simulate", "-rate", "-1", "-offered", "1", "-out", out}, 2, "", "redlimit: simulate: fixed-window: limit -1/1s: Rate must be at least 1: invalid limit"},
 		{[]string{"simulate", "-offered", "1e9", "-out", out}, 2, "", "redlimit: simulate: -offered 1e+09 for 10s is 10000000000 requests, more than the 200000 a simulation can take"},
 		{[]string{"simulate", "-file", "/nonexistent/arrivals", "-out", out}, 1, "", "redlimit: open /nonexistent/arrivals: no such file or directory"},
 		{[]string{"bench", "-concurrency", "0"}, 2, "", "redlimit: bench: -concurrency 0 must be at least 1"},
