@@ -573,7 +573,7 @@ func allowMaxDelay(ctx context.Context, lim Limiter, key string, n int, maxDelay
 	if err := e.check(key, n, rs); err != nil {
 		return Result{}, err
 	}
-	res, _, err := e.call(ctx, key, n, maxDelay, rs, "")
+	res, _, err := e.call(ctx, key, n, maxDelay, rs, nil)
 	return res, err
 }
 
