@@ -15,8 +15,9 @@
 //
 // Every decision is one atomic Lua script, run with EVALSHA (EVAL when the
 // script cache is empty): one round trip. Time is the Redis server's (TIME,
-// in microseconds), never the clients', so instances with skewed clocks
-// agree. Every key written expires when its state no longer matters.
+// in microseconds), not the clients', so instances with skewed clocks agree
+// (see Clock below for servers that refuse TIME in a script).
+// Every key written expires when its state no longer matters.
 //
 // A denial is not an error: err is non-nil only when no decision was made.
 // When Redis is unavailable, the default is to decide in-process (see
@@ -25,16 +26,17 @@
 //
 // # Choosing a strategy
 //
-//	strategy        accuracy                         Redis memory per key           writes per decision
-//	FixedWindow     Rate per aligned window; up to   88 bytes (one integer)         1 (allowed only)
+//	strategy        accuracy                         Redis memory per key             writes per decision
+//	FixedWindow     Rate per aligned window; up to   88 bytes (one integer)           1 (allowed only)
 //	                2×Rate across a window edge
-//	SlidingLog      exact: Rate in any Period        ~36 bytes per admitted event   2 (allowed only)
+//	SlidingLog      exact: Rate in any Period        ~36 bytes per admitted event     2 (allowed only)
 //	                                                 (~120 past 128 events)
-//	SlidingCounter  approximate: assumes the last    88 bytes (two packed counts)   1 (allowed only)
+//	SlidingCounter  approximate: assumes the last    88 bytes (two packed counts)     1 (allowed only)
 //	                window's events were even
-//	TokenBucket     exact: Burst at once, then       88 bytes (one integer)         1 (allowed only)
-//	                Rate per Period
-//	LeakyBucket     exact spacing of Period/Rate;    88 bytes (one integer)         1 (allowed only)
+//	TokenBucket     exact: Burst at once, then       88 bytes (one integer: the       1 (allowed only)
+//	                Rate per Period, to the event    tokens used; 136 when the key
+//	                even at byte rates               must live over 5.8 days)
+//	LeakyBucket     exact spacing of Period/Rate;    as TokenBucket                   1 (allowed only)
 //	                callers wait Result.Delay
 //
 // Pick TokenBucket for APIs (clients may burst, then keep a steady rate);
@@ -43,6 +45,43 @@
 // constant memory; FixedWindow for quotas tied to clock periods ("1000 per
 // hour"); LeakyBucket to pace work (a worker calling an upstream API at a
 // fixed rate) rather than reject it.
+//
+// The buckets count the tokens used, in exact integers, so they suit byte
+// rates: at 1e9 bytes per second, one microsecond refills exactly 1000, and
+// 1500-byte packets pass one every 1.5 µs. A caller that keeps asking for
+// more gets at least 99.9% of Burst + Rate·d over a time d, and never more.
+//
+// # Policies
+//
+// A [Policy] holds several rules on one key, all or nothing, in one script
+// call: "10 per second AND 1000 per hour" is
+//
+//	p, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+//		{Name: "second", Strategy: redlimit.TokenBucket, Limit: redlimit.PerSecond(10)},
+//		{Name: "hour", Strategy: redlimit.SlidingCounter, Limit: redlimit.PerHour(1000)},
+//	})
+//
+// n events are allowed only if every rule allows them, and a denial takes
+// nothing from any rule; Result.Rule names the rule that decided. Every
+// rule counts the same n: limits of different units (requests, and tokens
+// or bytes) are separate limiters.
+//
+// Limits per key, such as a customer's plan: [WithLimitFunc] gives a
+// single-strategy limiter the limit of each call's key, [WithRulesFunc] a
+// policy the rules. The limit travels with the call (no extra round trip),
+// and limits that differ only in Rate or Burst share the key's state, so a
+// plan change keeps what was used.
+//
+// # Reservations
+//
+// When the cost of a call is known only after it (an LLM request's tokens,
+// an upload's bytes), [RateLimiter.Reserve] and [Policy.Reserve] take the
+// most it may use, and [Reservation.Settle] records what it used: the
+// unused events come back (within the bounds Settle describes), an
+// overspend is owed, and a reservation settles once ([ErrSettled] on a
+// second Settle, also a retry after a lost reply). A reservation not
+// settled within its lifetime ([WithReservationTTL], one hour by default)
+// stands as taken.
 //
 // # Keys
 //
@@ -57,6 +96,17 @@
 // never share state, so a key can be limited at 10 per second and 1000 per
 // hour at once. Limiters that differ only in Rate or Burst share state, so
 // a limit can be changed during a rolling deploy without resetting anyone.
+//
+// # Clock
+//
+// By default every script reads the server's clock, TIME, so every instance
+// decides on one clock, exact to the microsecond. Where a server refuses
+// TIME in a script (AWS ElastiCache Serverless, some proxies),
+// [WithClientClock] sends the time with each call instead: the limiter
+// measures its clock's offset to the server's with the plain TIME command,
+// again every [ClockResyncInterval] and after an outage, so instances agree
+// to within about one round trip. No script uses a command newer than
+// Redis 6.0 (PXAT and PEXPIRETIME are not used).
 //
 // # Concurrency
 //

@@ -37,6 +37,7 @@ run_example quickstart
 run_example httpserver -selftest
 run_example worker
 run_example tiers
+run_example llmgateway
 run_example cluster
 run_example prometheus -selftest
 
