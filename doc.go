@@ -63,8 +63,8 @@
 //
 // n events are allowed only if every rule allows them, and a denial takes
 // nothing from any rule; Result.Rule names the rule that decided. Every
-// rule counts the same n: limits of different units (requests, and tokens
-// or bytes) are separate limiters.
+// rule counts the call's n, but a rule with PerCall counts each call as
+// one: requests per second beside tokens per minute in one policy.
 //
 // Limits per key, such as a customer's plan: [WithLimitFunc] gives a
 // single-strategy limiter the limit of each call's key, [WithRulesFunc] a

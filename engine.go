@@ -38,11 +38,12 @@ func algorithmOf(s Strategy) (*algorithm, bool) {
 // rule is one limit as the engine decides it: a single-strategy limiter has
 // one, a Policy up to MaxRules.
 type rule struct {
-	name   string
-	alg    *algorithm
-	limit  Limit  // validated, Burst filled in
-	suffix string // "}:" + code + period in µs: the state key after the tag
-	args   [4]any // the script's arguments for this rule: code, rate, period, burst
+	name    string
+	alg     *algorithm
+	limit   Limit  // validated, Burst filled in
+	suffix  string // "}:" + code + period in µs: the state key after the tag
+	args    [4]any // the script's arguments for this rule: code, rate, period, burst
+	perCall bool   // counts each call as one event (Rule.PerCall)
 }
 
 // newRule validates a limit for a strategy and prepares its arguments.
@@ -64,6 +65,21 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 		suffix: "}:" + alg.code + strconv.FormatInt(periodUS, 10),
 		args:   [4]any{alg.code, int64(l.Rate), periodUS, int64(l.Burst)},
 	}, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// count is the events the rule counts for a call of n.
+func (r *rule) count(n int) int {
+	if r.perCall {
+		return min(n, 1)
+	}
+	return n
 }
 
 // capacity is the most events one call can ever be allowed by the rule.
@@ -89,10 +105,13 @@ type ruleSet struct {
 	maxN   int    // the smallest capacity over the rules
 	sig    uint64 // identifies the limits, for the deny cache and the fallback
 	logCap bool   // a sliding-log rule caps n at MaxSlidingLogN
+	// counting: a rule counts n (not only calls); per-call rules then
+	// limit Remaining only when they have no call left.
+	counting bool
 }
 
 func newRuleSet(rules []rule) *ruleSet {
-	rs := &ruleSet{rules: rules, maxN: rules[0].capacity()}
+	rs := &ruleSet{rules: rules, maxN: MaxRate}
 	h := uint64(14695981039346656037)
 	mix := func(v int64) {
 		for i := 0; i < 8; i++ {
@@ -102,14 +121,18 @@ func newRuleSet(rules []rule) *ruleSet {
 	}
 	for i := range rules {
 		r := &rules[i]
-		rs.maxN = min(rs.maxN, r.capacity())
-		if r.alg.strategy == SlidingLog {
+		if !r.perCall {
+			rs.maxN = min(rs.maxN, r.capacity())
+			rs.counting = true
+		}
+		if r.alg.strategy == SlidingLog && !r.perCall {
 			rs.logCap = true
 		}
 		mix(int64(r.alg.strategy))
 		mix(int64(r.limit.Rate))
 		mix(int64(r.limit.Period))
 		mix(int64(r.limit.Burst))
+		mix(int64(btoi(r.perCall)))
 	}
 	rs.sig = h
 	return rs

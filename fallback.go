@@ -24,6 +24,15 @@ type localRule struct {
 	burst    int     // capacity of lim (1 for a queue)
 	capacity int     // a queue's capacity in events; else burst
 	queue    bool
+	perCall  bool // counts a call as one event (Rule.PerCall)
+}
+
+// count is the events the stand-in counts for a call of n.
+func (lr *localRule) count(n int) int {
+	if lr.perCall {
+		return min(n, 1)
+	}
+	return n
 }
 
 // forget drops the in-process stand-in of the key whose first state key
@@ -72,7 +81,7 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 	var verdicts [MaxRules]verdict
 	denied, why := false, reasonAllowed
 	for i := range set.lims {
-		v := r.check(&set.lims[i], now, n, maxDelay)
+		v := r.check(&set.lims[i], now, set.lims[i].count(n), maxDelay)
 		verdicts[i] = v
 		if !v.ok {
 			denied = true
@@ -86,7 +95,10 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		v := &verdicts[i]
 		avail := v.avail
 		if !denied && n > 0 {
-			avail -= n
+			avail -= set.lims[i].count(n)
+		}
+		if set.lims[i].perCall && rs.counting && avail >= 1 {
+			avail = math.MaxInt // limits the call's n only with no call left
 		}
 		res.Remaining = min(res.Remaining, avail)
 		if i == 0 {
@@ -135,7 +147,7 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 	}
 	for i := range set.lims {
 		if lr := &set.lims[i]; !lr.queue {
-			lr.lim.AllowN(now, n) // checked above, under the set's lock
+			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
 		}
 	}
 	res.Allowed = true
@@ -213,9 +225,10 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 	for i := range rs.rules {
 		ru := &rs.rules[i]
 		lr := localRule{
-			every: float64(ru.limit.Rate) / ru.limit.Period.Seconds() * share,
-			queue: ru.alg.queue,
-			burst: 1,
+			every:   float64(ru.limit.Rate) / ru.limit.Period.Seconds() * share,
+			queue:   ru.alg.queue,
+			burst:   1,
+			perCall: ru.perCall,
 		}
 		c := float64(ru.capacity()) * share
 		if lr.queue {

@@ -17,6 +17,12 @@ type Rule struct {
 	Name     string
 	Strategy Strategy
 	Limit    Limit
+	// PerCall makes the rule count each call as one event, whatever its n
+	// (n = 0 still only reports): requests per second beside tokens per
+	// minute in one policy, where AllowN and Reserve take n = tokens.
+	// Settling a reservation keeps the call's one event if anything was
+	// used, and gives it back for used = 0 (Cancel).
+	PerCall bool
 }
 
 // MaxRules is the most rules a Policy may have.
@@ -99,6 +105,10 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redlimit: policy: rule %q: %w", name, err)
 		}
+		if r.PerCall {
+			ru.perCall = true
+			ru.args[0] = "*" + alg.code
+		}
 		for j := range out[:i] {
 			if out[j].name == name {
 				return bad("two rules named %q", name)
@@ -131,7 +141,7 @@ func defaultRuleName(s Strategy, p time.Duration) string {
 func (p *Policy) Rules() []Rule {
 	out := make([]Rule, len(p.own.rules))
 	for i, r := range p.own.rules {
-		out[i] = Rule{Name: r.name, Strategy: r.alg.strategy, Limit: r.limit}
+		out[i] = Rule{Name: r.name, Strategy: r.alg.strategy, Limit: r.limit, PerCall: r.perCall}
 	}
 	return out
 }

@@ -147,13 +147,6 @@ func TestPolicyTighterOfTwo(t *testing.T) {
 	assert.InDelta(t, 250, admitted, 10, "admitted in 150 s")
 }
 
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // A rule and a single-strategy limiter of the same strategy and period
 // share state.
 func TestPolicySharesStateWithLimiter(t *testing.T) {
@@ -366,4 +359,58 @@ func TestPolicyFallbackAllOrNothing(t *testing.T) {
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	assert.InDelta(t, 2, set.lims[0].lim.TokensAt(time.Now()), 0.01, "the bucket's stand-in gave only what the policy admitted")
+}
+
+// A per-call rule counts each call as one event whatever its n: requests
+// per second beside tokens per minute, in one policy, reserved and settled.
+func TestPolicyPerCallRule(t *testing.T) {
+	b, m := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "rps", Strategy: TokenBucket, Limit: PerSecond(3), PerCall: true},
+		{Name: "tpm", Strategy: FixedWindow, Limit: PerMinute(10_000)},
+	}, WithPingInterval(time.Hour))
+	assert.True(t, p.Rules()[0].PerCall)
+	ctx := t.Context()
+	rps := newLimiter(t, b.rdb, TokenBucket, PerSecond(3))
+	tpm := newLimiter(t, b.rdb, FixedWindow, PerMinute(10_000))
+	res, err := p.AllowN(ctx, "k", 4000) // far above the rps rule's 3
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	assert.Equal(t, 6000, res.Remaining, "Remaining counts tokens; the per-call rule has calls left")
+	assert.Equal(t, "tpm", res.Rule)
+	assert.Equal(t, 2, remaining(t, rps, "k"), "one call")
+	assert.Equal(t, 6000, remaining(t, tpm, "k"), "4000 tokens")
+	rv, err := p.Reserve(ctx, "k", 3000)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	_, err = rv.Settle(ctx, 1000)
+	require.NoError(t, err)
+	assert.Equal(t, 1, remaining(t, rps, "k"), "a settled call keeps its one event")
+	assert.Equal(t, 5000, remaining(t, tpm, "k"))
+	rv, err = p.Reserve(ctx, "k", 500)
+	require.NoError(t, err)
+	require.NoError(t, rv.Cancel(ctx))
+	assert.Equal(t, 1, remaining(t, rps, "k"), "a cancelled call gives its event back")
+	assert.Equal(t, 5000, remaining(t, tpm, "k"))
+	res, err = p.AllowN(ctx, "k", 100)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	res, err = p.AllowN(ctx, "k", 100) // the fourth call this second
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, "rps", res.Rule)
+	assert.Equal(t, 4900, remaining(t, tpm, "k"), "the denial took no tokens")
+	_, err = p.AllowN(ctx, "k", 10_001)
+	require.ErrorIs(t, err, ErrExceedsLimit, "n is bounded by the counting rules only")
+
+	// The fallback counts the same way.
+	m.Close()
+	b.advance(time.Second)
+	fb := newPolicy(t, b.rdb, p.Rules(), WithPingInterval(time.Hour), WithPrefix("fb"))
+	for i, want := range []bool{true, true, true, false} {
+		res, err := fb.AllowN(ctx, "k", 2000)
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		assert.Equal(t, want, res.Allowed, "fallback call %d", i)
+	}
 }

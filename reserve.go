@@ -234,9 +234,9 @@ func (r *Reservation) settleLocal(used int) Result {
 	defer h.set.mu.Unlock()
 	now := time.Now()
 	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
-	delta := used - r.n
 	for i := range h.set.lims {
 		lr := &h.set.lims[i]
+		delta := lr.count(used) - lr.count(r.n)
 		if delta < 0 {
 			lr.lim.AllowN(now, delta)
 		}

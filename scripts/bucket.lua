@@ -11,7 +11,7 @@
 -- burst share the state with its meaning kept: a user who has used 10
 -- tokens has used 10 under the new limit too.
 --
--- State: a string, one of
+-- State: a string, one of (MEMORY USAGE: 88 bytes, or 136 for the text form)
 --   "<M><E><T>"  an integer (so the key takes 88 bytes): D rounded UP to
 --        M * 10^E, M below 10^8 and E one digit, and T the time of the
 --        write in ms, modulo 10^9, as 9 digits. Used while the key lives at
@@ -19,7 +19,7 @@
 --        as of the start of the ms (the refill since then is added back, in
 --        exact integers), and rounding it up can only charge a hundred-
 --        millionth of D more than was used: never an event for free.
---   "<D>:<t>"    otherwise: D exact and t the write time in µs (120 bytes).
+--   "<D>:<t>"    otherwise: D exact and t the write time in µs.
 -- The key expires when the bucket is full again at the writer's rate, and
 -- lives at least one period, so that a lowered rate finds what was used.
 --

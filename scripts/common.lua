@@ -20,7 +20,8 @@
 -- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);
 --          settle.lua: the events used
 -- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
---          'lb'), rate (events per period, >= 1), period (µs, >= 1000),
+--          'lb'; with a leading '*' the rule counts each call as one event,
+--          whatever n), rate (events per period, >= 1), period (µs, >= 1000),
 --          burst (bucket or queue capacity, >= 1)
 --
 -- Reply: an array of five integers (Redis truncates Lua floats, so every

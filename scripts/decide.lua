@@ -17,6 +17,12 @@ if block > 0 then
   end
 end
 
+local n0 = n -- the call's n; a per-call rule counts min(n, 1) instead
+local HUGE = 2 ^ 53
+local counting = false -- a rule counts n (else Remaining counts calls)
+for i = 1, nrules do
+  if string.sub(ARGV[4 + 4 * i], 1, 1) ~= '*' then counting = true end
+end
 local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
 local delay, reset_ok, reset_denied = 0, 0, 0
@@ -24,11 +30,25 @@ local retry, slowest = -1, 1
 local tags = {}
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
-  local ok, avail, w, reset_now, reset_next, tag, why = S[ARGV[a]](KEYS[i],
+  local strat = ARGV[a]
+  local per_call = string.sub(strat, 1, 1) == '*'
+  n = n0
+  if per_call then
+    strat = string.sub(strat, 2)
+    if n > 1 then n = 1 end
+  end
+  local ok, avail, w, reset_now, reset_next, tag, why = S[strat](KEYS[i],
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
   tags[i] = tag or 0
+  local after = avail - n
+  if per_call and counting then
+    -- Remaining counts the call's units (n): a per-call rule limits it
+    -- only when it has no call left.
+    if avail >= 1 then avail = HUGE end
+    if after >= 1 then after = HUGE end
+  end
   if min_now == nil or avail < min_now then min_now = avail end
-  if min_after == nil or avail - n < min_after then min_after, fewest = avail - n, i end
+  if min_after == nil or after < min_after then min_after, fewest = after, i end
   if reset_now > reset_denied then reset_denied = reset_now end
   if ok then
     if w > delay then delay = w end
@@ -44,6 +64,7 @@ for i = 1, nrules do
   end
 end
 
+n = n0
 if denied and n > 0 then
   -- n = 0 only reports: it is never denied (a lowered limit can leave a
   -- rule over its allowance) and never writes.

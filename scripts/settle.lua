@@ -101,22 +101,36 @@ A.tb = function(key, rate, period, tag)
 end
 A.lb = A.tb
 
-if delta ~= 0 then
-  for i = 1, nrules do
-    local a = 8 + 4 * (i - 1)
-    local f = A[ARGV[a]]
-    if f then
-      f(KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[base + i]))
-    end
+local d0 = delta
+for i = 1, nrules do
+  local a = 8 + 4 * (i - 1)
+  local strat = ARGV[a]
+  delta = d0
+  if string.sub(strat, 1, 1) == '*' then
+    -- A per-call rule took one event: it keeps it if anything was used.
+    strat = string.sub(strat, 2)
+    delta = 0
+    if used == 0 then delta = -1 end
+  end
+  if delta ~= 0 then
+    A[strat](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[base + i]))
   end
 end
 
 -- The state after settling, as n = 0 reports it.
 local min_now, reset, fewest = nil, 0, 1
+local counting = false -- see decide.lua
+for i = 1, nrules do
+  if string.sub(ARGV[4 + 4 * i], 1, 1) ~= '*' then counting = true end
+end
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
-  local ok, avail, w, reset_now = S[ARGV[a]](KEYS[i],
+  local strat = ARGV[a]
+  local per_call = string.sub(strat, 1, 1) == '*'
+  if per_call then strat = string.sub(strat, 2) end
+  local ok, avail, w, reset_now = S[strat](KEYS[i],
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+  if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see decide.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end
 end

@@ -1,5 +1,5 @@
-// LLMgateway limits an LLM API per API key: 5 requests per second, and
-// 10,000 tokens per minute and 200,000 per day. A request reserves its
+// LLMgateway limits an LLM API per API key with one Policy: 5 requests per
+// second AND 10,000 tokens per minute AND 200,000 per day. A request reserves its
 // max_tokens before it calls the model, then settles with the tokens the
 // model really used: the unused ones come back at once, so a key is held
 // to what it uses, not to what it asks for. The model is a fake with a seeded random number
@@ -22,13 +22,10 @@ import (
 	"github.com/redlimit/redlimit"
 )
 
-// gateway holds the two limits of an API key. They count different things
-// (requests, tokens), so they are two limiters: a Policy charges the same
-// n to each of its rules.
+// gateway holds the limits of every API key, and the fake model.
 type gateway struct {
-	requests *redlimit.RateLimiter // requests per second
-	tokens   *redlimit.Policy      // tokens per minute AND per day
-	rng      *rand.Rand            // the fake model's
+	limits *redlimit.Policy // requests per second AND tokens per minute AND per day
+	rng    *rand.Rand       // the fake model's
 }
 
 func main() {
@@ -44,25 +41,22 @@ func main() {
 	defer rdb.Close()
 	ctx := context.Background()
 
-	requests, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(5))
-	if err != nil {
-		log.Fatalf("llmgateway: %v", err)
-	}
-	defer requests.Close()
-	// Token quotas that start over on the minute and at midnight UTC (a
-	// SlidingCounter rule would smooth the minute's edge instead).
-	tokens, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+	// Calls take n = tokens. The requests rule counts each call as one
+	// (PerCall); the token quotas start over on the minute and at midnight
+	// UTC (a SlidingCounter rule would smooth the minute's edge instead).
+	limits, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "rps", Strategy: redlimit.TokenBucket, Limit: redlimit.PerSecond(5), PerCall: true},
 		{Name: "tpm", Strategy: redlimit.FixedWindow, Limit: redlimit.PerMinute(10_000)},
 		{Name: "tpd", Strategy: redlimit.FixedWindow, Limit: redlimit.Limit{Rate: 200_000, Period: 24 * time.Hour}},
 	}, redlimit.WithReservationTTL(10*time.Minute)) // no completion takes longer
 	if err != nil {
 		log.Fatalf("llmgateway: %v", err)
 	}
-	defer tokens.Close()
-	g := &gateway{requests: requests, tokens: tokens, rng: rand.New(rand.NewPCG(1, 2))}
+	defer limits.Close()
+	g := &gateway{limits: limits, rng: rand.New(rand.NewPCG(1, 2))}
 
-	fmt.Printf("per API key: requests %v; tokens", requests.Limit())
-	for _, r := range tokens.Rules() {
+	fmt.Printf("per API key:")
+	for _, r := range limits.Rules() {
 		fmt.Printf(" %s %v", r.Name, r.Limit)
 	}
 	fmt.Println()
@@ -92,22 +86,14 @@ func main() {
 // clock, and prints what happened. It returns the retry-after of a denial.
 func (g *gateway) handle(ctx context.Context, d time.Duration, key string, maxTokens int) time.Duration {
 	fmt.Printf("%-9v %-8s max %4d: ", d.Round(time.Millisecond), key, maxTokens)
-	// A request denied below, for tokens, still counts as a request.
-	res, err := g.requests.Allow(ctx, key)
+	// All or nothing: a request denied for tokens does not count as a
+	// request, nor one denied for requests as tokens.
+	rv, err := g.limits.Reserve(ctx, key, maxTokens)
 	if err != nil {
 		log.Fatalf("llmgateway: %v", err) // no decision: answer 503, or serve unlimited
 	}
-	if !res.Allowed {
-		fmt.Printf("429, over %v requests, retry after %v\n", res.Limit, res.RetryAfter.Round(time.Millisecond))
-		return res.RetryAfter
-	}
-
-	rv, err := g.tokens.Reserve(ctx, key, maxTokens)
-	if err != nil {
-		log.Fatalf("llmgateway: %v", err)
-	}
 	if res := rv.Result(); !res.Allowed {
-		fmt.Printf("429, over %s (%d tokens left), retry after %v\n", res.Rule, res.Remaining, res.RetryAfter.Round(time.Millisecond))
+		fmt.Printf("429, over %s, retry after %v\n", res.Rule, res.RetryAfter.Round(time.Millisecond))
 		return res.RetryAfter
 	}
 	fmt.Printf("reserved (%5d left meanwhile), ", rv.Result().Remaining)
