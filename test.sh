@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one test command (see README.md). It runs every module's tests with
-# -race, the examples, and the micro-benchmarks once each (to keep them
-# working, not to judge speed). Tests that need redis-server start their own
-# on free loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
-# skipping, when redis-server is not installed.
+# -race, the examples, the release check, and the micro-benchmarks once
+# each (to keep them working, not to judge speed). Tests that need
+# redis-server start their own on free loopback ports; with
+# REDLIMIT_REQUIRE_REDIS=1 they fail, instead of skipping, when
+# redis-server is not installed.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -43,6 +44,11 @@ run_example worker
 run_example tiers
 run_example cluster
 run_example prometheus -selftest
+
+echo "== release check"
+# Tags a snapshot of this tree, serves it from a file-based module proxy and
+# checks that go install of cmd/redlimit and go get of grpclimit work.
+.ci/release-check.sh
 
 echo "== micro-benchmarks, once each"
 bench_out=$(GOWORK=off go test -run '^$' -bench . -benchtime=1x ./... 2>&1) || { echo "$bench_out" >&2; exit 1; }
