@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The one test command (see README.md). It runs every module's tests with
-# -race, the examples, the release check, and the micro-benchmarks once
-# each (to keep them working, not to judge speed). Tests that need
-# redis-server start their own on free loopback ports; with
-# REDLIMIT_REQUIRE_REDIS=1 they fail, instead of skipping, when
-# redis-server is not installed.
+# -race, every command of README.md and of the examples' doc comments, the
+# release check, and the micro-benchmarks once each (to keep them working,
+# not to judge speed). Tests that need redis-server start their own on free
+# loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
+# skipping, when redis-server is not installed.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,21 +29,10 @@ for m in "${modules[@]}"; do
   (cd "$m" && GOWORK=$(gowork "$m") go vet ./...)
 done
 
-echo "== examples"
-# Every example runs to completion on an embedded miniredis; the servers
-# among them have a -selftest flag that sends requests to themselves and exits.
-run_example() {
-  local dir=$1; shift
-  [ -d "examples/$dir" ] || return 0
-  echo "-- examples/$dir $*"
-  (cd "examples/$dir" && timeout 120 go run . "$@" >/dev/null) || { echo "example $dir failed" >&2; exit 1; }
-}
-run_example quickstart
-run_example httpserver -selftest
-run_example worker
-run_example tiers
-run_example cluster
-run_example prometheus -selftest
+echo "== README and example commands"
+# Every command of README.md and of the examples' doc comments, as written
+# (each example at least once); servers with -selftest. See the script.
+.ci/doc-commands.sh
 
 echo "== release check"
 # Tags a snapshot of this tree, serves it from a file-based module proxy and
