@@ -234,7 +234,11 @@ for cmd in "${order[@]}"; do
   if [[ $cmd =~ ^(cd[[:space:]]+([^[:space:]&;]+)[[:space:]]*\&\&[[:space:]]*)?go[[:space:]]+run[[:space:]]+([^[:space:]]+) ]]; then
     dir=${BASH_REMATCH[2]:-.}/${BASH_REMATCH[3]}
     dir=$(cd "$dir" 2>/dev/null && pwd -P || true)
-    dir=${dir#"$(pwd -P)"/}
+    if [ "$dir" = "$(pwd -P)" ]; then
+      dir=.
+    else
+      dir=${dir#"$(pwd -P)"/}
+    fi
   fi
   if [ -n "$dir" ] && [[ $cmd != *-selftest* ]] && grep -qs 'flag.Bool("selftest"' "$dir"/*.go; then
     run="$cmd -selftest"
@@ -284,8 +288,9 @@ unset GOWORK
 
 if [ "$sandbox" = 1 ]; then
   # Download what the commands build first: the namespace has no network.
-  if [ "${#pkgs[@]}" -gt 0 ]; then
-    (cd "$tmp/repo" && go list -deps "${pkgs[@]}" >/dev/null)
+  # A package that does not build is reported by its command below.
+  if [ "${#pkgs[@]}" -gt 0 ] && ! (cd "$tmp/repo" && go list -e -deps "${pkgs[@]}" >/dev/null); then
+    echo "-- go list -deps ${pkgs[*]} failed; the commands run anyway" >&2
   fi
   echo "-- in a network namespace: Redis at localhost:6379, a Redis Cluster at 10.0.0.1-3:7000"
   unshare "${unshare_flags[@]}" bash "$self" --sandbox "$tmp"
