@@ -119,7 +119,7 @@ if [ ! -f go.work ]; then
 else
   used=$(go work edit -json go.work | awk -F'"' '$2 == "DiskPath" { p = $4; sub(/^\.\//, "", p); if (p == "") p = "."; print p }' | LC_ALL=C sort)
   want=$(printf '%s\n' "${dirs[@]}" | LC_ALL=C sort)
-  [ "$used" = "$want" ] || fail "go.work uses $(echo $used), want every module: $(echo $want)"
+  [ "$used" = "$want" ] || fail "go.work uses $(tr '\n' ' ' <<<"$used"), want every module: $(tr '\n' ' ' <<<"$want")"
   if ! go work edit -print go.work | grep -Eq "^(replace)?[[:space:]]*$mod $version => \./?\$"; then
     fail "go.work does not replace $mod $version => ./ (workspace builds would fetch $mod@$version)"
   fi
@@ -161,12 +161,12 @@ done
   git commit -q -m "snapshot for the release check"
   for t in "${tags[@]}"; do git tag "$t"; done
 )
-echo "-- tagged a snapshot of the working tree: ${tags[*]}"
+echo "-- tagged a snapshot of the working tree: ${tags[*]} ($((SECONDS - start))s since the start)"
 
 # 3. The module proxy: a module cache's cache/download directory.
 userproxy=$(go env GOPROXY)
 usercache=$(go env GOMODCACHE)
-export GOWORK=off GOFLAGS="-modcacherw -trimpath" GOPRIVATE= GONOPROXY= GOINSECURE=
+export GOWORK=off GOFLAGS="-modcacherw -trimpath" GOPRIVATE='' GONOPROXY='' GOINSECURE=''
 export GONOSUMDB=$mod
 queries=()
 for p in "${paths[@]}"; do queries+=("$p@$version"); done
@@ -221,8 +221,10 @@ step "go mod init example.com/use" go mod init example.com/use &&
   step "run it" ./use || true
 
 cd "$repo"
+t=$SECONDS
 cleanup
 trap - EXIT
+echo "-- removed the temporary directory ($((SECONDS - t))s)"
 if [ "$status" -ne 0 ]; then
   echo "release check FAILED after $((SECONDS - start))s" >&2
   exit 1
