@@ -20,7 +20,10 @@
 #     the root at VERSION with ./;
 #  2. a snapshot of the working tree (tracked and untracked, not ignored
 #     files, so uncommitted changes count) is committed in a temporary git
-#     repository and tagged as above;
+#     repository and tagged as above; every module's packages and tests
+#     resolve from its own go.mod and go.sum (GOWORK=off, the root replaced
+#     by the snapshot through -modfile): the workspace could hide a
+#     requirement or go.sum line that the module lacks;
 #  3. "go mod download" with GOPROXY=direct, pointed at that repository by a
 #     git url.insteadOf, fetches every module at VERSION into a temporary
 #     module cache, whose cache/download directory is a module proxy in the
@@ -29,9 +32,7 @@
 #  4. with that directory first in GOPROXY (file://), the user's module
 #     cache next (read only) and the usual GOPROXY last, a new empty module cache, and
 #     GONOSUMDB for our modules only (the checksum database cannot know
-#     them): every module's packages and tests resolve from its own go.mod
-#     and go.sum (GOWORK=off, the root at VERSION from the proxy: the
-#     workspace could hide a missing requirement), and
+#     them):
 #       go install github.com/redlimit/redlimit/cmd/redlimit@VERSION
 #     and the installed binary runs "redlimit simulate" offline; and in a
 #     new module,
@@ -163,6 +164,25 @@ done
 )
 echo "-- tagged a snapshot of the working tree: ${tags[*]} ($((SECONDS - start))s since the start)"
 
+# Each module resolves its packages and tests from its own go.mod and
+# go.sum (GOWORK=off): the workspace would lend it a requirement or a go.sum
+# line that only another module has. The root is the snapshot, through a
+# replace in a copy of the go.mod given with -modfile; the user's module
+# cache serves the rest.
+mkdir "$tmp/modfile"
+for d in "${dirs[@]}"; do
+  flags=()
+  if [ "$d" != . ]; then
+    f=$tmp/modfile/${d//\//_}
+    cp "$tmp/repo/$d/go.mod" "$f.mod"
+    cp "$tmp/repo/$d/go.sum" "$f.sum" 2>/dev/null || : >"$f.sum"
+    go mod edit -replace="$mod=$tmp/repo" "$f.mod"
+    flags=(-modfile="$f.mod")
+  fi
+  GOWORK=off step "$d: go list -deps -test ./... (own go.mod, GOWORK=off)" \
+    go list -C "$tmp/repo/$d" "${flags[@]}" -deps -test ./... || true
+done
+
 # 3. The module proxy: a module cache's cache/download directory.
 userproxy=$(go env GOPROXY)
 usercache=$(go env GOMODCACHE)
@@ -178,20 +198,6 @@ step "go mod download ${queries[*]} (GOPROXY=direct, from the snapshot)" \
 export GOMODCACHE="$tmp/modcache" GOBIN="$tmp/bin"
 export GOPROXY="file://$tmp/proxy/cache/download,file://$usercache/cache/download,$userproxy"
 mkdir "$tmp/use" "$tmp/modcache" "$tmp/bin"
-
-# Each module builds from its own go.mod and go.sum, with the root at
-# VERSION: the workspace would hide a requirement or a go.sum line that a
-# module lacks but another module of the workspace has.
-sums=$(GOMODCACHE="$tmp/proxy" GOPROXY=off go mod download -json "$mod@$version" |
-  sed -n -E 's/^[[:space:]]*"(Sum|GoModSum)": "([^"]+)",?$/\1 \2/p')
-sum=$(awk '$1 == "Sum" { print $2 }' <<<"$sums")
-gomodsum=$(awk '$1 == "GoModSum" { print $2 }' <<<"$sums")
-for d in "${dirs[@]}"; do
-  if [ "$d" != . ]; then
-    printf '%s %s %s\n%s %s/go.mod %s\n' "$mod" "$version" "$sum" "$mod" "$version" "$gomodsum" >>"$tmp/repo/$d/go.sum"
-  fi
-  (cd "$tmp/repo/$d" && step "$d: go list -deps -test ./... (GOWORK=off)" go list -deps -test ./...) || true
-done
 
 cd "$tmp"
 if step "go install $mod/cmd/redlimit@$version" go install "$mod/cmd/redlimit@$version" &&
