@@ -2,13 +2,11 @@ module github.com/redlimit/redlimit/bench
 
 go 1.26.8
 
-replace github.com/redlimit/redlimit => ../
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
+	github.com/redlimit/redlimit v0.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/ulule/limiter/v3 v3.11.2
 	github.com/zeromicro/go-zero v1.10.3

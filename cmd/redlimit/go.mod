@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
+	github.com/redlimit/redlimit v0.1.0
 	github.com/stretchr/testify v1.12.1
 	gonum.org/v1/plot v0.17.0
 )
@@ -26,5 +26,3 @@ require (
 	golang.org/x/text v0.28.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
-
-replace github.com/redlimit/redlimit => ../..

@@ -7,9 +7,11 @@
 // block with WithBlock) has the key as hash tag, "redlimit:{<key>}:...",
 // so each decision is one script on one slot, on one node.
 //
-// Run it against a real cluster by giving some of its nodes as seeds:
+// Run it against a real cluster by giving some of its nodes as seeds, or
+// without -addrs:
 //
-//	go run ./examples/cluster -addrs 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000
+//	go run ./examples/cluster -addrs 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+//	go run ./examples/cluster
 //
 // (A local test cluster: redis-server's utils/create-cluster script, or
 // `redis-cli --cluster create` over 3 or more nodes with cluster-enabled

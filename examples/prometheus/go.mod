@@ -6,7 +6,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
+	github.com/redlimit/redlimit v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -24,5 +24,3 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/redlimit/redlimit => ../..

@@ -4,11 +4,12 @@
 // itself does not depend on Prometheus.
 //
 // It needs nothing installed: without -redis it starts an embedded
-// miniredis. Run it with
+// miniredis. Run it from the repository root (its go.work puts this module
+// in the workspace) with
 //
-//	go run .                 # serve http://127.0.0.1:9464/metrics, with demo traffic
-//	go run . -redis localhost:6379
-//	go run . -selftest       # make ~20 decisions, print the metrics, check them, exit
+//	go run ./examples/prometheus                 # serve http://127.0.0.1:9464/metrics, with demo traffic
+//	go run ./examples/prometheus -redis localhost:6379
+//	go run ./examples/prometheus -selftest       # make ~20 decisions, print the metrics, check them, exit
 //
 // With -selftest it listens on a free loopback port (unless -addr is
 // given), makes 21 decisions that are allowed, denied for every reason,
