@@ -321,6 +321,7 @@ func (l *leases) serve(state string, n int, rs *ruleSet) (Result, bool) {
 // when leases are on and the call was not served from a lease.
 func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
 	en := l.keys.getOrAdd(state, newLeaseEntry)
+	waited := false
 	for {
 		en.mu.Lock()
 		now := monoNow()
@@ -339,16 +340,23 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 			l.giveBack(ls)
 			continue
 		}
-		if ch := en.fetching; ch != nil {
+		if ch := en.fetching; ch != nil && !waited {
 			en.mu.Unlock()
 			select {
 			case <-ch:
+				waited = true
 				continue
 			case <-ctx.Done():
 				return Result{}, 0, ctx.Err()
 			}
 		}
-		k := l.sizeFor(en, now, n, rs)
+		// A call that waited for a lease and found none it could use (too
+		// small, denied, or Redis failing) is decided on its own: calls
+		// never queue behind lease requests one after another.
+		k := 0
+		if !waited {
+			k = l.sizeFor(en, now, n, rs)
+		}
 		if k == 0 {
 			en.mu.Unlock()
 			return l.direct(ctx, en, state, n, rs)

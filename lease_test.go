@@ -519,3 +519,68 @@ func TestLeaseCloseRealRedis(t *testing.T) {
 	assert.InDelta(t, l.Burst-300, redisRemaining(t, rdb, TokenBucket, l, key), 1)
 	assert.Equal(t, uint64(unused), lim.LeaseStats().Returned)
 }
+
+// Calls from many goroutines on one key: Redis counts exactly what was
+// admitted, and never more than the bucket.
+func TestLeaseConcurrentExact(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, _ := bubbleRedis(t)
+		l := Limit{Rate: 1, Period: time.Hour, Burst: 2500}
+		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(200, time.Second))
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for range 250 {
+					res, err := lim.Allow(context.Background(), "k")
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, lim.Close())
+		got := int(admitted.Load())
+		t.Logf("admitted %d of %d; %+v", got, l.Burst, lim.LeaseStats())
+		assert.LessOrEqual(t, got, l.Burst)
+		assert.Equal(t, l.Burst-got, redisRemaining(t, rdb, TokenBucket, l, "k"), "Redis counts exactly what was admitted")
+		assert.Positive(t, lim.LeaseStats().Served)
+	})
+}
+
+// When Redis hangs, the calls waiting for a lease request do not then
+// queue behind one another's: each is decided within about one client
+// timeout, by the fallback.
+func TestLeaseHangNoQueue(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := tunedClient(t, srv.Addr)
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithLease(50, 50*time.Millisecond))
+	ctx := context.Background()
+	for range 200 {
+		_, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	require.NoError(t, srv.Pause())
+	t.Cleanup(func() { srv.Resume() })
+	var longest atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for range 200 {
+				start := time.Now()
+				_, err := lim.Allow(ctx, "k")
+				assert.NoError(t, err)
+				if d := int64(time.Since(start)); d > longest.Load() {
+					longest.Store(d)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("longest call while Redis hung: %v", time.Duration(longest.Load()))
+	assert.Less(t, time.Duration(longest.Load()), time.Second, "32 calls did not queue (100 ms timeouts)")
+}
