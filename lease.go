@@ -218,8 +218,15 @@ type leaseEntry struct {
 	pending   int   // events of leases taken off this key and not yet given back
 	windowEnd int64 // a fixed window: when the window Redis last reported ends (monoNow); 0: unknown
 	lease     *lease
-	fetching  chan struct{} // closed when the lease being taken is there
-	epoch     uint64        // Resets: a lease taken across one is given back
+	fetching  *leaseFetch // the lease request in flight, if any
+	epoch     uint64      // Resets: a lease taken across one is given back
+}
+
+// leaseFetch is a lease request in flight: done is closed when it is
+// over, and ok (written before) says whether it left a lease on the key.
+type leaseFetch struct {
+	done chan struct{}
+	ok   bool
 }
 
 // lease is k events taken in Redis for one key, served here.
@@ -321,7 +328,6 @@ func (l *leases) serve(state string, n int, rs *ruleSet) (Result, bool) {
 // when leases are on and the call was not served from a lease.
 func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
 	en := l.keys.getOrAdd(state, newLeaseEntry)
-	waited := false
 	for {
 		en.mu.Lock()
 		now := monoNow()
@@ -340,29 +346,28 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 			l.giveBack(ls)
 			continue
 		}
-		if ch := en.fetching; ch != nil && !waited {
+		if f := en.fetching; f != nil {
 			en.mu.Unlock()
 			select {
-			case <-ch:
-				waited = true
-				continue
+			case <-f.done:
 			case <-ctx.Done():
 				return Result{}, 0, ctx.Err()
 			}
+			if f.ok {
+				continue // serve from it, or wait for the next
+			}
+			// The request brought no lease (denied, or Redis failing):
+			// the call is decided on its own, so that calls never queue
+			// behind lease requests one after another.
+			return l.direct(ctx, en, state, n, rs)
 		}
-		// A call that waited for a lease and found none it could use (too
-		// small, denied, or Redis failing) is decided on its own: calls
-		// never queue behind lease requests one after another.
-		k := 0
-		if !waited {
-			k = l.sizeFor(en, now, n, rs)
-		}
+		k := l.sizeFor(en, now, n, rs)
 		if k == 0 {
 			en.mu.Unlock()
 			return l.direct(ctx, en, state, n, rs)
 		}
-		ch := make(chan struct{})
-		en.fetching = ch
+		f := &leaseFetch{done: make(chan struct{})}
+		en.fetching = f
 		epoch := en.epoch
 		en.mu.Unlock()
 
@@ -370,9 +375,9 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 
 		en.mu.Lock()
 		en.fetching = nil
-		close(ch)
 		if err != nil {
 			en.mu.Unlock()
+			close(f.done)
 			l.nheld.Add(-1)
 			return Result{}, 0, err
 		}
@@ -380,6 +385,7 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 		l.sawWindow(en, rs, now, res)
 		if ls == nil {
 			en.mu.Unlock()
+			close(f.done)
 			l.nheld.Add(-1)
 			if why == reasonBlock {
 				return res, why, nil // a block denies any n: the call's answer
@@ -395,12 +401,14 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 		// is admitted, the rest goes back.
 		if l.track(ls, en.epoch == epoch) {
 			en.lease = ls
+			f.ok = true
 			en.mu.Unlock()
 		} else {
 			en.pending += k - n
 			en.mu.Unlock()
 			l.giveBack(ls)
 		}
+		close(f.done) // after f.ok
 		return out, reasonAllowed, nil
 	}
 }
