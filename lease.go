@@ -46,16 +46,16 @@ import (
 // call at a time, so that a key near its limit is not held idle by
 // instances that do not need it. The cost is capacity held idle: events
 // leased by one instance and not yet served cannot be admitted by another.
-// Per key and instance that is at most the lease, so at most size, and it
-// comes back within 1.25×maxAge, or when the lease is used up (see
+// Per key and instance that is at most size (a lease given back but not
+// yet settled counts against the next), and it comes back within about
+// 1.25×maxAge, or as soon as the lease is used up (see
 // [RateLimiter.LeaseStats]); an instance that crashes strands its leases
 // until the bucket refills or the window ends. A limiter holds at most
 // 1024 leases at once; more hot keys are decided one call at a time. A
 // token bucket's event may be served up to maxAge after Redis counted it,
-// so over the limiter's life the fleet admits at most Burst + Rate·t, but a
-// short interval may see up to Rate·maxAge more than Burst + Rate·d
-// (admitted earlier in Redis); a fixed window's lease never outlives its
-// window.
+// so from any start the fleet admits at most Burst + Rate·t, but a short
+// interval may see up to Rate·maxAge more than Burst + Rate·d (admitted
+// earlier in Redis); a fixed window's lease never outlives its window.
 //
 // What a call served from a lease reports: Allowed true, Degraded false,
 // Limit and Rule of the lease, RetryAfter and Delay 0, ResetAfter the
@@ -152,11 +152,12 @@ func leasable(rs *ruleSet) bool {
 
 // LeaseStats is what a limiter's leases hold and did (see [WithLease]).
 type LeaseStats struct {
-	Held   int   // leases held now
+	Held   int   // leases held now, or being taken
 	Unused int64 // events those leases took in Redis and have not served: capacity idle in this process
 	// Taken counts the leases taken, Served the calls served from a lease
-	// without a round trip, Returned the unused events given back to
-	// Redis, and Lost those that could not be (Redis unreachable for the
+	// without a round trip, Returned the unused events settled back to
+	// Redis (a fixed window takes them back only within their window),
+	// and Lost those that could not be (Redis unreachable for half the
 	// reservation lifetime, or at Close): they stand as used, until the
 	// bucket refills or the window ends.
 	Taken, Served, Returned, Lost uint64
