@@ -150,6 +150,7 @@ type engine struct {
 
 	rescue *rescue
 	denies *denyCache
+	leases *leases    // WithLease; nil when off
 	limits limitCache // WithLimitFunc's limits, validated
 	closed atomic.Bool
 }
@@ -168,6 +169,9 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.lease.check(kind, rules, cfg.reserveTTL); err != nil {
+		return nil, err
+	}
 	if err := checkClient(rdb); err != nil {
 		return nil, fmt.Errorf("redlimit: %s: %w", kind, err)
 	}
@@ -184,6 +188,9 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	e.rescue = newRescue(e)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
+	}
+	if cfg.lease.size > 0 {
+		e.leases = newLeases(e)
 	}
 	return e, nil
 }
@@ -317,6 +324,9 @@ func (e *engine) reset(ctx context.Context, key string) error {
 		return err
 	}
 	first := e.stateKey(key, &rs.rules[0])
+	if e.leases != nil {
+		e.leases.drop(ctx, first)
+	}
 	e.rescue.forget(first)
 	if e.denies != nil {
 		e.denies.forget(first)
@@ -335,6 +345,9 @@ func (e *engine) reset(ctx context.Context, key string) error {
 // close stops the fallback monitor and makes later calls return ErrClosed.
 func (e *engine) close() error {
 	if e.closed.CompareAndSwap(false, true) {
+		if e.leases != nil {
+			e.leases.close() // gives back what the leases did not serve
+		}
 		e.rescue.close()
 	}
 	return nil
@@ -381,6 +394,12 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 			return res, reasonDenyCache, nil
 		}
 	}
+	lease := e.leases != nil && rc == nil && n > 0
+	if lease {
+		if res, ok := e.leases.serve(state, n, rs); ok {
+			return res, reasonAllowed, nil
+		}
+	}
 	if e.rescue.isDown(state) {
 		return e.rescue.decide(state, n, maxDelay, rs, rc)
 	}
@@ -388,7 +407,14 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	if e.denies != nil {
 		epoch = e.denies.epoch.Load()
 	}
-	res, why, err := e.eval(ctx, state, n, maxDelay, rs, rc)
+	var res Result
+	var why reason
+	var err error
+	if lease {
+		res, why, err = e.leases.eval(ctx, key, state, n, rs)
+	} else {
+		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc)
+	}
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, ctxErr)

@@ -272,6 +272,7 @@ type config struct {
 	limitFunc    func(ctx context.Context, key string) (Limit, error)
 	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
 	reserveTTL   time.Duration
+	lease        leaseConfig // WithLease (lease.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any

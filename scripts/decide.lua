@@ -68,7 +68,9 @@ n = n0
 if denied and n > 0 then
   -- n = 0 only reports: it is never denied (a lowered limit can leave a
   -- rule over its allowance) and never writes.
-  if code == 1 and block > 0 then
+  -- A lease's denial (lease.go: its id starts with 'lease:') is not a
+  -- call's: it sets no block.
+  if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
     redis.call('SET', KEYS[nkeys], now + block, 'PX', ms(block))
     if retry < block then retry = block end
     if reset_denied < block then reset_denied = block end

@@ -1,0 +1,345 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// LeaseFleet is instances of one token-bucket limiter, each with its own
+// go-redis client (as separate processes would have), on one Redis: the
+// load of cmd/lease. Every client counts the commands it sends.
+type LeaseFleet struct {
+	Lims  []*redlimit.RateLimiter
+	rdbs  []*redis.Client
+	calls []*atomic.Uint64
+}
+
+// NewLeaseFleet makes n limiters of limit with opts, each on its own client
+// of the server at addr with opts redistest.TunedOptions-like options.
+// Every limiter gets FallbackDeny, so that an outage (a slow reply on a
+// busy machine) can only lower what is admitted, never add fallback
+// admissions to it.
+func NewLeaseFleet(addr string, clientOpts *redis.Options, n int, limit redlimit.Limit, opts ...redlimit.Option) (*LeaseFleet, error) {
+	f := &LeaseFleet{}
+	opts = append([]redlimit.Option{redlimit.WithFallback(redlimit.FallbackDeny)}, opts...)
+	for range n {
+		o := *clientOpts
+		o.Addr = addr
+		rdb := redis.NewClient(&o)
+		c := new(atomic.Uint64)
+		rdb.AddHook(leaseCallCounter{c})
+		lim, err := redlimit.NewTokenBucket(rdb, limit, opts...)
+		if err != nil {
+			rdb.Close()
+			f.Close()
+			return nil, err
+		}
+		f.Lims, f.rdbs, f.calls = append(f.Lims, lim), append(f.rdbs, rdb), append(f.calls, c)
+	}
+	return f, nil
+}
+
+// Close closes the limiters (giving back what their leases hold) and the
+// clients.
+func (f *LeaseFleet) Close() {
+	for i := range f.Lims {
+		f.Lims[i].Close()
+		f.rdbs[i].Close()
+	}
+}
+
+// RedisCalls is the commands the fleet's clients sent so far.
+func (f *LeaseFleet) RedisCalls() uint64 {
+	var n uint64
+	for _, c := range f.calls {
+		n += c.Load()
+	}
+	return n
+}
+
+// leaseCallCounter counts every command a client sends (a pipeline's each).
+type leaseCallCounter struct{ n *atomic.Uint64 }
+
+func (h leaseCallCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h leaseCallCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h leaseCallCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(uint64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// LeaseLoad is what a fleet is asked.
+type LeaseLoad struct {
+	Key string
+	// Offered is the calls per second offered to each instance, paced
+	// evenly; 0 is a closed loop (each goroutine calls as fast as it can).
+	Offered  float64
+	Conc     int // goroutines per instance
+	Duration time.Duration
+}
+
+// LeaseSample is one run of a fleet.
+type LeaseSample struct {
+	Decisions, Allowed, Degraded, Errors uint64
+	FirstErr                             string
+	RedisCalls                           uint64
+	Elapsed                              time.Duration
+	// The events the fleet's leases held unused (LeaseStats.Unused summed
+	// over the instances), sampled every millisecond: capacity that no
+	// other instance could admit at that moment.
+	IdleMean float64
+	IdleMax  int64
+	Leases   uint64 // leases taken
+	Served   uint64 // calls served from a lease
+}
+
+// PerSec is the decisions per second of the run.
+func (s LeaseSample) PerSec() float64 { return float64(s.Decisions) / s.Elapsed.Seconds() }
+
+// CallsPerDecision is the Redis commands sent per decision (leases, their
+// settling, and calls decided one by one).
+func (s LeaseSample) CallsPerDecision() float64 {
+	if s.Decisions == 0 {
+		return 0
+	}
+	return float64(s.RedisCalls) / float64(s.Decisions)
+}
+
+// Run offers the load to every instance of the fleet at once. The leases'
+// counters are read before and after, so a fleet can run several loads.
+func (f *LeaseFleet) Run(ctx context.Context, load LeaseLoad) LeaseSample {
+	var s LeaseSample
+	var decisions, allowed, degraded, errs atomic.Uint64
+	var firstErr atomic.Value
+	stats0 := f.leaseTotals()
+	calls0 := f.RedisCalls()
+
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	var idleSum, idleN int64
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var idle int64
+			for _, lim := range f.Lims {
+				idle += lim.LeaseStats().Unused
+			}
+			idleSum += idle
+			idleN++
+			s.IdleMax = max(s.IdleMax, idle)
+		}
+	}()
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	perG := load.Offered / float64(load.Conc) / float64(time.Second) // calls per ns
+	for _, lim := range f.Lims {
+		for range load.Conc {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done := 0
+				for {
+					el := time.Since(start)
+					if el >= load.Duration {
+						return
+					}
+					due := done + 256
+					if perG > 0 {
+						due = int(float64(el) * perG)
+					}
+					for ; done < due; done++ {
+						res, err := lim.Allow(ctx, load.Key)
+						decisions.Add(1)
+						switch {
+						case err != nil:
+							if errs.Add(1) == 1 {
+								firstErr.Store(err.Error())
+							}
+						case res.Degraded:
+							degraded.Add(1)
+						case res.Allowed:
+							allowed.Add(1)
+						}
+						if done%64 == 63 && time.Since(start) >= load.Duration {
+							return
+						}
+					}
+					if perG > 0 {
+						time.Sleep(200 * time.Microsecond)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	s.Elapsed = time.Since(start)
+	close(stop)
+	sampler.Wait()
+	if idleN > 0 {
+		s.IdleMean = float64(idleSum) / float64(idleN)
+	}
+	stats1 := f.leaseTotals()
+	s.Decisions, s.Allowed, s.Degraded, s.Errors = decisions.Load(), allowed.Load(), degraded.Load(), errs.Load()
+	if e, ok := firstErr.Load().(string); ok {
+		s.FirstErr = e
+	}
+	s.RedisCalls = f.RedisCalls() - calls0
+	s.Leases = stats1.Taken - stats0.Taken
+	s.Served = stats1.Served - stats0.Served
+	return s
+}
+
+func (f *LeaseFleet) leaseTotals() redlimit.LeaseStats {
+	var t redlimit.LeaseStats
+	for _, lim := range f.Lims {
+		s := lim.LeaseStats()
+		t.Taken += s.Taken
+		t.Served += s.Served
+		t.Returned += s.Returned
+		t.Lost += s.Lost
+	}
+	return t
+}
+
+// LeaseConfig says what cmd/lease runs.
+type LeaseConfig struct {
+	Addr       string
+	ClientOpts *redis.Options
+	Size       int           // WithLease size
+	MaxAge     time.Duration // WithLease maxAge
+	Rounds     int           // interleaved rounds; the median is reported
+	Duration   time.Duration // per run
+	HotRate    float64       // calls per second offered to the hot key (one instance)
+	Conc       int           // goroutines of the closed-loop runs
+	Log        io.Writer
+}
+
+// LeaseReport is cmd/lease's figures: the medians over the rounds.
+type LeaseReport struct {
+	Cfg LeaseConfig
+	// A hot key, one instance, limit far above the load: paced at
+	// HotRate, and closed loop, with leases and without.
+	PacedLease, PacedPlain, LoopLease, LoopPlain []LeaseSample
+	// Four instances on one key: at 4× the limit; and at 50,000/s in all
+	// below a high limit.
+	FleetOver, FleetUnder []LeaseSample
+	OverLimit             redlimit.Limit
+}
+
+// RunLease measures leases against one round trip per decision; see
+// cmd/lease.
+func RunLease(ctx context.Context, cfg LeaseConfig) (*LeaseReport, error) {
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, format+"\n", args...)
+		}
+	}
+	high := redlimit.Limit{Rate: 100_000_000, Period: time.Second} // never reached
+	lease := redlimit.WithLease(cfg.Size, cfg.MaxAge)
+	rep := &LeaseReport{Cfg: cfg, OverLimit: redlimit.Limit{Rate: 2000, Period: time.Second, Burst: 2000}}
+	type run struct {
+		name  string
+		n     int
+		limit redlimit.Limit
+		opts  []redlimit.Option
+		load  LeaseLoad
+		out   *[]LeaseSample
+	}
+	runs := []run{
+		{"paced, lease", 1, high, []redlimit.Option{lease}, LeaseLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedLease},
+		{"paced, one round trip", 1, high, nil, LeaseLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedPlain},
+		{"closed loop, lease", 1, high, []redlimit.Option{lease}, LeaseLoad{Conc: cfg.Conc}, &rep.LoopLease},
+		{"closed loop, one round trip", 1, high, nil, LeaseLoad{Conc: cfg.Conc}, &rep.LoopPlain},
+		// 4 instances, each offered the limit's rate: 4× in all.
+		{"4 instances at 4× the limit", 4, rep.OverLimit, []redlimit.Option{lease},
+			LeaseLoad{Offered: float64(rep.OverLimit.Rate), Conc: 8}, &rep.FleetOver},
+		{"4 instances, 50,000/s in all, below the limit", 4, high, []redlimit.Option{lease},
+			LeaseLoad{Offered: cfg.HotRate / 4, Conc: 4}, &rep.FleetUnder},
+	}
+	for r := range cfg.Rounds {
+		for i, ru := range runs {
+			f, err := NewLeaseFleet(cfg.Addr, cfg.ClientOpts, ru.n, ru.limit, ru.opts...)
+			if err != nil {
+				return nil, err
+			}
+			load := ru.load
+			load.Key = fmt.Sprintf("lease-bench:%d:%d", r, i) // a fresh key: a full bucket
+			load.Duration = cfg.Duration
+			s := f.Run(ctx, load)
+			f.Close()
+			*ru.out = append(*ru.out, s)
+			logf("round %d, %s: %.0f decisions/s, %.4f Redis calls per decision, %d admitted, idle mean %.1f max %d, %d degraded, %d errors %s",
+				r+1, ru.name, s.PerSec(), s.CallsPerDecision(), s.Allowed, s.IdleMean, s.IdleMax, s.Degraded, s.Errors, s.FirstErr)
+		}
+	}
+	return rep, nil
+}
+
+// leaseMedian returns the sample whose key is the median.
+func leaseMedian(ss []LeaseSample, key func(LeaseSample) float64) LeaseSample {
+	s := slices.Clone(ss)
+	slices.SortFunc(s, func(a, b LeaseSample) int {
+		ka, kb := key(a), key(b)
+		switch {
+		case ka < kb:
+			return -1
+		case ka > kb:
+			return 1
+		}
+		return 0
+	})
+	return s[len(s)/2]
+}
+
+// Markdown writes the report.
+func (r *LeaseReport) Markdown(w io.Writer) {
+	c := r.Cfg
+	perSec := LeaseSample.PerSec
+	fmt.Fprintf(w, "Leases: `WithLease(%d, %v)`, token bucket, real redis-server, %d interleaved rounds of %v, medians.\n\n",
+		c.Size, c.MaxAge, c.Rounds, c.Duration)
+	fmt.Fprintf(w, "| run | decisions/s | Redis calls per decision | leases | served locally | idle capacity mean / max (events) | degraded |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	row := func(name string, ss []LeaseSample) LeaseSample {
+		s := leaseMedian(ss, perSec)
+		fmt.Fprintf(w, "| %s | %.0f | %.4f | %d | %d | %.1f / %d | %d |\n", name, s.PerSec(), s.CallsPerDecision(), s.Leases, s.Served, s.IdleMean, s.IdleMax, s.Degraded)
+		return s
+	}
+	row(fmt.Sprintf("hot key, %.0f/s offered, lease", c.HotRate), r.PacedLease)
+	row(fmt.Sprintf("hot key, %.0f/s offered, one round trip", c.HotRate), r.PacedPlain)
+	ll := row(fmt.Sprintf("hot key, closed loop (%d goroutines), lease", c.Conc), r.LoopLease)
+	lp := row(fmt.Sprintf("hot key, closed loop (%d goroutines), one round trip", c.Conc), r.LoopPlain)
+	row("4 instances × 12,500/s on one key, lease", r.FleetUnder)
+	fmt.Fprintf(w, "\nClosed loop, lease / one round trip: **%.1f×** the decisions per second. "+
+		"Degraded decisions (FallbackDeny after a client timeout on a busy machine) are counted as decisions.\n\n", ll.PerSec()/lp.PerSec())
+
+	fmt.Fprintf(w, "4 instances (own clients), one key, each offered %d/s, limit %v (4× over):\n\n", r.OverLimit.Rate, r.OverLimit)
+	fmt.Fprintf(w, "| round | admitted | Burst + Rate·d | admitted / bound | Redis calls per decision | idle capacity mean / max | degraded |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for i, s := range r.FleetOver {
+		bound := float64(r.OverLimit.Burst) + float64(r.OverLimit.Rate)*s.Elapsed.Seconds()
+		fmt.Fprintf(w, "| %d | %d | %.0f | %.3f | %.3f | %.1f / %d | %d |\n", i+1, s.Allowed, bound, float64(s.Allowed)/bound,
+			s.CallsPerDecision(), s.IdleMean, s.IdleMax, s.Degraded)
+	}
+}

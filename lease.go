@@ -1,0 +1,702 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WithLease lets a hot key be decided in this process, from events taken
+// from Redis in advance: a lease. It is for TokenBucket and FixedWindow
+// limiters, and for a Policy whose rules are all token buckets; the other
+// strategies reject it (an error wrapping ErrInvalidLimit): a sliding
+// log's entries carry the time of each event, a sliding counter weighs a
+// window by the time into the next, and a leaky bucket gives each event its
+// own Delay, so none of them can hand out an event later than Redis counted
+// it. size 0 turns leases off, which is the default.
+//
+// How it works. A key's first calls go to Redis one by one, as without
+// leases. When this process has seen at least 4 events for the key in the
+// last maxAge, a call takes a lease instead: one script call that takes
+// k events in Redis, as [RateLimiter.Reserve] does, with
+//
+//	k = min(size, the key's events here in the last maxAge,
+//	        a quarter of the Remaining Redis last reported for the key)
+//
+// (a FixedWindow lease also ends with its window, and holds no more than
+// the key's rate here over that time). The call takes its n events from
+// the lease; later calls for the key take theirs from it without a round
+// trip, under a mutex per key, until it is used up, maxAge after it was
+// taken, or the window ends; then what is left is given back to Redis
+// (settled, one script call) and the next call takes a new lease. Close
+// and Reset give leases back at once. Calls that find a lease being taken
+// wait for it (or for their context).
+//
+// What it guarantees. No over-admission: every event served here was taken
+// in Redis first, so the instances together never admit more than the
+// limit; a lease that Redis denies is never served from, the call is then
+// decided by Redis alone, with its own n (and its own RetryAfter, penalty
+// block and deny-cache entry). A lease asks for at most a quarter of what
+// Redis reported left, and a key with fewer than 16 left is decided one
+// call at a time, so that a key near its limit is not held idle by
+// instances that do not need it. The cost is capacity held idle: events
+// leased by one instance and not yet served cannot be admitted by another.
+// Per key and instance that is at most size (a lease given back but not
+// yet settled counts against the next), and it comes back within about
+// 1.25×maxAge, or as soon as the lease is used up (see
+// [RateLimiter.LeaseStats]); an instance that crashes strands its leases
+// until the bucket refills or the window ends. A limiter holds at most
+// 1024 leases at once; more hot keys are decided one call at a time. A
+// token bucket's event may be served up to maxAge after Redis counted it,
+// so from any start the fleet admits at most Burst + Rate·t, but a short
+// interval may see up to Rate·maxAge more than Burst + Rate·d (admitted
+// earlier in Redis); a fixed window's lease never outlives its window.
+//
+// What a call served from a lease reports: Allowed true, Degraded false,
+// Limit and Rule of the lease, RetryAfter and Delay 0, ResetAfter the
+// lease's ResetAfter less the time since, and Remaining the events left in
+// this instance's lease: what this instance is sure to admit without
+// asking Redis. It is never more than what Redis reported left when the
+// lease was taken (the lease included) less what was served from it since;
+// Redis may have more. The observer (see [WithObserver]) sees every call,
+// also those served from a lease: NotDenied, not Degraded, a Latency of
+// about a microsecond (a call that took the lease, or waited for it, also
+// counts the round trip). Denials always come from Redis or the deny
+// cache.
+//
+// Not leased: Reserve (a reservation is settled in Redis), AllowN with
+// n = 0 (it reports Redis's state, without the leases that instances
+// hold), dynamic rules (WithLimitFunc, WithRulesFunc) that are not
+// leasable, and every call while Redis is marked down (the fallback
+// decides; a lease still held is served from until it ends). With
+// WithBlock, a block that another instance sets reaches this one's callers
+// when its lease ends. Reset gives back this process's lease on the key;
+// other processes keep serving theirs until they end.
+//
+// size must be at least 4; maxAge between 1ms and 1 minute, and at most
+// half the reservation lifetime (see [WithReservationTTL]). Longer leases
+// save round trips on keys whose rate is steady, but hold more capacity
+// idle when a key cools down.
+func WithLease(size int, maxAge time.Duration) Option {
+	return optionFunc(func(c *config) { c.lease = leaseConfig{size: size, maxAge: maxAge} })
+}
+
+// leaseConfig is WithLease's arguments.
+type leaseConfig struct {
+	size   int
+	maxAge time.Duration
+}
+
+const (
+	// leaseMinEvents is the smallest lease worth taking; a key is hot when
+	// it saw at least this many events here in the last maxAge.
+	leaseMinEvents = 4
+	// leaseShare: a lease takes at most 1/leaseShare of the Remaining that
+	// Redis reported for the key.
+	leaseShare = 4
+	// leaseMaxHeld bounds the leases a limiter holds at once.
+	leaseMaxHeld = 1024
+	// leaseKeys bounds the keys whose rate a limiter tracks.
+	leaseKeys = 16 * 1024
+	// leaseMaxAge is the longest maxAge.
+	leaseMaxAge = time.Minute
+	// leaseReturnTimeout bounds giving leases back at Close, and each
+	// sweep.
+	leaseReturnTimeout = time.Second
+	// leaseIDPrefix starts a lease's reservation id; decide.lua sets no
+	// penalty block when it denies a lease (it is not a call's denial).
+	leaseIDPrefix = "lease:"
+)
+
+// check validates the lease options against the engine's rules.
+func (c leaseConfig) check(kind string, rules []rule, reserveTTL time.Duration) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("redlimit: %s: WithLease: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case c.size == 0:
+		return nil
+	case c.size < leaseMinEvents || c.size > MaxRate:
+		return bad("size %d must be 0 or between %d and %d", c.size, leaseMinEvents, MaxRate)
+	case c.maxAge < time.Millisecond || c.maxAge > leaseMaxAge:
+		return bad("maxAge %v must be between 1ms and %v", c.maxAge, leaseMaxAge)
+	case c.maxAge > reserveTTL/2:
+		return bad("maxAge %v must be at most half the reservation lifetime %v", c.maxAge, reserveTTL)
+	}
+	if !leasable(&ruleSet{rules: rules}) {
+		return bad("leases are for token buckets and fixed windows (and policies of token buckets): " +
+			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay")
+	}
+	return nil
+}
+
+// leasable reports whether calls under rs can be served from a lease: one
+// token bucket or fixed window, or token buckets only.
+func leasable(rs *ruleSet) bool {
+	if len(rs.rules) == 1 {
+		s := rs.rules[0].alg.strategy
+		return s == TokenBucket || s == FixedWindow
+	}
+	for i := range rs.rules {
+		if rs.rules[i].alg.strategy != TokenBucket {
+			return false
+		}
+	}
+	return true
+}
+
+// LeaseStats is what a limiter's leases hold and did (see [WithLease]).
+type LeaseStats struct {
+	Held   int   // leases held now, or being taken
+	Unused int64 // events those leases took in Redis and have not served: capacity idle in this process
+	// Taken counts the leases taken, Served the calls served from a lease
+	// without a round trip, Returned the unused events settled back to
+	// Redis (a fixed window takes them back only within their window),
+	// and Lost those that could not be (Redis unreachable for half the
+	// reservation lifetime, or at Close): they stand as used, until the
+	// bucket refills or the window ends.
+	Taken, Served, Returned, Lost uint64
+}
+
+// LeaseStats returns what the limiter's leases hold now and did so far.
+// Without [WithLease] it is all zeros.
+func (l *RateLimiter) LeaseStats() LeaseStats { return l.engine.leaseStats() }
+
+// LeaseStats returns what the policy's leases hold now and did so far.
+// Without [WithLease] it is all zeros.
+func (p *Policy) LeaseStats() LeaseStats { return p.engine.leaseStats() }
+
+func (e *engine) leaseStats() LeaseStats {
+	l := e.leases
+	if l == nil {
+		return LeaseStats{}
+	}
+	return LeaseStats{
+		Held:     int(l.nheld.Load()),
+		Unused:   l.unused.Load(),
+		Taken:    l.taken.Load(),
+		Served:   l.served.Load(),
+		Returned: l.returned.Load(),
+		Lost:     l.lost.Load(),
+	}
+}
+
+// leases is a limiter's leases: per key, a rate estimate and at most one
+// lease; and the goroutine that gives back what ends.
+type leases struct {
+	e      *engine
+	size   int
+	maxAge int64 // ns
+	keys   *lru[*leaseEntry]
+	closed atomic.Bool
+
+	nheld, unused                 atomic.Int64
+	taken, served, returned, lost atomic.Uint64
+
+	mu      sync.Mutex
+	held    map[*lease]struct{} // taken and not given back yet
+	back    []*lease            // ended, to give back
+	running bool                // the sweeper runs
+	wake    chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// leaseEntry is one key's lease state in this process. Its fields are
+// guarded by mu.
+type leaseEntry struct {
+	mu sync.Mutex
+	// Events seen here: cur since winStart (ns, monoNow), prev in the
+	// maxAge before.
+	winStart  int64
+	cur, prev int64
+	remaining int   // the Remaining Redis last reported; -1: unknown
+	pending   int   // events of leases taken off this key and not yet given back
+	windowEnd int64 // a fixed window: when the window Redis last reported ends (monoNow); 0: unknown
+	lease     *lease
+	fetching  *leaseFetch // the lease request in flight, if any
+	epoch     uint64      // Resets: a lease taken across one is given back
+}
+
+// leaseFetch is a lease request in flight: done is closed when it is
+// over, and ok (written before) says whether it left a lease on the key.
+type leaseFetch struct {
+	done chan struct{}
+	ok   bool
+}
+
+// lease is k events taken in Redis for one key, served here.
+type lease struct {
+	rv      *Reservation
+	entry   *leaseEntry
+	sig     uint64 // the limits it was taken under
+	k, used int    // used is guarded by entry.mu while the lease is the entry's
+	start   int64  // monoNow before the request
+	expires int64
+	res     Result // Redis's answer to the lease request
+
+	settling bool // guarded by leases.mu: being given back, or given back
+}
+
+func newLeases(e *engine) *leases {
+	return &leases{
+		e:      e,
+		size:   e.cfg.lease.size,
+		maxAge: int64(e.cfg.lease.maxAge),
+		keys:   newLRU[*leaseEntry](leaseKeys),
+		held:   make(map[*lease]struct{}),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+}
+
+func newLeaseEntry() *leaseEntry { return &leaseEntry{remaining: -1} }
+
+// record counts n events at now in the key's rate estimate.
+func (en *leaseEntry) record(now int64, n int, w int64) {
+	switch d := now - en.winStart; {
+	case d >= 2*w || d < 0:
+		en.prev, en.cur, en.winStart = 0, 0, now
+	case d >= w:
+		en.prev, en.cur, en.winStart = en.cur, 0, en.winStart+w
+	}
+	en.cur += int64(n)
+}
+
+// recent returns the events seen here in the last w, as the sliding
+// counter estimates them (prev evenly spread).
+func (en *leaseEntry) recent(now int64, w int64) int64 {
+	d := now - en.winStart
+	switch {
+	case d >= 2*w || d < 0:
+		return 0
+	case d >= w:
+		return int64(float64(en.cur) * float64(2*w-d) / float64(w))
+	}
+	return en.cur + int64(float64(en.prev)*float64(w-d)/float64(w))
+}
+
+// valid reports whether ls can serve n events now under the limits sig.
+func (ls *lease) valid(now int64, n int, sig uint64) bool {
+	return ls.sig == sig && now < ls.expires && ls.k-ls.used >= n
+}
+
+// result is the answer to a call served from ls.
+func (ls *lease) result(now int64) Result {
+	return Result{
+		Allowed:    true,
+		Limit:      ls.res.Limit,
+		Rule:       ls.res.Rule,
+		Remaining:  ls.k - ls.used,
+		ResetAfter: max(ls.res.ResetAfter-time.Duration(now-ls.start), 0),
+	}
+}
+
+// serve answers n events for the key whose first state key is state from
+// its lease, if it has one that can; it counts the events in the key's
+// rate either way. A lease that cannot serve is given back.
+func (l *leases) serve(state string, n int, rs *ruleSet) (Result, bool) {
+	en := l.keys.getOrAdd(state, newLeaseEntry)
+	now := monoNow()
+	en.mu.Lock()
+	en.record(now, n, l.maxAge)
+	ls := en.lease
+	if ls == nil {
+		en.mu.Unlock()
+		return Result{}, false
+	}
+	if !ls.valid(now, n, rs.sig) {
+		en.detachLocked()
+		en.mu.Unlock()
+		l.giveBack(ls)
+		return Result{}, false
+	}
+	ls.used += n
+	res := ls.result(now)
+	en.mu.Unlock()
+	l.unused.Add(-int64(n))
+	l.served.Add(1)
+	return res, true
+}
+
+// eval decides n events for key in Redis: by taking a lease when the key
+// is hot, else by one call. It is what decide does instead of engine.eval
+// when leases are on and the call was not served from a lease.
+func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
+	en := l.keys.getOrAdd(state, newLeaseEntry)
+	for {
+		en.mu.Lock()
+		now := monoNow()
+		if ls := en.lease; ls != nil {
+			// Taken by another call since serve looked.
+			if ls.valid(now, n, rs.sig) {
+				ls.used += n
+				res := ls.result(now)
+				en.mu.Unlock()
+				l.unused.Add(-int64(n))
+				l.served.Add(1)
+				return res, reasonAllowed, nil
+			}
+			en.detachLocked()
+			en.mu.Unlock()
+			l.giveBack(ls)
+			continue
+		}
+		if f := en.fetching; f != nil {
+			en.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return Result{}, 0, ctx.Err()
+			}
+			if f.ok {
+				continue // serve from it, or wait for the next
+			}
+			// The request brought no lease (denied, or Redis failing):
+			// the call is decided on its own, so that calls never queue
+			// behind lease requests one after another.
+			return l.direct(ctx, en, state, n, rs)
+		}
+		k := l.sizeFor(en, now, n, rs)
+		if k == 0 {
+			en.mu.Unlock()
+			return l.direct(ctx, en, state, n, rs)
+		}
+		f := &leaseFetch{done: make(chan struct{})}
+		en.fetching = f
+		epoch := en.epoch
+		en.mu.Unlock()
+
+		res, why, ls, err := l.take(ctx, key, state, k, rs, now)
+
+		en.mu.Lock()
+		en.fetching = nil
+		if err != nil {
+			en.mu.Unlock()
+			close(f.done)
+			l.nheld.Add(-1)
+			return Result{}, 0, err
+		}
+		en.remaining = res.Remaining
+		l.sawWindow(en, rs, now, res)
+		if ls == nil {
+			en.mu.Unlock()
+			close(f.done)
+			l.nheld.Add(-1)
+			if why == reasonBlock {
+				return res, why, nil // a block denies any n: the call's answer
+			}
+			// Fewer than k left: the call is decided on its own.
+			return l.direct(ctx, en, state, n, rs)
+		}
+		ls.entry, ls.used = en, n
+		l.taken.Add(1)
+		l.unused.Add(int64(k - n))
+		out := ls.result(now)
+		// A Reset or Close that came while the lease was taken: the call
+		// is admitted, the rest goes back.
+		if l.track(ls, en.epoch == epoch) {
+			en.lease = ls
+			f.ok = true
+			en.mu.Unlock()
+		} else {
+			en.pending += k - n
+			en.mu.Unlock()
+			l.giveBack(ls)
+		}
+		close(f.done) // after f.ok
+		return out, reasonAllowed, nil
+	}
+}
+
+// sizeFor returns the size of the lease to take for n events, or 0 for one
+// call. It holds a place among the held leases for a lease it sizes (the
+// caller lets it go when no lease is made). en.mu is held.
+func (l *leases) sizeFor(en *leaseEntry, now int64, n int, rs *ruleSet) int {
+	if en.remaining < 0 || l.closed.Load() || !leasable(rs) {
+		return 0
+	}
+	want := en.recent(now, l.maxAge)
+	if rs.rules[0].alg.strategy == FixedWindow && en.windowEnd != 0 {
+		// A fixed window's lease ends with its window: hold no more than
+		// the key's rate here until then.
+		left := en.windowEnd - now
+		if left <= 0 {
+			return 0 // a new window: learn what it has left first
+		}
+		if left < l.maxAge {
+			want = int64(float64(want) * float64(left) / float64(l.maxAge))
+		}
+	}
+	// What leases taken off this key still hold until they are given back
+	// counts against size: one key never holds more than size idle here.
+	k := min(int64(l.size-en.pending), want, int64(en.remaining/leaseShare))
+	if k < int64(max(leaseMinEvents, 2*n)) {
+		return 0
+	}
+	if l.nheld.Add(1) > leaseMaxHeld {
+		l.nheld.Add(-1)
+		return 0
+	}
+	return int(k)
+}
+
+// sawWindow records when a fixed window that Redis reported on ends.
+// en.mu is held.
+func (l *leases) sawWindow(en *leaseEntry, rs *ruleSet, start int64, res Result) {
+	if rs.rules[0].alg.strategy == FixedWindow && len(rs.rules) == 1 && res.ResetAfter > 0 {
+		// ResetAfter runs to the window's end from Redis's now, which is
+		// after start: start + ResetAfter is never past the end.
+		en.windowEnd = start + int64(res.ResetAfter)
+	}
+}
+
+// direct decides n events with one script call, as without leases, and
+// keeps what Redis reports left.
+func (l *leases) direct(ctx context.Context, en *leaseEntry, state string, n int, rs *ruleSet) (Result, reason, error) {
+	start := monoNow()
+	res, why, err := l.e.eval(ctx, state, n, -1, rs, nil)
+	if err == nil {
+		en.mu.Lock()
+		en.remaining = res.Remaining
+		l.sawWindow(en, rs, start, res)
+		en.mu.Unlock()
+	}
+	return res, why, err
+}
+
+// take asks Redis for a lease of k events, a reservation whose id marks it
+// as a lease. A denied lease (ls nil) holds nothing.
+func (l *leases) take(ctx context.Context, key, state string, k int, rs *ruleSet, start int64) (Result, reason, *lease, error) {
+	rc := &reserveCall{id: leaseIDPrefix + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
+	res, why, err := l.e.eval(ctx, state, k, -1, rs, rc)
+	if err != nil || !res.Allowed {
+		return res, why, nil, err
+	}
+	ls := &lease{
+		rv: &Reservation{
+			e: l.e, rs: rs, key: key, state: state,
+			id: rc.id, n: k, res: res, tags: rc.tags,
+		},
+		sig:     rs.sig,
+		k:       k,
+		start:   start,
+		expires: start + l.maxAge,
+		res:     res,
+	}
+	if rs.rules[0].alg.strategy == FixedWindow && len(rs.rules) == 1 && res.ResetAfter > 0 {
+		// Events counted in this window must be served in it.
+		ls.expires = min(ls.expires, start+int64(res.ResetAfter))
+	}
+	return res, why, ls, nil
+}
+
+// track records a lease taken, and starts the sweeper that gives back
+// those that end. It reports whether the lease may be served from: ok, and
+// the limiter not closed. The key's entry is locked, so that Close, which
+// gives back every lease tracked, finds this one on its key or given back.
+func (l *leases) track(ls *lease, ok bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.held[ls] = struct{}{}
+	if l.closed.Load() {
+		return false
+	}
+	if !l.running {
+		l.running = true
+		l.wg.Add(1)
+		go l.sweep()
+	}
+	return ok
+}
+
+// giveBack queues a lease no longer served from (taken off its entry) to
+// be settled: by the sweeper, or here once the limiter is closing.
+func (l *leases) giveBack(ls *lease) {
+	l.mu.Lock()
+	if l.closed.Load() {
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+		defer cancel()
+		l.settle(ctx, ls, true)
+		return
+	}
+	l.back = append(l.back, ls)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sweep is the goroutine that gives back leases: those queued, and every
+// maxAge/4 those that expired.
+func (l *leases) sweep() {
+	defer l.wg.Done()
+	tick := time.NewTicker(time.Duration(max(l.maxAge/4, int64(time.Millisecond))))
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+			l.expire(monoNow())
+		case <-l.wake:
+		}
+		l.mu.Lock()
+		back := l.back
+		l.back = nil
+		l.mu.Unlock()
+		if len(back) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+		var retry []*lease
+		for _, ls := range back {
+			if !l.settle(ctx, ls, false) {
+				retry = append(retry, ls)
+			}
+		}
+		cancel()
+		if len(retry) > 0 {
+			l.mu.Lock()
+			l.back = append(l.back, retry...)
+			l.mu.Unlock()
+		}
+	}
+}
+
+// expire takes the leases that ended by now off their keys and queues them.
+func (l *leases) expire(now int64) {
+	var ended []*lease
+	l.mu.Lock()
+	for ls := range l.held {
+		if ls.expires <= now {
+			ended = append(ended, ls)
+		}
+	}
+	l.mu.Unlock()
+	for _, ls := range ended {
+		if l.detach(ls) {
+			l.mu.Lock()
+			l.back = append(l.back, ls)
+			l.mu.Unlock()
+		}
+	}
+}
+
+// detach takes ls off its key, if it is still the key's lease.
+func (l *leases) detach(ls *lease) bool {
+	en := ls.entry
+	en.mu.Lock()
+	defer en.mu.Unlock()
+	if en.lease != ls {
+		return false
+	}
+	en.detachLocked()
+	return true
+}
+
+// detachLocked takes the entry's lease off it; its unused events count as
+// pending until it is given back. en.mu is held.
+func (en *leaseEntry) detachLocked() {
+	en.pending += en.lease.k - en.lease.used
+	en.lease = nil
+}
+
+// settle gives back what ls did not serve. It reports false when it should
+// be tried again (Redis unreachable, within the reservation lifetime, and
+// not final).
+func (l *leases) settle(ctx context.Context, ls *lease, final bool) bool {
+	l.mu.Lock()
+	if ls.settling {
+		l.mu.Unlock()
+		return true // Close and a late give-back: settled once
+	}
+	ls.settling = true
+	l.mu.Unlock()
+	unused := int64(ls.k - ls.used)
+	var err error
+	var res Result
+	if l.e.rescue.isDown(ls.rv.state) {
+		err = ErrUnavailable
+	} else {
+		res, err = ls.rv.settleRedis(ctx, ls.used)
+	}
+	l.mu.Lock()
+	if err != nil && !final && (errors.Is(err, ErrUnavailable) || isUnavailable(err)) &&
+		time.Duration(monoNow()-ls.start) < l.e.cfg.reserveTTL/2 {
+		ls.settling = false
+		l.mu.Unlock()
+		return false
+	}
+	delete(l.held, ls)
+	l.mu.Unlock()
+	en := ls.entry
+	en.mu.Lock()
+	en.pending -= int(unused)
+	if err == nil {
+		en.remaining = res.Remaining
+	}
+	en.mu.Unlock()
+	l.nheld.Add(-1)
+	l.unused.Add(-unused)
+	if err != nil {
+		l.lost.Add(uint64(unused))
+	} else {
+		l.returned.Add(uint64(unused))
+	}
+	return true
+}
+
+// drop gives back this process's lease on the key whose first state key is
+// state, before a Reset; a lease being taken now is given back when it
+// comes.
+func (l *leases) drop(ctx context.Context, state string) {
+	en := l.keys.getOrAdd(state, newLeaseEntry)
+	en.mu.Lock()
+	en.epoch++
+	ls := en.lease
+	if ls != nil {
+		en.detachLocked()
+	}
+	en.mu.Unlock()
+	if ls != nil {
+		l.settle(ctx, ls, true)
+	}
+	en.mu.Lock()
+	en.remaining, en.windowEnd = -1, 0 // the Reset empties the key: learn again
+	en.mu.Unlock()
+}
+
+// close stops the sweeper and gives back every lease, within
+// leaseReturnTimeout.
+func (l *leases) close() {
+	l.mu.Lock()
+	l.closed.Store(true)
+	running := l.running
+	l.running = false
+	l.mu.Unlock()
+	if running {
+		close(l.stop)
+		l.wg.Wait()
+	}
+	l.mu.Lock()
+	all := make([]*lease, 0, len(l.held))
+	for ls := range l.held {
+		all = append(all, ls)
+	}
+	l.back = nil
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+	defer cancel()
+	for _, ls := range all {
+		l.detach(ls)
+		l.settle(ctx, ls, true)
+	}
+}

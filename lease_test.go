@@ -1,0 +1,586 @@
+package redlimit
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// bubbleRedis is bubbleClient with the miniredis, to make it fail, and a
+// count of the commands the client sent.
+func bubbleRedis(t *testing.T) (*redis.Client, *miniredis.Miniredis, *atomic.Int64) {
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	t.Cleanup(m.Close)
+	rdb := redis.NewClient(&redis.Options{
+		Addr:   "127.0.0.1:1", // never dialled
+		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+	})
+	t.Cleanup(func() { rdb.Close() })
+	var calls atomic.Int64
+	rdb.AddHook(countHook{&calls})
+	return rdb, m, &calls
+}
+
+// redisRemaining is what Redis holds for key under l, leases aside: a
+// report (n = 0) by a limiter without leases.
+func redisRemaining(t *testing.T, rdb redis.UniversalClient, s Strategy, l Limit, key string) int {
+	t.Helper()
+	plain, err := New(rdb, s, l)
+	require.NoError(t, err)
+	defer plain.Close()
+	res, err := plain.AllowN(context.Background(), key, 0)
+	require.NoError(t, err)
+	return res.Remaining
+}
+
+func TestLeaseOptions(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	l := PerSecond(100)
+	for _, s := range Strategies() {
+		lim, err := New(rdb, s, l, WithLease(100, time.Second))
+		if s == TokenBucket || s == FixedWindow {
+			require.NoError(t, err, "%v", s)
+			lim.Close()
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidLimit, "%v takes no lease", s)
+	}
+	bad := []Option{
+		WithLease(-1, time.Second),
+		WithLease(3, time.Second),
+		WithLease(100, 0),
+		WithLease(100, time.Millisecond-1),
+		WithLease(100, 2*time.Minute),
+		WithLease(100, 20*time.Second), // more than half the reservation lifetime below
+	}
+	for i, o := range bad {
+		_, err := NewTokenBucket(rdb, l, WithReservationTTL(30*time.Second), o)
+		require.ErrorIs(t, err, ErrInvalidLimit, "option %d", i)
+	}
+	lim, err := NewTokenBucket(rdb, l, WithLease(0, 0)) // off
+	require.NoError(t, err)
+	lim.Close()
+
+	// A policy of token buckets takes leases; a fixed window in a policy
+	// cannot tell when its window ends from the policy's reply.
+	p, err := NewPolicy(rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Strategy: TokenBucket, Limit: PerHour(1000)},
+	}, WithLease(10, time.Second))
+	require.NoError(t, err)
+	p.Close()
+	_, err = NewPolicy(rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Strategy: FixedWindow, Limit: PerHour(1000)},
+	}, WithLease(10, time.Second))
+	require.ErrorIs(t, err, ErrInvalidLimit)
+	_, err = NewConcurrency(rdb, 10, time.Second, WithLease(10, time.Second))
+	require.ErrorIs(t, err, ErrInvalidLimit)
+}
+
+// A cold key goes to Redis call by call; a hot one takes leases that grow
+// with its rate here, and served calls say what the lease has left. Every
+// event served was taken in Redis: after Close, Redis has exactly what the
+// calls did not take.
+func TestLeaseHotKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, calls := bubbleRedis(t)
+		var seen decisions
+		l := Limit{Rate: 10, Period: time.Hour, Burst: 1_000_000} // no refill to speak of
+		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(100, 100*time.Millisecond), WithObserver(seen.record))
+		ctx := context.Background()
+
+		for i := range 3 {
+			before := calls.Load()
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			assert.Equal(t, l.Burst-1-i, res.Remaining, "call %d: from Redis", i)
+			assert.GreaterOrEqual(t, calls.Load()-before, int64(1), "call %d: cold, one round trip", i)
+		}
+		assert.Zero(t, lim.LeaseStats().Taken, "no lease for a cold key")
+
+		const total = 10_000
+		before := calls.Load()
+		prev := -1
+		for i := 3; i < total; i++ {
+			served := lim.LeaseStats().Served
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "call %d", i)
+			if lim.LeaseStats().Served == served {
+				prev = res.Remaining // took a lease
+				continue
+			}
+			// Served from the lease.
+			require.False(t, res.Degraded)
+			require.Zero(t, res.RetryAfter)
+			require.Equal(t, l, res.Limit)
+			require.Less(t, res.Remaining, 100, "call %d: what the lease has left", i)
+			require.Equal(t, prev-1, res.Remaining, "call %d: one event less in the lease", i)
+			prev = res.Remaining
+		}
+		synctest.Wait() // the sweeper settles the used-up leases
+		st := lim.LeaseStats()
+		perDecision := float64(calls.Load()-before) / (total - 3)
+		t.Logf("%d decisions: %d leases, %d served locally, %.4f Redis calls per decision; %+v",
+			total, st.Taken, st.Served, perDecision, st)
+		assert.Less(t, perDecision, 0.03)
+		assert.Equal(t, uint64(total-3)-st.Taken, st.Served, "every call not taking a lease was served from one")
+
+		// The observer saw every call: allowed, not degraded.
+		ds := seen.list()
+		require.Len(t, ds, total)
+		for _, d := range ds {
+			require.True(t, d.Allowed)
+			require.False(t, d.Degraded)
+			require.Equal(t, NotDenied, d.DeniedBy)
+		}
+
+		// Zero over-admission: the lease's rest goes back at Close, and
+		// Redis has exactly what the calls did not take.
+		require.NoError(t, lim.Close())
+		st = lim.LeaseStats()
+		assert.Zero(t, st.Held)
+		assert.Zero(t, st.Unused)
+		assert.Zero(t, st.Lost)
+		assert.Equal(t, l.Burst-total, redisRemaining(t, rdb, TokenBucket, l, "k"))
+	})
+}
+
+// hotLease makes a key hot on lim (calls served by leases) and returns the
+// events admitted and what the lease holds unused.
+func hotLease(t *testing.T, lim *RateLimiter, key string, calls int) (admitted int, unused int64) {
+	t.Helper()
+	for range calls {
+		res, err := lim.Allow(context.Background(), key)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	synctest.Wait()
+	st := lim.LeaseStats()
+	require.Equal(t, 1, st.Held, "one lease held: %+v", st)
+	require.Positive(t, st.Unused, "%+v", st)
+	return calls, st.Unused
+}
+
+// Close, Reset and maxAge give back what a lease did not serve: Redis
+// shows it as remaining again.
+func TestLeaseGivesBack(t *testing.T) {
+	const maxAge = 200 * time.Millisecond
+	for _, s := range []Strategy{TokenBucket, FixedWindow} {
+		l := Limit{Rate: 10, Period: time.Hour, Burst: 10_000} // no refill to speak of
+		if s == FixedWindow {
+			l = PerHour(10_000) // the bubble's clock starts on the hour
+		}
+		t.Run(s.String()+"/close", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb, _, _ := bubbleRedis(t)
+				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
+				admitted, unused := hotLease(t, lim, "k", 40)
+				assert.Equal(t, capacity(l, s)-admitted-int(unused), redisRemaining(t, rdb, s, l, "k"), "the lease is taken in Redis")
+				require.NoError(t, lim.Close())
+				assert.Equal(t, capacity(l, s)-admitted, redisRemaining(t, rdb, s, l, "k"), "given back at Close")
+				st := lim.LeaseStats()
+				assert.Equal(t, LeaseStats{Taken: st.Taken, Served: st.Served, Returned: uint64(unused)}, st)
+			})
+		})
+		t.Run(s.String()+"/reset", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb, _, calls := bubbleRedis(t)
+				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
+				hotLease(t, lim, "k", 40)
+				require.NoError(t, lim.Reset(context.Background(), "k"))
+				st := lim.LeaseStats()
+				assert.Zero(t, st.Held)
+				assert.Zero(t, st.Unused)
+				assert.Equal(t, capacity(l, s), redisRemaining(t, rdb, s, l, "k"))
+				// The next call goes to Redis: nothing is served from
+				// before the Reset.
+				before := calls.Load()
+				res, err := lim.Allow(context.Background(), "k")
+				require.NoError(t, err)
+				assert.Equal(t, capacity(l, s)-1, res.Remaining)
+				assert.Equal(t, st.Served, lim.LeaseStats().Served)
+				assert.Equal(t, int64(1), calls.Load()-before)
+			})
+		})
+		t.Run(s.String()+"/maxAge", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb, _, _ := bubbleRedis(t)
+				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
+				admitted, unused := hotLease(t, lim, "k", 40)
+				time.Sleep(maxAge - time.Millisecond)
+				synctest.Wait()
+				assert.Equal(t, 1, lim.LeaseStats().Held, "held until maxAge")
+				time.Sleep(time.Millisecond)
+				synctest.Wait()
+				st := lim.LeaseStats()
+				assert.Zero(t, st.Held, "given back at maxAge: %+v", st)
+				assert.Equal(t, uint64(unused), st.Returned)
+				assert.Equal(t, capacity(l, s)-admitted, redisRemaining(t, rdb, s, l, "k"))
+			})
+		})
+	}
+}
+
+// A fixed window's lease ends with its window: what Redis counted in one
+// window is never served in the next. Calls at 10,000/s run across a
+// window's end; afterwards Redis's count for the new window is exactly the
+// calls admitted in it.
+func TestLeaseFixedWindowEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, _ := bubbleRedis(t)
+		l := PerMinute(1_000_000)
+		lim := newLimiter(t, rdb, FixedWindow, l, WithLease(1000, time.Second))
+		edge := time.Now().Truncate(time.Minute).Add(time.Minute)
+		time.Sleep(time.Until(edge.Add(-500 * time.Millisecond)))
+		ctx := context.Background()
+		var before, after int
+		var idleNearEdge int64
+		for time.Now().Before(edge.Add(200 * time.Millisecond)) {
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			if time.Now().Before(edge) {
+				before++
+			} else {
+				after++
+			}
+			if time.Until(edge) == 2*time.Millisecond {
+				idleNearEdge = lim.LeaseStats().Unused
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		st := lim.LeaseStats()
+		t.Logf("%d calls before the edge, %d after; 2 ms before it %d events leased unused; %+v", before, after, idleNearEdge, st)
+		assert.Positive(t, st.Served)
+		// 2 ms at 10,000/s is 20 events: a lease holds the key's rate
+		// until the window ends, not size.
+		assert.LessOrEqual(t, idleNearEdge, int64(40))
+		require.NoError(t, lim.Close())
+		assert.Equal(t, l.Rate-after, redisRemaining(t, rdb, FixedWindow, l, "k"),
+			"the new window counts exactly the calls admitted in it")
+	})
+}
+
+// A lease that Redis denies is never served from: the call is decided by
+// Redis with its own n, and the lease's denial sets no penalty block.
+func TestLeaseDenied(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, calls := bubbleRedis(t)
+		l := Limit{Rate: 1, Period: time.Hour, Burst: 100}
+		var seen decisions
+		a := newLimiter(t, rdb, TokenBucket, l, WithLease(20, 10*time.Second), WithBlock(time.Hour), WithObserver(seen.record))
+		b := newLimiter(t, rdb, TokenBucket, l, WithBlock(time.Hour))
+		ctx := context.Background()
+		for range 3 { // cold: one by one; a learns 97 are left
+			res, err := a.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+		}
+		res, err := b.AllowN(ctx, "k", 95)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		require.Equal(t, 2, res.Remaining)
+
+		// a asks for a lease of 4 (a quarter of 97 is more): denied, so
+		// the call is decided alone, and allowed.
+		before := calls.Load()
+		res, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		assert.True(t, res.Allowed)
+		assert.Equal(t, 1, res.Remaining)
+		assert.Equal(t, int64(2), calls.Load()-before, "the lease, then the call")
+		assert.Zero(t, a.LeaseStats().Taken)
+		n, err := rdb.Exists(ctx, a.stateKey("k")+blockSuffix).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "a denied lease sets no block")
+
+		res, err = a.Allow(ctx, "k") // 1 left: one call, no lease
+		require.NoError(t, err)
+		assert.True(t, res.Allowed)
+		res, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		assert.False(t, res.Allowed)
+		assert.Equal(t, time.Hour, res.RetryAfter, "the call's own retry: one token")
+		assert.Equal(t, DeniedByLimit, seen.last().DeniedBy)
+		res, err = a.Allow(ctx, "k")
+		require.NoError(t, err)
+		assert.False(t, res.Allowed)
+		assert.Equal(t, DeniedByBlock, seen.last().DeniedBy, "the call's denial set the block")
+	})
+}
+
+// While Redis is down a lease still held serves (Degraded false: its
+// events were taken in Redis); when it is used up the fallback decides
+// (Degraded true).
+func TestLeaseOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, m, _ := bubbleRedis(t)
+		var seen decisions
+		lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithLease(100, time.Second), WithObserver(seen.record))
+		ctx := context.Background()
+		for range 50 {
+			_, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		unused := lim.LeaseStats().Unused
+		require.Positive(t, unused)
+		m.SetError("LOADING Redis is loading the dataset in memory")
+		for i := range unused + 10 {
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			require.Equal(t, i >= unused, res.Degraded, "call %d of %d", i, unused)
+			require.Equal(t, i >= unused, seen.last().Degraded, "call %d", i)
+		}
+		m.SetError("")
+	})
+}
+
+// A policy of token buckets takes leases for all its rules at once.
+func TestLeasePolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, _ := bubbleRedis(t)
+		rules := []Rule{
+			{Name: "second", Strategy: TokenBucket, Limit: PerSecond(100_000)},
+			{Name: "hour", Strategy: TokenBucket, Limit: PerHour(300)},
+		}
+		p, err := NewPolicy(rdb, rules, WithLease(100, time.Second))
+		require.NoError(t, err)
+		ctx := context.Background()
+		admitted := 0
+		for range 400 {
+			res, err := p.Allow(ctx, "k")
+			require.NoError(t, err)
+			if res.Allowed {
+				admitted++
+				require.Equal(t, "hour", res.Rule)
+			}
+		}
+		assert.Equal(t, 300, admitted, "exactly the hourly limit")
+		assert.Positive(t, p.LeaseStats().Served)
+		require.NoError(t, p.Close())
+		plain, err := NewPolicy(rdb, rules)
+		require.NoError(t, err)
+		defer plain.Close()
+		res, err := plain.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Zero(t, res.Remaining)
+	})
+}
+
+// Four limiters with their own clients on one key, on real Redis, offered
+// about 4× the limit for 2 s: together they admit no more than
+// Burst + Rate·d, and each holds at most size events idle at any time.
+func TestLeaseFleetRealRedis(t *testing.T) {
+	srv := realServer(t)
+	const (
+		instances = 4
+		size      = 200
+		perConc   = 4 // goroutines per instance
+	)
+	l := Limit{Rate: 2000, Period: time.Second, Burst: 2000}
+	key := "fleet-" + time.Now().Format("150405.000000")
+	lims := make([]*RateLimiter, instances)
+	for i := range lims {
+		// Long timeouts: a noisy machine must not look like an outage; and
+		// if one comes, the fallback denies, so that every admission
+		// counted is Redis's.
+		opts := redistest.TunedOptions(srv.Addr)
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 2*time.Second
+		rdb := redis.NewClient(opts)
+		t.Cleanup(func() { rdb.Close() })
+		lims[i] = newLimiter(t, rdb, TokenBucket, l, WithLease(size, 100*time.Millisecond), WithFallback(FallbackDeny))
+	}
+	ctx := context.Background()
+	var admitted, offered, degraded atomic.Int64
+	var maxIdle, sumIdle, samples atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	// Sample the capacity held idle.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var idle int64
+			for _, lim := range lims {
+				u := lim.LeaseStats().Unused
+				assert.LessOrEqual(t, u, int64(size), "one instance holds at most size idle")
+				idle += u
+			}
+			sumIdle.Add(idle)
+			samples.Add(1)
+			if idle > maxIdle.Load() {
+				maxIdle.Store(idle)
+			}
+		}
+	}()
+	// Each instance is offered 2 × Rate per second, paced: 8 × Rate in all.
+	const d = 2 * time.Second
+	perGoroutine := float64(2*l.Rate) / perConc / float64(time.Second) // events per ns
+	start := time.Now()
+	var calls sync.WaitGroup
+	for _, lim := range lims {
+		for range perConc {
+			calls.Add(1)
+			go func() {
+				defer calls.Done()
+				done := 0
+				for {
+					el := time.Since(start)
+					if el >= d {
+						return
+					}
+					for due := int(float64(el) * perGoroutine); done < due && time.Since(start) < d; done++ {
+						res, err := lim.Allow(ctx, key)
+						if !assert.NoError(t, err) {
+							return
+						}
+						offered.Add(1)
+						if res.Degraded {
+							degraded.Add(1)
+						}
+						if res.Allowed {
+							admitted.Add(1)
+						}
+					}
+					time.Sleep(500 * time.Microsecond)
+				}
+			}()
+		}
+	}
+	calls.Wait()
+	elapsed := time.Since(start)
+	close(stop)
+	wg.Wait()
+	bound := float64(l.Burst) + float64(l.Rate)*elapsed.Seconds()
+	var st LeaseStats
+	for _, lim := range lims {
+		s := lim.LeaseStats()
+		st.Taken += s.Taken
+		st.Served += s.Served
+		require.NoError(t, lim.Close())
+		s = lim.LeaseStats()
+		assert.Zero(t, s.Held)
+		assert.Zero(t, s.Unused)
+		assert.Zero(t, s.Lost)
+	}
+	got := admitted.Load()
+	t.Logf("offered %d in %v (%d degraded), admitted %d of Burst + Rate·d = %.0f (%.1f%%); leases %d, served locally %d; idle capacity mean %.1f, max %d events",
+		offered.Load(), elapsed, degraded.Load(), got, bound, 100*float64(got)/bound, st.Taken, st.Served,
+		float64(sumIdle.Load())/float64(max(samples.Load(), 1)), maxIdle.Load())
+	assert.LessOrEqual(t, float64(got), bound, "over-admitted")
+	assert.LessOrEqual(t, maxIdle.Load(), int64(instances*size))
+	assert.Positive(t, st.Taken, "leases were taken while the bucket had plenty")
+}
+
+// Close gives back what leases hold, on real Redis too.
+func TestLeaseCloseRealRedis(t *testing.T) {
+	rdb := redis.NewClient(redistest.TunedOptions(realServer(t).Addr))
+	t.Cleanup(func() { rdb.Close() })
+	l := Limit{Rate: 1, Period: time.Hour, Burst: 10_000}
+	key := "close-" + time.Now().Format("150405.000000")
+	lim := newLimiter(t, rdb, TokenBucket, l, WithLease(100, time.Minute))
+	ctx := context.Background()
+	for range 300 {
+		res, err := lim.Allow(ctx, key)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	unused := lim.LeaseStats().Unused
+	require.Positive(t, unused)
+	// Remaining is rounded down, and the bucket's state is rounded up to
+	// 8 digits (a hundred-millionth of a token here): one less at most.
+	assert.InDelta(t, l.Burst-300-int(unused), redisRemaining(t, rdb, TokenBucket, l, key), 1)
+	require.NoError(t, lim.Close())
+	assert.InDelta(t, l.Burst-300, redisRemaining(t, rdb, TokenBucket, l, key), 1)
+	assert.Equal(t, uint64(unused), lim.LeaseStats().Returned)
+}
+
+// Calls from many goroutines on one key: Redis counts exactly what was
+// admitted, and never more than the bucket.
+func TestLeaseConcurrentExact(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb, _, _ := bubbleRedis(t)
+		l := Limit{Rate: 1, Period: time.Hour, Burst: 2500}
+		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(200, time.Second))
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for range 250 {
+					res, err := lim.Allow(context.Background(), "k")
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, lim.Close())
+		got := int(admitted.Load())
+		t.Logf("admitted %d of %d; %+v", got, l.Burst, lim.LeaseStats())
+		assert.LessOrEqual(t, got, l.Burst)
+		assert.Equal(t, l.Burst-got, redisRemaining(t, rdb, TokenBucket, l, "k"), "Redis counts exactly what was admitted")
+		assert.Positive(t, lim.LeaseStats().Served)
+	})
+}
+
+// When Redis hangs, the calls waiting for a lease request do not then
+// queue behind one another's: each is decided within about one client
+// timeout, by the fallback.
+func TestLeaseHangNoQueue(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := tunedClient(t, srv.Addr)
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithLease(50, 50*time.Millisecond))
+	ctx := context.Background()
+	for range 200 {
+		_, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	require.NoError(t, srv.Pause())
+	t.Cleanup(func() { srv.Resume() })
+	var longest atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for range 200 {
+				start := time.Now()
+				_, err := lim.Allow(ctx, "k")
+				assert.NoError(t, err)
+				if d := int64(time.Since(start)); d > longest.Load() {
+					longest.Store(d)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("longest call while Redis hung: %v", time.Duration(longest.Load()))
+	assert.Less(t, time.Duration(longest.Load()), time.Second, "32 calls did not queue (100 ms timeouts)")
+}
