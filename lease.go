@@ -129,7 +129,7 @@ func (c leaseConfig) check(kind string, rules []rule, reserveTTL time.Duration) 
 		return bad("maxAge %v must be at most half the reservation lifetime %v", c.maxAge, reserveTTL)
 	}
 	if !leasable(&ruleSet{rules: rules}) {
-		return bad("leases are for token buckets and fixed windows (and policies of token buckets): " +
+		return bad("leases are for token buckets and fixed windows (and policies of token buckets, none per call): " +
 			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay")
 	}
 	return nil
@@ -143,7 +143,9 @@ func leasable(rs *ruleSet) bool {
 		return s == TokenBucket || s == FixedWindow
 	}
 	for i := range rs.rules {
-		if rs.rules[i].alg.strategy != TokenBucket {
+		// A per-call rule counts calls, which a lease of events cannot
+		// hand out.
+		if rs.rules[i].alg.strategy != TokenBucket || rs.rules[i].perCall {
 			return false
 		}
 	}

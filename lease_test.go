@@ -584,3 +584,14 @@ func TestLeaseHangNoQueue(t *testing.T) {
 	t.Logf("longest call while Redis hung: %v", time.Duration(longest.Load()))
 	assert.Less(t, time.Duration(longest.Load()), time.Second, "32 calls did not queue (100 ms timeouts)")
 }
+
+// A policy with a per-call rule cannot lease: a lease hands out events,
+// and the rule counts calls.
+func TestLeasePerCallRejected(t *testing.T) {
+	b, _ := miniBackend(t)
+	_, err := NewPolicy(b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(5), PerCall: true},
+		{Strategy: TokenBucket, Limit: PerMinute(10_000)},
+	}, WithLease(100, 100*time.Millisecond))
+	require.ErrorIs(t, err, ErrInvalidLimit)
+}
