@@ -47,6 +47,7 @@ func run() error {
 		depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
 		conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
 		rbN        = flag.Int("rb-requests", 100_000, "-ceiling: requests per redis-benchmark run (0 = skip redis-benchmark)")
+		variants   = flag.String("variants", "", "-ceiling: comma-separated directories holding other versions of the library's scripts/*.lua, measured beside the scripts in use")
 		out        = flag.String("out", "", "also write the Markdown report to this file")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the shuffled order")
@@ -130,6 +131,7 @@ func run() error {
 		rep, err := bench.Ceiling(ctx, env, bench.CeilingConfig{
 			Duration: *duration, Depth: *depth, Conns: *conns, NumKeys: *numKeys,
 			BenchmarkRequests: *rbN, Rounds: *rounds, Only: onlyRe, Seed: *seed, Log: os.Stderr,
+			Variants: splitList(*variants),
 		})
 		if err != nil {
 			return err
@@ -178,7 +180,7 @@ func run() error {
 }
 
 func serverVersion(env *bench.Env) string {
-	info, err := env.RDB.Info(context.Background(), "server").Result()
+	info, err := env.Admin.Info(context.Background(), "server").Result()
 	if err != nil {
 		return "?"
 	}
@@ -188,6 +190,13 @@ func serverVersion(env *bench.Env) string {
 		}
 	}
 	return "?"
+}
+
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 func parseInts(s string) ([]int, error) {
