@@ -21,12 +21,13 @@ local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
 local delay, reset_ok, reset_denied = 0, 0, 0
 local retry, slowest = -1, 1
-local tags = {}
+local tags -- only for a reservation
+if rid ~= '' then tags = {} end
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
   local ok, avail, w, reset_now, reset_next, tag, why = S[ARGV[a]](KEYS[i],
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
-  tags[i] = tag or 0
+  if tags then tags[i] = tag or 0 end
   if min_now == nil or avail < min_now then min_now = avail end
   if min_after == nil or avail - n < min_after then min_after, fewest = avail - n, i end
   if reset_now > reset_denied then reset_denied = reset_now end

@@ -73,11 +73,12 @@ S.sc = function(key, rate, period, burst)
     local c = cur + n
     local value
     if c < PACK and prev < PACK then
-      value = (prev * PACK + c) * 10 + w % 10
+      -- string.format: cheaper for Redis 7.0 than a number argument ('%.17g').
+      value = string.format('%d', (prev * PACK + c) * 10 + w % 10)
     else
       value = string.format('%d:%d:%d', c, prev, w)
     end
-    write({'SET', key, value, 'PX', ms((w + 2) * period - now)})
+    write('SET', key, value, 'PX', ms((w + 2) * period - now))
   end
   return true, avail, 0, reset_after(cur), reset_after(cur + n), w
 end

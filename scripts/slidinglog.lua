@@ -32,7 +32,7 @@ S.sl = function(key, rate, period, burst)
     return false, avail, retry, reset_now, reset_now
   end
   if n > 0 then
-    write({'ZREMRANGEBYSCORE', key, '-inf', from})
+    write('ZREMRANGEBYSCORE', key, '-inf', from)
     local i = redis.call('ZCOUNT', key, now, now)
     local suffix = ''
     if rid ~= '' then suffix = string.format('.%s', rid) end
@@ -42,13 +42,13 @@ S.sl = function(key, rate, period, burst)
       args[#args + 1] = string.format('%d.%d%s', now, i, suffix)
       i = i + 1
       if #args >= 1002 or k == n then
-        write(args)
+        write_args(args)
         args = {'ZADD', key}
       end
     end
     local last = now
     if newest ~= nil and newest > now then last = newest end
-    write({'PEXPIRE', key, ms(last + period - now)})
+    write('PEXPIRE', key, ms(last + period - now))
     return true, avail, 0, reset_now, last + period - now, now
   end
   return true, avail, 0, reset_now, reset_now
