@@ -155,12 +155,24 @@ type Sample struct {
 	RedisUsec float64
 }
 
-// OpsPerSec is the throughput of the run.
+// OpsPerSec is the throughput of the run: decisions made, failures not
+// counted (a limiter that fails fast would otherwise look fast).
 func (s Sample) OpsPerSec() float64 {
 	if s.Elapsed <= 0 {
 		return 0
 	}
-	return float64(s.Ops) / s.Elapsed.Seconds()
+	return float64(s.Ops-min(s.Errors, s.Ops)) / s.Elapsed.Seconds()
+}
+
+// RedisCPUPerOp is Redis's CPU time per decision made, µs, parsing and I/O
+// included; -1 when the server does not say. Unlike usec_per_call, a
+// wall-clock time, it does not grow when the machine preempts Redis.
+func (s Sample) RedisCPUPerOp() float64 {
+	ok := s.Ops - min(s.Errors, s.Ops)
+	if s.RedisCPU < 0 || ok == 0 {
+		return -1
+	}
+	return s.RedisCPU * s.Elapsed.Seconds() * 1e6 / float64(ok)
 }
 
 // AllocsPerOp is the allocations made per decision, by everything in the
@@ -604,7 +616,8 @@ func (r *Report) Markdown(w io.Writer) {
 		"p50/p99: latency of one decision. allocs/op: runtime Mallocs per decision, go-redis's included. "+
 		"Redis CPU: the server's CPU seconds per second during the run (1.00 = one core). "+
 		"Redis µs: INFO commandstats usec_per_call of the decision's EVALSHA (INCR for that floor), the time Redis spent executing one, "+
-		"without reading, parsing and replying. "+
+		"without reading, parsing and replying (wall-clock: it grows when the machine preempts Redis). "+
+		"Redis CPU µs/op: Redis's CPU time per decision, reading, parsing and replying included. "+
 		"allowed: share of decisions allowed. errors: failed decisions over all rounds.\n\n", cfg.Floor, cfg.Floor, shortName(cfg.Peer), cfg.Peer)
 	for _, wname := range cfg.Workloads {
 		var rows []*Row
@@ -622,8 +635,8 @@ func (r *Report) Markdown(w io.Writer) {
 			"hot":  "one key offered ~100× its limit, mostly denied",
 		}[wname]
 		fmt.Fprintf(w, "### Workload `%s`: %s\n\n", wname, desc)
-		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
+		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		slices.SortStableFunc(rows, func(a, b *Row) int {
 			if c := cmp.Compare(a.Concurrency, b.Concurrency); c != 0 {
 				return c
@@ -647,19 +660,22 @@ func (r *Report) Markdown(w io.Writer) {
 			if row.HotRate > 0 && row.Kind != "floor" {
 				name += fmt.Sprintf(" (limit %d/s)", row.HotRate)
 			}
-			cpu, usec := "–", "–"
+			cpu, usec, cpuOp := "–", "–", "–"
+			if c := row.Median(Sample.RedisCPUPerOp); c >= 0 {
+				cpuOp = fmt.Sprintf("%.1f", c)
+			}
 			if c := row.Median(func(s Sample) float64 { return s.RedisCPU }); c >= 0 {
 				cpu = fmt.Sprintf("%.2f", c)
 			}
 			if u := row.Median(func(s Sample) float64 { return s.RedisUsec }); u >= 0 {
 				usec = fmt.Sprintf("%.2f", u)
 			}
-			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %d |\n",
+			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %s | %d |\n",
 				row.Concurrency, name,
 				row.Median(Sample.OpsPerSec), ratio, peer,
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P50) }))),
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P99) }))),
-				row.Median(Sample.AllocsPerOp), cpu, usec, allowedPct, errs)
+				row.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, allowedPct, errs)
 		}
 		fmt.Fprintln(w)
 		for _, row := range rows {

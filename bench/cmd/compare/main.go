@@ -51,6 +51,7 @@ func run() error {
 		out        = flag.String("out", "", "also write the Markdown report to this file")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the shuffled order")
+		timeout    = flag.Duration("timeout", 2*time.Second, "the contenders' client dial, read, write and pool timeouts (the README recommends 100ms in production; a shared 2-core machine needs more, or a busy moment fails calls and the fallback answers them)")
 	)
 	flag.Parse()
 	concSet := false
@@ -89,7 +90,9 @@ func run() error {
 		defer s.Close()
 		addr = s.Addr
 	}
-	env, err := bench.NewEnv(addr, redistest.TunedOptions(addr), *useMini)
+	opts := redistest.TunedOptions(addr)
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = *timeout, *timeout, *timeout, *timeout
+	env, err := bench.NewEnv(addr, opts, *useMini)
 	if err != nil {
 		return err
 	}
