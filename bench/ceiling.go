@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -157,7 +156,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		if c.Kind == "redlimit" {
 			allowed = firstIsZero
 			for _, dir := range cfg.Variants {
-				jobs = append(jobs, job{fmt.Sprintf("%s [%s]", c.Name, dir), func(w string) ([]any, error) {
+				jobs = append(jobs, job{fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir)), func(w string) ([]any, error) {
 					return variantScript(ctx, env, c, w, dir)
 				}, allowed})
 			}
@@ -304,17 +303,9 @@ func variantScript(ctx context.Context, env *Env, c Contender, w, dir string) ([
 	if err != nil {
 		return nil, err
 	}
-	var src strings.Builder
-	for _, p := range c.LuaParts {
-		b, err := os.ReadFile(filepath.Join(dir, p))
-		if err != nil {
-			return nil, err
-		}
-		src.Write(b)
-	}
-	sha, err := env.Admin.ScriptLoad(ctx, src.String()).Result()
+	sha, err := loadVariant(ctx, env, c, dir)
 	if err != nil {
-		return nil, fmt.Errorf("SCRIPT LOAD of %s from %s: %w", c.Name, dir, err)
+		return nil, err
 	}
 	args[1] = sha
 	return args, nil

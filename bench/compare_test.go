@@ -2,11 +2,13 @@ package bench
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -109,6 +111,33 @@ func TestRedisModes(t *testing.T) {
 		if row.GoOps <= 0 || row.GoErrs > 0 || row.UsecPerCall <= 0 {
 			t.Errorf("ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
 		}
+	}
+
+	// A variant of the scripts (here the scripts in use, from ../scripts)
+	// decides like the scripts in use, unpipelined and in the ceiling.
+	var vs []Contender
+	for _, c := range []Contender{Redlimit(redlimit.SlidingLog, Direct), Policy()} {
+		vs = append(vs, c, Variant(c, "../scripts"))
+	}
+	vrep, err := Run(ctx, Config{Env: env, Contenders: vs, Workloads: []string{"keys"},
+		Concurrency: []int{4}, Rounds: 1, Duration: 30 * time.Millisecond, NumKeys: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vrep.Rows) != len(vs) {
+		t.Errorf("variants: %d rows for %d contenders (skipped: %v)", len(vrep.Rows), len(vs), vrep.Skipped)
+	}
+	for _, row := range vrep.Rows {
+		if ops, allowed, errs, first := row.TotalOps(); ops == 0 || errs > 0 || allowed != ops {
+			t.Errorf("%s: %d decisions, %d allowed, %d errors (%s)", row.Contender, ops, allowed, errs, first)
+		}
+	}
+	vceil, err := Ceiling(ctx, env, CeilingConfig{Duration: 20 * time.Millisecond, Only: regexp.MustCompile("sliding-log"), Variants: []string{"../scripts"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(vceil.Rows), 3*3; got != want { // INCR, the log, its variant; 3 workloads
+		t.Errorf("ceiling with a variant: %d rows, want %d", got, want)
 	}
 
 	if err := env.EnableAutoPipeline(); err != nil {

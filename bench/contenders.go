@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -156,6 +158,82 @@ func Policy() Contender {
 			return dec, func() { p.Close() }, nil
 		},
 	}
+}
+
+// Variant measures contender c (a redlimit one) with its script rebuilt
+// from the same files in dir, another copy of the library's scripts/: its
+// client swaps the script's SHA for the variant's in every EVALSHA, so that
+// the library, arguments and reply decoding stay the same. Compared with c
+// in the same interleaved rounds, it measures a change to the scripts
+// unpipelined.
+func Variant(c Contender, dir string) Contender {
+	v := c
+	v.Name = fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir))
+	v.Setup = func(env *Env, w *Workload) (Decider, func(), error) {
+		ctx := context.Background()
+		args, err := captureScript(ctx, env, c, "one")
+		if err != nil {
+			return nil, nil, err
+		}
+		from := fmt.Sprint(args[1])
+		to, err := loadVariant(ctx, env, c, dir)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts := *env.RDB.Options()
+		rdb := redis.NewClient(&opts)
+		rdb.AddHook(shaSwap{from, to})
+		venv := &Env{Addr: env.Addr, Miniredis: env.Miniredis, RDB: rdb, Admin: env.Admin}
+		dec, release, err := c.Setup(venv, w)
+		if err != nil {
+			rdb.Close()
+			return nil, nil, err
+		}
+		return dec, func() {
+			if release != nil {
+				release()
+			}
+			rdb.Close()
+		}, nil
+	}
+	return v
+}
+
+// loadVariant loads the script of contender c built from the files in dir
+// and returns its SHA.
+func loadVariant(ctx context.Context, env *Env, c Contender, dir string) (string, error) {
+	if len(c.LuaParts) == 0 {
+		return "", fmt.Errorf("%s has no scripts to vary", c.Name)
+	}
+	var src strings.Builder
+	for _, p := range c.LuaParts {
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil {
+			return "", err
+		}
+		src.Write(b)
+	}
+	sha, err := env.Admin.ScriptLoad(ctx, src.String()).Result()
+	if err != nil {
+		return "", fmt.Errorf("SCRIPT LOAD of %s from %s: %w", c.Name, dir, err)
+	}
+	return sha, nil
+}
+
+// shaSwap sends EVALSHA of one script as EVALSHA of another.
+type shaSwap struct{ from, to string }
+
+func (h shaSwap) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h shaSwap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == h.from {
+			a[1] = h.to
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h shaSwap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func prefixed(prefix string, keys []string) []string {

@@ -47,7 +47,7 @@ func run() error {
 		depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
 		conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
 		rbN        = flag.Int("rb-requests", 100_000, "-ceiling: requests per redis-benchmark run (0 = skip redis-benchmark)")
-		variants   = flag.String("variants", "", "-ceiling: comma-separated directories holding other versions of the library's scripts/*.lua, measured beside the scripts in use")
+		variants   = flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each redlimit contender is also measured with its script built from them, in the same rounds (also with -ceiling)")
 		out        = flag.String("out", "", "also write the Markdown report to this file")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the shuffled order")
@@ -157,6 +157,13 @@ func run() error {
 				return err
 			}
 			rep.Markdown(w)
+		}
+		for _, dir := range splitList(*variants) {
+			for _, c := range cs {
+				if len(c.LuaParts) > 0 && !strings.Contains(c.Name, "[") {
+					cs = append(cs, bench.Variant(c, dir))
+				}
+			}
 		}
 		if onlyRe != nil {
 			var keep []bench.Contender
