@@ -7,7 +7,8 @@
 -- window w-1), and the window's last digit, packed into one integer
 -- (p * 2^24 + c) * 10 + w % 10 when both counts are below 2^24 (so Redis
 -- stores it as an integer: 88 bytes a key), else the text "c:p:w". The key
--- expires at the end of window w+1 (PX). The digit tells how far the key's
+-- expires at the end of window w+1 (PX, set by the window's first write;
+-- later admissions in the window add n * 10 with INCRBY, which keeps it). The digit tells how far the key's
 -- window is behind now (or ahead, when the clock went back: then the counts
 -- are kept as they are, so a clock step never admits more).
 -- Burst is ignored. Tag (for a reservation): the window index.
@@ -21,6 +22,7 @@ local PACK = 16777216 -- 2^24
 S.sc = function(key, rate, period, burst)
   local cw = math.floor(now / period)
   local cur, prev, w = 0, 0, cw
+  local packed = false -- the key holds window w's counts, packed
   local v = redis.call('GET', key)
   if v then
     local c, p, d
@@ -39,10 +41,12 @@ S.sc = function(key, rate, period, burst)
     end
     if d == 0 then
       cur, prev = c, p
+      packed = not sep
     elseif d == 1 then
       prev = c
     elseif d >= 6 then -- ahead: the clock went back
       cur, prev, w = c, p, cw + 10 - d
+      packed = not sep
     end
   end
 
@@ -72,6 +76,18 @@ S.sc = function(key, rate, period, burst)
   if n > 0 then
     local c = cur + n
     local value
+    if packed and c < PACK then
+      -- The key is window w's already, with its expiry (the end of window
+      -- w+1): adding n to the packed count is adding n * 10 to the integer,
+      -- which INCRBY does for less than a SET with PX (and no number to
+      -- format for n = 1).
+      if n == 1 then
+        write('INCRBY', key, '10')
+      else
+        write('INCRBY', key, n * 10)
+      end
+      return true, avail, 0, reset_after(cur), reset_after(c), w
+    end
     if c < PACK and prev < PACK then
       -- string.format: cheaper for Redis 7.0 than a number argument ('%.17g').
       value = string.format('%d', (prev * PACK + c) * 10 + w % 10)
