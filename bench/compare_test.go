@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -15,7 +16,7 @@ import (
 func miniEnv(t *testing.T) *Env {
 	t.Helper()
 	m := miniredis.RunT(t)
-	env, err := NewEnv(m.Addr(), redistest.TunedOptions(m.Addr()), true)
+	env, err := NewEnv(m.Addr(), patientOptions(m.Addr()), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,12 +27,21 @@ func miniEnv(t *testing.T) *Env {
 func redisEnv(t *testing.T) *Env {
 	t.Helper()
 	s := redistest.Start(t)
-	env, err := NewEnv(s.Addr, redistest.TunedOptions(s.Addr), false)
+	env, err := NewEnv(s.Addr, patientOptions(s.Addr), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(env.Close)
 	return env
+}
+
+// patientOptions are the tuned client options with 2 s timeouts, as
+// cmd/compare uses by default: with other jobs on a 2-core machine a call
+// can wait past 100 ms, and then fails the test for nothing.
+func patientOptions(addr string) *redis.Options {
+	o := redistest.TunedOptions(addr)
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 2*time.Second
+	return o
 }
 
 // TestCompareMiniredis runs the whole comparison for a few milliseconds per

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -148,6 +149,10 @@ type Sample struct {
 	// the run (1 = one core busy); -1 when the server does not say
 	// (miniredis).
 	RedisCPU float64
+	// ClientCPU is this process's CPU time (user+sys) during the run, the
+	// library, go-redis and the harness's loop: divided by the decisions,
+	// the client's cost of one.
+	ClientCPU time.Duration
 	// RedisUsec is INFO commandstats usec_per_call of the decision's
 	// command (EVALSHA, or INCR for that floor) during the run: the time
 	// Redis spent executing one, without reading, parsing and replying;
@@ -162,6 +167,15 @@ func (s Sample) OpsPerSec() float64 {
 		return 0
 	}
 	return float64(s.Ops-min(s.Errors, s.Ops)) / s.Elapsed.Seconds()
+}
+
+// ClientCPUPerOp is this process's CPU time per decision made, µs.
+func (s Sample) ClientCPUPerOp() float64 {
+	ok := s.Ops - min(s.Errors, s.Ops)
+	if ok == 0 {
+		return 0
+	}
+	return float64(s.ClientCPU) / 1e3 / float64(ok)
 }
 
 // RedisCPUPerOp is Redis's CPU time per decision made, µs, parsing and I/O
@@ -532,6 +546,7 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	ru0 := processCPU()
 	start := time.Now()
 	close(begin)
 	timer := time.NewTimer(d)
@@ -543,6 +558,7 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(start)
+	ru1 := processCPU()
 	runtime.ReadMemStats(&m1)
 	cpu1, cpuErr1 := redisCPU(ctx, env)
 
@@ -584,6 +600,7 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 		}
 	}
 	s.Elapsed = elapsed
+	s.ClientCPU = ru1 - ru0
 	s.P50 = all.quantile(0.50)
 	s.P99 = all.quantile(0.99)
 	s.Mallocs = m1.Mallocs - m0.Mallocs
@@ -591,6 +608,15 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 }
 
 var errMiniredis = errors.New("bench: miniredis has no command statistics")
+
+// processCPU returns this process's user+sys CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // decisionUsec returns usec_per_call of EVALSHA, or of INCR when no script
 // ran: what one decision cost inside Redis.
@@ -617,7 +643,9 @@ func (r *Report) Markdown(w io.Writer) {
 		"Redis CPU: the server's CPU seconds per second during the run (1.00 = one core). "+
 		"Redis µs: INFO commandstats usec_per_call of the decision's EVALSHA (INCR for that floor), the time Redis spent executing one, "+
 		"without reading, parsing and replying (wall-clock: it grows when the machine preempts Redis). "+
-		"Redis CPU µs/op: Redis's CPU time per decision, reading, parsing and replying included. "+
+		"Redis CPU µs/op: Redis's CPU time per decision, reading, parsing and replying included; client CPU µs/op: this process's "+
+		"(library, go-redis, the loop). Unlike throughput and Redis µs, the CPU times per decision hardly move when other jobs "+
+		"take the cores. "+
 		"allowed: share of decisions allowed. errors: failed decisions over all rounds.\n\n", cfg.Floor, cfg.Floor, shortName(cfg.Peer), cfg.Peer)
 	for _, wname := range cfg.Workloads {
 		var rows []*Row
@@ -635,8 +663,8 @@ func (r *Report) Markdown(w io.Writer) {
 			"hot":  "one key offered ~100× its limit, mostly denied",
 		}[wname]
 		fmt.Fprintf(w, "### Workload `%s`: %s\n\n", wname, desc)
-		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | client CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
+		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		slices.SortStableFunc(rows, func(a, b *Row) int {
 			if c := cmp.Compare(a.Concurrency, b.Concurrency); c != 0 {
 				return c
@@ -670,12 +698,12 @@ func (r *Report) Markdown(w io.Writer) {
 			if u := row.Median(func(s Sample) float64 { return s.RedisUsec }); u >= 0 {
 				usec = fmt.Sprintf("%.2f", u)
 			}
-			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %s | %d |\n",
+			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f | %s | %d |\n",
 				row.Concurrency, name,
 				row.Median(Sample.OpsPerSec), ratio, peer,
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P50) }))),
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P99) }))),
-				row.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, allowedPct, errs)
+				row.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, row.Median(Sample.ClientCPUPerOp), allowedPct, errs)
 		}
 		fmt.Fprintln(w)
 		for _, row := range rows {
