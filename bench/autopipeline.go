@@ -65,7 +65,7 @@ func CheckNoScript(ctx context.Context, env *Env) (*NoScriptReport, error) {
 		}
 		// Load the script, then lose it.
 		_, err0 := l.Allow(ctx, "noscript")
-		if err := env.RDB.ScriptFlush(ctx).Err(); err != nil {
+		if err := env.Admin.ScriptFlush(ctx).Err(); err != nil {
 			return nil, err
 		}
 		res, err := l.Allow(ctx, "noscript")
@@ -79,7 +79,7 @@ func CheckNoScript(ctx context.Context, env *Env) (*NoScriptReport, error) {
 		return nil, err
 	}
 	defer l.(io.Closer).Close()
-	if err := env.RDB.ConfigResetStat(ctx).Err(); err != nil {
+	if err := env.Admin.ConfigResetStat(ctx).Err(); err != nil {
 		return nil, err
 	}
 	var stop atomic.Bool
@@ -101,7 +101,7 @@ func CheckNoScript(ctx context.Context, env *Env) (*NoScriptReport, error) {
 	}
 	for range 10 {
 		time.Sleep(100 * time.Millisecond)
-		if err := env.RDB.ScriptFlush(ctx).Err(); err != nil {
+		if err := env.Admin.ScriptFlush(ctx).Err(); err != nil {
 			stop.Store(true)
 			wg.Wait()
 			return nil, err

@@ -1,13 +1,16 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,8 +36,14 @@ type CeilingConfig struct {
 	// Only, when set, keeps only the commands whose name it matches (and
 	// INCR).
 	Only *regexp.Regexp
-	Seed uint64
-	Log  io.Writer
+	// Variants are directories holding other versions of the library's
+	// scripts/*.lua: each redlimit script is also measured as built from
+	// each of them (same arguments, its own SHA), in the same interleaved
+	// rounds, so that a change to the scripts is compared with the scripts
+	// in use in one run.
+	Variants []string
+	Seed     uint64
+	Log      io.Writer
 }
 
 // CeilingRow is one script on one workload, pipelined.
@@ -46,11 +55,32 @@ type CeilingRow struct {
 	FirstErr       string
 	UsecPerCall    float64 // INFO commandstats usec_per_call of the command (median)
 	RedisCPU       float64 // Redis's CPU time (user+sys) / wall time during the Go loop (median)
-	RBOps          float64 // redis-benchmark requests/s (median), 0 when not run
-	RBErr          string
+	// CPUPerOp is Redis's CPU time (user+sys) per decision during the Go
+	// loop, µs (median): unlike usec_per_call, a wall-clock figure, it does
+	// not grow when the machine preempts Redis mid-script.
+	CPUPerOp float64
+	// CPUPerOpMin is the least of CPUPerOp over rounds: other jobs on the
+	// machine only ever add to it, so with enough rounds it is the most
+	// stable estimate of the script's own cost.
+	CPUPerOpMin float64
+	RBOps       float64 // redis-benchmark requests/s (median), 0 when not run
+	RBErr       string
+	// Inner are the commands the script called, from INFO commandstats:
+	// per decision and µs each (medians over rounds), most time first.
+	Inner []InnerCommand
 
-	goOps, goAllowed, usec, cpu, rbOps []float64
+	goOps, goAllowed, usec, cpu, cpuPerOp, rbOps []float64
+	inner                                        map[string]*innerSamples
 }
+
+// InnerCommand is one command that a script calls.
+type InnerCommand struct {
+	Name        string
+	PerDecision float64 // calls per decision
+	UsecPerCall float64 // INFO commandstats usec_per_call
+}
+
+type innerSamples struct{ per, usec []float64 }
 
 // CeilingReport is the outcome of Ceiling.
 type CeilingReport struct {
@@ -113,7 +143,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 	var jobs []job
 	jobs = append(jobs, job{"INCR", func(string) ([]any, error) { return []any{"incr", keyPlaceholder}, nil }, always})
 	jobs = append(jobs, job{"EVALSHA return 1", func(string) ([]any, error) {
-		if err := return1.Load(ctx, env.RDB).Err(); err != nil {
+		if err := return1.Load(ctx, env.Admin).Err(); err != nil {
 			return nil, err
 		}
 		return []any{"evalsha", return1.Hash(), "1", keyPlaceholder}, nil
@@ -122,12 +152,18 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 	for _, s := range redlimit.Strategies() {
 		scripted = append(scripted, Redlimit(s, Direct))
 	}
+	scripted = append(scripted, Policy())
 	// The peers that run on our go-redis client (go-zero makes its own).
 	scripted = append(scripted, RedisRate(), Ulule())
 	for _, c := range scripted {
 		allowed := firstIsOne
 		if c.Kind == "redlimit" {
 			allowed = firstIsZero
+			for _, dir := range cfg.Variants {
+				jobs = append(jobs, job{fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir)), func(w string) ([]any, error) {
+					return variantScript(ctx, env, c, w, dir)
+				}, allowed})
+			}
 		}
 		if c.Name == Ulule().Name { // {count, ttl}: allowed while count <= limit
 			allowed = func(w string, v any) bool {
@@ -160,7 +196,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		rows := make([]*CeilingRow, len(jobs))
 		cmds := make([][]any, len(jobs))
 		for i, j := range jobs {
-			if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+			if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 				return rep, err
 			}
 			args, err := j.args(wname)
@@ -185,7 +221,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 					return rep, err
 				}
 				j, row, args := jobs[i], rows[i], cmds[i]
-				if err := env.RDB.ConfigResetStat(ctx).Err(); err != nil {
+				if err := env.Admin.ConfigResetStat(ctx).Err(); err != nil {
 					return rep, err
 				}
 				cpu0, _ := redisCPU(ctx, env)
@@ -202,8 +238,15 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 					row.FirstErr = first
 				}
 				row.cpu = append(row.cpu, (cpu1-cpu0)/el.Seconds())
-				if u, err := usecPerCall(ctx, env, strings.ToLower(args[0].(string))); err == nil {
-					row.usec = append(row.usec, u)
+				if ops > 0 {
+					row.cpuPerOp = append(row.cpuPerOp, (cpu1-cpu0)*1e6/float64(ops))
+				}
+				if stats, err := commandStats(ctx, env); err == nil {
+					main := strings.ToLower(args[0].(string))
+					if st, ok := stats[main]; ok && st.calls > 0 {
+						row.usec = append(row.usec, st.usecPerCall)
+						row.addInner(stats, main)
+					}
 				}
 				if rbPath != "" {
 					rb, err := redisBenchmark(ctx, rbPath, host, port, cfg, args, wname)
@@ -221,10 +264,58 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		for _, row := range rows {
 			row.GoOps, row.GoAllowed = median(row.goOps), median(row.goAllowed)
 			row.RedisCPU, row.UsecPerCall, row.RBOps = median(row.cpu), median(row.usec), median(row.rbOps)
+			row.CPUPerOp = median(row.cpuPerOp)
+			if len(row.cpuPerOp) > 0 {
+				row.CPUPerOpMin = slices.Min(row.cpuPerOp)
+			}
+			for name, in := range row.inner {
+				row.Inner = append(row.Inner, InnerCommand{name, median(in.per), median(in.usec)})
+			}
+			slices.SortFunc(row.Inner, func(a, b InnerCommand) int {
+				return cmp.Compare(b.PerDecision*b.UsecPerCall, a.PerDecision*a.UsecPerCall)
+			})
 			rep.Rows = append(rep.Rows, *row)
 		}
 	}
 	return rep, nil
+}
+
+// addInner records the commands run by the script, per call of main.
+func (row *CeilingRow) addInner(stats map[string]cmdStat, main string) {
+	if row.inner == nil {
+		row.inner = map[string]*innerSamples{}
+	}
+	mainCalls := float64(stats[main].calls)
+	for name, st := range stats {
+		switch {
+		case name == main, name == "info", name == "hello", name == "ping",
+			strings.HasPrefix(name, "config|"), strings.HasPrefix(name, "client|"):
+			continue // the decision itself, and the harness's and go-redis's own calls
+		}
+		in := row.inner[name]
+		if in == nil {
+			in = &innerSamples{}
+			row.inner[name] = in
+		}
+		in.per = append(in.per, float64(st.calls)/mainCalls)
+		in.usec = append(in.usec, st.usecPerCall)
+	}
+}
+
+// variantScript captures the command of contender c for workload w, as
+// captureScript does, and replaces the script's SHA by that of the same
+// parts read from dir (loaded into Redis here).
+func variantScript(ctx context.Context, env *Env, c Contender, w, dir string) ([]any, error) {
+	args, err := captureScript(ctx, env, c, w)
+	if err != nil {
+		return nil, err
+	}
+	sha, err := loadVariant(ctx, env, c, dir)
+	if err != nil {
+		return nil, err
+	}
+	args[1] = sha
+	return args, nil
 }
 
 const keyPlaceholder = "\x00KEY\x00"
@@ -363,7 +454,7 @@ func pipelined(ctx context.Context, env *Env, cfg CeilingConfig, args []any, key
 }
 
 func infoFields(ctx context.Context, env *Env, section string) (map[string]string, error) {
-	info, err := env.RDB.Info(ctx, section).Result()
+	info, err := env.Admin.Info(ctx, section).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -390,16 +481,48 @@ func redisCPU(ctx context.Context, env *Env) (float64, error) {
 // usecPerCall returns INFO commandstats' usec_per_call of cmd: the time
 // Redis spent executing it (for EVALSHA, the script), not parsing or I/O.
 func usecPerCall(ctx context.Context, env *Env, cmd string) (float64, error) {
-	m, err := infoFields(ctx, env, "commandstats")
+	stats, err := commandStats(ctx, env)
 	if err != nil {
 		return 0, err
 	}
-	for _, f := range strings.Split(m["cmdstat_"+cmd], ",") {
-		if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
-			return strconv.ParseFloat(v, 64)
-		}
+	st, ok := stats[cmd]
+	if !ok || st.calls == 0 {
+		return 0, fmt.Errorf("no cmdstat_%s", cmd)
 	}
-	return 0, fmt.Errorf("no cmdstat_%s", cmd)
+	return st.usecPerCall, nil
+}
+
+// cmdStat is one line of INFO commandstats. Redis counts the commands a
+// script calls there too, and includes their time in the script's.
+type cmdStat struct {
+	calls       int64
+	usecPerCall float64
+}
+
+// commandStats returns INFO commandstats by command name (lower case;
+// subcommands as "config|resetstat").
+func commandStats(ctx context.Context, env *Env) (map[string]cmdStat, error) {
+	m, err := infoFields(ctx, env, "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]cmdStat{}
+	for k, v := range m {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
+			continue
+		}
+		var st cmdStat
+		for _, f := range strings.Split(v, ",") {
+			if x, ok := strings.CutPrefix(f, "calls="); ok {
+				st.calls, _ = strconv.ParseInt(x, 10, 64)
+			} else if x, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+				st.usecPerCall, _ = strconv.ParseFloat(x, 64)
+			}
+		}
+		out[name] = st
+	}
+	return out, nil
 }
 
 var rbRate = regexp.MustCompile(`([0-9.]+) requests per second`)
@@ -444,9 +567,11 @@ func (r *CeilingReport) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Median over %d interleaved round(s). Go loop: %d goroutines, each sending pipelines of %d commands for %v. "+
 		"µs/call: INFO commandstats usec_per_call (time inside the command or script, without parsing and I/O); "+
 		"1e6/µs is the bound if Redis did nothing else. Redis CPU: its user+sys CPU seconds per wall second during the Go loop "+
-		"(1.0 = one core saturated). redis-benchmark: %s.\n\n", c.Rounds, c.Conns, c.Depth, c.Duration, r.RB)
-	fmt.Fprintf(w, "| workload | command | Go pipelined ops/s | allowed | Redis CPU | µs/call | 1e6/µs | redis-benchmark ops/s |\n")
-	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|\n")
+		"(1.0 = one core saturated); Redis CPU µs/decision: that CPU time per decision, parsing and I/O included, "+
+		"which, unlike µs/call (wall-clock), does not grow when the machine preempts Redis, and its least over the rounds "+
+		"(other jobs only add to it). redis-benchmark: %s.\n\n", c.Rounds, c.Conns, c.Depth, c.Duration, r.RB)
+	fmt.Fprintf(w, "| workload | command | Go pipelined ops/s | allowed | Redis CPU | Redis CPU µs/decision | (least) | µs/call | 1e6/µs | redis-benchmark ops/s |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, row := range r.Rows {
 		bound := "–"
 		if row.UsecPerCall > 0 {
@@ -458,8 +583,25 @@ func (r *CeilingReport) Markdown(w io.Writer) {
 		} else if row.RBErr != "" {
 			rb = "error"
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f%% | %.2f | %.2f | %s | %s |\n",
-			row.Workload, row.Name, row.GoOps, 100*row.GoAllowed, row.RedisCPU, row.UsecPerCall, bound, rb)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f%% | %.2f | %.2f | %.2f | %.2f | %s | %s |\n",
+			row.Workload, row.Name, row.GoOps, 100*row.GoAllowed, row.RedisCPU, row.CPUPerOp, row.CPUPerOpMin, row.UsecPerCall, bound, rb)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "What the scripts call (INFO commandstats of the commands run inside them, which Redis counts apart and includes in the script's µs/call): "+
+		"calls per decision × µs each.\n\n")
+	fmt.Fprintf(w, "| workload | command | µs/call | inside it |\n|---|---|---:|---|\n")
+	for _, row := range r.Rows {
+		if len(row.Inner) == 0 {
+			continue
+		}
+		var parts []string
+		sum := 0.0
+		for _, in := range row.Inner {
+			parts = append(parts, fmt.Sprintf("%s %.2g×%.2f", strings.ToUpper(in.Name), in.PerDecision, in.UsecPerCall))
+			sum += in.PerDecision * in.UsecPerCall
+		}
+		fmt.Fprintf(w, "| %s | %s | %.2f | %s (sum %.2f; the rest, %.2f, is Lua and the call) |\n",
+			row.Workload, row.Name, row.UsecPerCall, strings.Join(parts, ", "), sum, row.UsecPerCall-sum)
 	}
 	fmt.Fprintln(w)
 	for _, row := range r.Rows {

@@ -9,14 +9,17 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +34,11 @@ type Env struct {
 	Miniredis bool
 	// RDB is the go-redis client every contender that accepts one uses.
 	RDB *redis.Client
+	// Admin is a client of its own, with 10 s timeouts, for what the harness
+	// asks between runs (FLUSHALL, INFO, CONFIG RESETSTAT, SCRIPT LOAD,
+	// MEMORY USAGE): on a loaded machine those can take longer than the
+	// 100 ms the contenders' client allows.
+	Admin *redis.Client
 	// AP, when set, is an AutoPipeliner over RDB; contenders built with
 	// ViaAutoPipeline use it.
 	AP *redis.AutoPipeliner
@@ -53,7 +61,10 @@ func NewEnv(addr string, opts *redis.Options, miniredis bool) (*Env, error) {
 		rdb.Close()
 		return nil, fmt.Errorf("bench: ping %s: %w", addr, err)
 	}
-	return &Env{Addr: addr, Miniredis: miniredis, RDB: rdb}, nil
+	a := o
+	a.PoolSize = 2
+	a.DialTimeout, a.ReadTimeout, a.WriteTimeout, a.PoolTimeout = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
+	return &Env{Addr: addr, Miniredis: miniredis, RDB: rdb, Admin: redis.NewClient(&a)}, nil
 }
 
 // Close closes the clients the environment opened.
@@ -65,6 +76,7 @@ func (e *Env) Close() {
 		e.AP.Close()
 	}
 	e.RDB.Close()
+	e.Admin.Close()
 }
 
 // Workload is what the contenders are asked: which keys, and the limit.
@@ -95,6 +107,9 @@ type Contender struct {
 	// TokenLimiter falls back to a local limiter, silently, when its circuit
 	// breaker opens): the harness counts them as errors.
 	RedisCalls func(env *Env) uint64
+	// LuaParts, for redlimit's contenders, are the files of the library's
+	// scripts/ directory that make its decision script.
+	LuaParts []string
 }
 
 // Config says what to run.
@@ -114,8 +129,11 @@ type Config struct {
 	// Floor names the contender that ratios are taken against; "INCR" by
 	// default.
 	Floor string
-	Seed  uint64
-	Log   io.Writer // progress lines; nil for none
+	// Peer names a second base, shown as its own ratio column; "redis_rate
+	// (GCRA)" by default.
+	Peer string
+	Seed uint64
+	Log  io.Writer // progress lines; nil for none
 }
 
 // Sample is one run of one contender.
@@ -131,14 +149,44 @@ type Sample struct {
 	// the run (1 = one core busy); -1 when the server does not say
 	// (miniredis).
 	RedisCPU float64
+	// ClientCPU is this process's CPU time (user+sys) during the run, the
+	// library, go-redis and the harness's loop: divided by the decisions,
+	// the client's cost of one.
+	ClientCPU time.Duration
+	// RedisUsec is INFO commandstats usec_per_call of the decision's
+	// command (EVALSHA, or INCR for that floor) during the run: the time
+	// Redis spent executing one, without reading, parsing and replying;
+	// -1 when the server does not say (miniredis).
+	RedisUsec float64
 }
 
-// OpsPerSec is the throughput of the run.
+// OpsPerSec is the throughput of the run: decisions made, failures not
+// counted (a limiter that fails fast would otherwise look fast).
 func (s Sample) OpsPerSec() float64 {
 	if s.Elapsed <= 0 {
 		return 0
 	}
-	return float64(s.Ops) / s.Elapsed.Seconds()
+	return float64(s.Ops-min(s.Errors, s.Ops)) / s.Elapsed.Seconds()
+}
+
+// ClientCPUPerOp is this process's CPU time per decision made, µs.
+func (s Sample) ClientCPUPerOp() float64 {
+	ok := s.Ops - min(s.Errors, s.Ops)
+	if ok == 0 {
+		return 0
+	}
+	return float64(s.ClientCPU) / 1e3 / float64(ok)
+}
+
+// RedisCPUPerOp is Redis's CPU time per decision made, µs, parsing and I/O
+// included; -1 when the server does not say. Unlike usec_per_call, a
+// wall-clock time, it does not grow when the machine preempts Redis.
+func (s Sample) RedisCPUPerOp() float64 {
+	ok := s.Ops - min(s.Errors, s.Ops)
+	if s.RedisCPU < 0 || ok == 0 {
+		return -1
+	}
+	return s.RedisCPU * s.Elapsed.Seconds() * 1e6 / float64(ok)
 }
 
 // AllocsPerOp is the allocations made per decision, by everything in the
@@ -159,6 +207,9 @@ type Row struct {
 	HotRate     int       // the hot workload's limit per second
 	Samples     []Sample  // one per round
 	Ratios      []float64 // throughput / the floor's, per round (empty without a floor)
+	// RatiosTo holds, per base contender (Config.Floor, Config.Peer and
+	// the token bucket), throughput / the base's, per round.
+	RatiosTo map[string][]float64
 }
 
 // Median returns the median over rounds of f.
@@ -176,6 +227,15 @@ func (r *Row) Ratio() float64 {
 		return -1
 	}
 	return median(slices.Clone(r.Ratios))
+}
+
+// RatioTo returns the median ratio to the named base contender, or -1 when
+// it was not measured.
+func (r *Row) RatioTo(base string) float64 {
+	if len(r.RatiosTo[base]) == 0 {
+		return -1
+	}
+	return median(slices.Clone(r.RatiosTo[base]))
 }
 
 // TotalOps returns the decisions made over all rounds.
@@ -249,12 +309,16 @@ func (c *Config) defaults() {
 	if c.Floor == "" {
 		c.Floor = "INCR"
 	}
+	if c.Peer == "" {
+		c.Peer = RedisRate().Name
+	}
 }
 
 // neverDeny is the limit of the "one" and "keys" workloads, per
-// neverDenyPeriod: high enough that nothing is denied (SlidingLog is capped
-// at its maximum, 100,000, which this machine does not reach), with an
-// interval (10µs) that redlimit's buckets accept.
+// neverDenyPeriod: high enough that nothing is denied, with an interval
+// (10µs) that redlimit's buckets accept. SlidingLog, whose Rate is at most
+// 100,000, gets 100,000 per second instead (see Redlimit), which this
+// machine does not reach.
 const (
 	neverDeny       = 1_000_000_000
 	neverDenyPeriod = 10_000 * time.Second
@@ -301,7 +365,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
-			if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+			if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 				return rep, fmt.Errorf("bench: flushall: %w", err)
 			}
 			hot := cfg.HotRate
@@ -363,6 +427,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 						for name, sm := range got {
 							rows[name].Ratios = append(rows[name].Ratios, sm.OpsPerSec()/f.OpsPerSec())
 						}
+					}
+				}
+				for _, base := range []string{cfg.Floor, cfg.Peer, tokenBucketName} {
+					b, ok := got[base]
+					if !ok || b.OpsPerSec() <= 0 {
+						continue
+					}
+					for name, sm := range got {
+						if rows[name].RatiosTo == nil {
+							rows[name].RatiosTo = map[string][]float64{}
+						}
+						rows[name].RatiosTo[base] = append(rows[name].RatiosTo[base], sm.OpsPerSec()/b.OpsPerSec())
 					}
 				}
 				cfg.logf("%s @%d round %d/%d done", wname, conc, round+1, cfg.Rounds)
@@ -462,10 +538,15 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 			}
 		}()
 	}
+	statErr := error(errMiniredis)
+	if !env.Miniredis {
+		statErr = env.Admin.ConfigResetStat(ctx).Err()
+	}
 	cpu0, cpuErr := redisCPU(ctx, env)
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	ru0 := processCPU()
 	start := time.Now()
 	close(begin)
 	timer := time.NewTimer(d)
@@ -477,13 +558,19 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(start)
+	ru1 := processCPU()
 	runtime.ReadMemStats(&m1)
 	cpu1, cpuErr1 := redisCPU(ctx, env)
 
 	var s Sample
-	s.RedisCPU = -1
+	s.RedisCPU, s.RedisUsec = -1, -1
 	if cpuErr == nil && cpuErr1 == nil && !env.Miniredis {
 		s.RedisCPU = (cpu1 - cpu0) / elapsed.Seconds()
+	}
+	if statErr == nil {
+		if u, err := decisionUsec(ctx, env); err == nil {
+			s.RedisUsec = u
+		}
 	}
 	all := new(hist)
 	for i := range ws {
@@ -513,10 +600,32 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 		}
 	}
 	s.Elapsed = elapsed
+	s.ClientCPU = ru1 - ru0
 	s.P50 = all.quantile(0.50)
 	s.P99 = all.quantile(0.99)
 	s.Mallocs = m1.Mallocs - m0.Mallocs
 	return s
+}
+
+var errMiniredis = errors.New("bench: miniredis has no command statistics")
+
+// processCPU returns this process's user+sys CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// decisionUsec returns usec_per_call of EVALSHA, or of INCR when no script
+// ran: what one decision cost inside Redis.
+func decisionUsec(ctx context.Context, env *Env) (float64, error) {
+	u, err := usecPerCall(ctx, env, "evalsha")
+	if err != nil {
+		u, err = usecPerCall(ctx, env, "incr")
+	}
+	return u, err
 }
 
 // Markdown writes the report as Markdown tables, one per workload.
@@ -528,10 +637,16 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "**Embedded miniredis, not Redis: these figures measure the library and the go-redis client "+
 			"(plus miniredis's own Go and Lua interpreter, sharing the CPU and counted in allocs/op), not Redis.**\n\n")
 	}
-	fmt.Fprintf(w, "ops/s: decisions per second. ×%s: throughput over the %s floor's in the same round (median of per-round ratios). "+
+	fmt.Fprintf(w, "ops/s: decisions per second. ×%s: throughput over the %s floor's in the same round (median of per-round ratios); "+
+		"×%s: the same against %s. "+
 		"p50/p99: latency of one decision. allocs/op: runtime Mallocs per decision, go-redis's included. "+
 		"Redis CPU: the server's CPU seconds per second during the run (1.00 = one core). "+
-		"allowed: share of decisions allowed. errors: failed decisions over all rounds.\n\n", cfg.Floor, cfg.Floor)
+		"Redis µs: INFO commandstats usec_per_call of the decision's EVALSHA (INCR for that floor), the time Redis spent executing one, "+
+		"without reading, parsing and replying (wall-clock: it grows when the machine preempts Redis). "+
+		"Redis CPU µs/op: Redis's CPU time per decision, reading, parsing and replying included; client CPU µs/op: this process's "+
+		"(library, go-redis, the loop). Unlike throughput and Redis µs, the CPU times per decision hardly move when other jobs "+
+		"take the cores. "+
+		"allowed: share of decisions allowed. errors: failed decisions over all rounds.\n\n", cfg.Floor, cfg.Floor, shortName(cfg.Peer), cfg.Peer)
 	for _, wname := range cfg.Workloads {
 		var rows []*Row
 		for _, row := range r.Rows {
@@ -548,8 +663,8 @@ func (r *Report) Markdown(w io.Writer) {
 			"hot":  "one key offered ~100× its limit, mostly denied",
 		}[wname]
 		fmt.Fprintf(w, "### Workload `%s`: %s\n\n", wname, desc)
-		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | p50 | p99 | allocs/op | Redis CPU | allowed | errors |\n", cfg.Floor)
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | client CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
+		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		slices.SortStableFunc(rows, func(a, b *Row) int {
 			if c := cmp.Compare(a.Concurrency, b.Concurrency); c != 0 {
 				return c
@@ -558,9 +673,12 @@ func (r *Report) Markdown(w io.Writer) {
 		})
 		for _, row := range rows {
 			ops, allowed, errs, _ := row.TotalOps()
-			ratio := "–"
+			ratio, peer := "–", "–"
 			if x := row.Ratio(); x >= 0 {
 				ratio = fmt.Sprintf("%.2f", x)
+			}
+			if x := row.RatioTo(cfg.Peer); x >= 0 {
+				peer = fmt.Sprintf("%.2f", x)
 			}
 			allowedPct := "–"
 			if ops > 0 {
@@ -570,18 +688,32 @@ func (r *Report) Markdown(w io.Writer) {
 			if row.HotRate > 0 && row.Kind != "floor" {
 				name += fmt.Sprintf(" (limit %d/s)", row.HotRate)
 			}
-			cpu := "–"
+			cpu, usec, cpuOp := "–", "–", "–"
+			if c := row.Median(Sample.RedisCPUPerOp); c >= 0 {
+				cpuOp = fmt.Sprintf("%.1f", c)
+			}
 			if c := row.Median(func(s Sample) float64 { return s.RedisCPU }); c >= 0 {
 				cpu = fmt.Sprintf("%.2f", c)
 			}
-			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %.1f | %s | %s | %d |\n",
+			if u := row.Median(func(s Sample) float64 { return s.RedisUsec }); u >= 0 {
+				usec = fmt.Sprintf("%.2f", u)
+			}
+			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f | %s | %d |\n",
 				row.Concurrency, name,
-				row.Median(Sample.OpsPerSec), ratio,
+				row.Median(Sample.OpsPerSec), ratio, peer,
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P50) }))),
 				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P99) }))),
-				row.Median(Sample.AllocsPerOp), cpu, allowedPct, errs)
+				row.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, row.Median(Sample.ClientCPUPerOp), allowedPct, errs)
 		}
 		fmt.Fprintln(w)
+		for _, row := range rows {
+			if row.Contender == PolicyName {
+				if x := row.RatioTo(tokenBucketName); x >= 0 {
+					fmt.Fprintf(w, "%s @%d / %s: **%.2f** (median of per-round ratios: %s).\n\n",
+						row.Contender, row.Concurrency, tokenBucketName, x, fmtRatios(row.RatiosTo[tokenBucketName]))
+				}
+			}
+		}
 	}
 	var errRows []string
 	for _, row := range r.Rows {
@@ -603,6 +735,23 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// shortName is a contender's name without its parenthesis: "redis_rate"
+// for "redis_rate (GCRA)".
+func shortName(name string) string {
+	if i := strings.Index(name, " ("); i > 0 {
+		return name[:i]
+	}
+	return name
+}
+
+func fmtRatios(v []float64) string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(out, ", ")
 }
 
 func kindOrder(k string) int {

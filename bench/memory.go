@@ -94,7 +94,7 @@ func memoryOne(ctx context.Context, env *Env, c Contender, w *Workload, events i
 	if strings.HasPrefix(c.Name, "go-zero TokenLimiter") {
 		w = goZeroSafe(w)
 	}
-	if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+	if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 		return row, err
 	}
 	dec, release, err := c.Setup(env, w)
@@ -104,7 +104,7 @@ func memoryOne(ctx context.Context, env *Env, c Contender, w *Workload, events i
 	if release != nil {
 		defer release()
 	}
-	if err := env.RDB.ScriptFlush(ctx).Err(); err != nil { // keep the script cache out of used_memory
+	if err := env.Admin.ScriptFlush(ctx).Err(); err != nil { // keep the script cache out of used_memory
 		return row, err
 	}
 	for range events {
@@ -116,19 +116,19 @@ func memoryOne(ctx context.Context, env *Env, c Contender, w *Workload, events i
 			return row, fmt.Errorf("a decision was denied")
 		}
 	}
-	keys, err := env.RDB.Keys(ctx, "*").Result()
+	keys, err := env.Admin.Keys(ctx, "*").Result()
 	if err != nil {
 		return row, err
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		n, err := env.RDB.MemoryUsage(ctx, k, 0).Result()
+		n, err := env.Admin.MemoryUsage(ctx, k, 0).Result()
 		if err != nil {
 			return row, fmt.Errorf("MEMORY USAGE %s: %w", k, err)
 		}
-		typ, _ := env.RDB.Type(ctx, k).Result()
-		enc, _ := env.RDB.ObjectEncoding(ctx, k).Result()
-		ttl, _ := env.RDB.PTTL(ctx, k).Result()
+		typ, _ := env.Admin.Type(ctx, k).Result()
+		enc, _ := env.Admin.ObjectEncoding(ctx, k).Result()
+		ttl, _ := env.Admin.PTTL(ctx, k).Result()
 		row.Bytes += n
 		ttlText := "no TTL"
 		if ttl >= 0 {
@@ -154,7 +154,7 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 		many.Keys[i] = "user:" + strconv.Itoa(i)
 	}
 	for attempt := 0; ; attempt++ {
-		if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+		if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 			return 0, err
 		}
 		dec, release, err := c.Setup(env, &many)
@@ -166,7 +166,7 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 		if _, err := dec(ctx, 0); err != nil {
 			return 0, err
 		}
-		if err := env.RDB.FlushAll(ctx).Err(); err != nil {
+		if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 			return 0, err
 		}
 		before, err := usedMemory(ctx, env)
@@ -200,7 +200,7 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 		}
 		// A fixed window aligned to the minute may have ended during the
 		// fill, dropping keys: then measure again.
-		n, err := env.RDB.DBSize(ctx).Result()
+		n, err := env.Admin.DBSize(ctx).Result()
 		if err != nil {
 			return 0, err
 		}
@@ -215,7 +215,7 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 }
 
 func usedMemory(ctx context.Context, env *Env) (int64, error) {
-	info, err := env.RDB.Info(ctx, "memory").Result()
+	info, err := env.Admin.Info(ctx, "memory").Result()
 	if err != nil {
 		return 0, err
 	}

@@ -42,7 +42,9 @@ local function bucket_read(key, rate)
     elapsed = now - tonumber(string.sub(v, sep + 1))
   else
     local len = string.len(v)
-    d0 = (tonumber(string.sub(v, 1, len - 10)) or 0) * 10 ^ tonumber(string.sub(v, len - 9, len - 9))
+    local me = tonumber(string.sub(v, 1, len - 9)) -- M * 10 + E, below 1e9
+    local e = me % 10
+    d0 = (me - e) / 10 * 10 ^ e
     local t_ms = tonumber(string.sub(v, len - 8))
     local d = (math.floor(now / 1000) - t_ms) % TMOD
     if d > TMOD / 2 then d = d - TMOD end -- the clock went back
@@ -63,12 +65,14 @@ local function bucket_write(key, used, rate, period)
   local value
   local at_ms = used + (now % 1000) * rate -- D at the start of the ms
   if ttl <= TMOD * 500 and at_ms < 1e17 then
-    local e = 0
-    local m = at_ms
-    while m >= 100000000 do
-      e = e + 1
-      m = ceil_div(at_ms, 10 ^ e)
+    -- M = ceil(at_ms / 10^e) for the least e that makes M < 1e8, that
+    -- is at_ms <= 99999999 * 10^e.
+    local e, p = 0, 1
+    while at_ms > 99999999 * p do
+      e, p = e + 1, p * 10
     end
+    local m = at_ms
+    if e > 0 then m = ceil_div(at_ms, p) end
     value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
   else
     value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
@@ -96,7 +100,7 @@ local function bucket(key, rate, period, burst, queue)
     return true, avail, delay, reset_now, reset_now
   end
   local cmd, life = bucket_write(key, used + n * period, rate, period)
-  write(cmd)
+  write_args(cmd)
   return true, avail, delay, reset_now, life, 0
 end
 

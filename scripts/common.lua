@@ -49,11 +49,15 @@
 -- relative (PX), computed from the same clock as now, so a client clock
 -- (ARGV[3]) that is offset from the server's still gives the right lifetime.
 
-local n = tonumber(ARGV[1])
-local nrules = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-local max_delay = tonumber(ARGV[4])
-local block = tonumber(ARGV[5])
+-- The usual values are compared as strings (Lua interns them: a pointer
+-- comparison) before any tonumber, whose strtod is a good part of a
+-- decision's time in Redis.
+local n, nrules, now, max_delay, block = 1, 1, 0, -1, 0
+if ARGV[1] ~= '1' then n = tonumber(ARGV[1]) end
+if ARGV[2] ~= '1' then nrules = tonumber(ARGV[2]) end
+if ARGV[3] ~= '0' then now = tonumber(ARGV[3]) end
+if ARGV[4] ~= '-1' then max_delay = tonumber(ARGV[4]) end
+if ARGV[5] ~= '0' then block = tonumber(ARGV[5]) end
 local rid = ARGV[6]
 
 if now <= 0 then
@@ -79,11 +83,35 @@ local function ms(d)
   return v
 end
 
--- writes collects the commands of the rules that allow; decide.lua runs
--- them only if every rule allows.
+-- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
+-- rule, at once (no other rule can deny, so the call is allowed: this saves
+-- a table per command); with several, queued in writes, which decide.lua
+-- runs only if every rule allows. write_args does the same for a command
+-- already in a table.
 local writes = {}
-local function write(cmd)
-  writes[#writes + 1] = cmd
+local function write(cmd, key, a, b, c)
+  if nrules > 1 then
+    if b == nil then
+      writes[#writes + 1] = {cmd, key, a}
+    elseif c == nil then
+      writes[#writes + 1] = {cmd, key, a, b}
+    else
+      writes[#writes + 1] = {cmd, key, a, b, c}
+    end
+  elseif b == nil then
+    redis.call(cmd, key, a)
+  elseif c == nil then
+    redis.call(cmd, key, a, b)
+  else
+    redis.call(cmd, key, a, b, c)
+  end
+end
+local function write_args(args)
+  if nrules > 1 then
+    writes[#writes + 1] = args
+  else
+    redis.call(unpack(args))
+  end
 end
 
 -- S maps a strategy code to its check function. A check function reads one
@@ -93,5 +121,5 @@ end
 -- lowered limit); wait: when ok, the delay (leaky bucket); else the retry
 -- after; reset_now: until full with no more traffic; reset_next: the same
 -- after the n events; tag: what a reservation must remember to settle
--- (see settle.lua). When ok and n > 0 it queues its writes with write().
+-- (see settle.lua). When ok and n > 0 it writes with write().
 local S = {}

@@ -27,7 +27,8 @@ local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
 local delay, reset_ok, reset_denied = 0, 0, 0
 local retry, slowest = -1, 1
-local tags = {}
+local tags -- only for a reservation
+if rid ~= '' then tags = {} end
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
   local strat = ARGV[a]
@@ -39,7 +40,7 @@ for i = 1, nrules do
   end
   local ok, avail, w, reset_now, reset_next, tag, why = S[strat](KEYS[i],
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
-  tags[i] = tag or 0
+  if tags then tags[i] = tag or 0 end
   local after = avail - n
   if per_call and counting then
     -- Remaining counts the call's units (n): a per-call rule limits it

@@ -37,10 +37,16 @@ S.fw = function(key, rate, period, burst)
     return false, avail, left, left, left
   end
   if n > 0 then
+    -- A number argument costs Redis 7.0 a '%.17g' conversion; n = 1, the
+    -- usual call, passes the string.
     if count > 0 then
-      write({'INCRBY', key, n * 10})
+      if n == 1 then
+        write('INCRBY', key, '10')
+      else
+        write('INCRBY', key, n * 10)
+      end
     else
-      write({'SET', key, n * 10 + w % 10, 'PX', ms(left)})
+      write('SET', key, n * 10 + w % 10, 'PX', ms(left))
     end
   end
   local reset_now, reset_next = 0, left

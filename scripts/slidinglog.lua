@@ -2,23 +2,67 @@
 -- Exact: the log keeps one sorted-set member per admitted event.
 --
 -- State: a sorted set; score = the event's admission time in µs; member =
--- "<µs>.<i>", i counting the events admitted in that microsecond, so two
--- events in the same microsecond are two members (a reservation's events
--- end in ".<reservation id>", so that settle.lua can find them).
+-- "<µs>" for the first event admitted in that microsecond and "<µs>:<L><i>"
+-- for the i-th after it (i >= 1, L its number of digits), so that two events
+-- in the same microsecond are two members. Redis orders equal scores by
+-- member, bytewise, and that order is the order of i ("<µs>" first, then
+-- L, then i's digits): the newest member, which the check reads anyway,
+-- tells the next i, and no ZCOUNT of the microsecond is needed. A
+-- reservation's events end in ".<reservation id>" (the first as
+-- "<µs>:10.<id>"), so that settle.lua can find them.
 -- An event admitted at s counts while now < s + period. Denials write
--- nothing: expired members are trimmed only when an event is admitted. The
--- key expires when its newest event leaves the window (at least 2 ms after
--- the write). Burst is ignored.
--- Tag (for a reservation): the admission time.
+-- nothing. Expired members are trimmed when an event is admitted and the
+-- newest one was in another eighth of a period (cells of period / 8 µs),
+-- or there is none in the window: the decisions never depend on the trim,
+-- and the set then holds, besides the window's events, at most those of
+-- less than period / 8 before it. The key expires when its newest event
+-- leaves the window (at least 2 ms after the write); an event admitted in
+-- the same ms as the newest, which set that expiry, leaves it as it is.
+-- Burst is ignored. Tag (for a reservation): the admission time.
+
+-- member returns the member of the event of index i admitted at nowstr.
+local function member(nowstr, i)
+  if i == 0 and rid == '' then return nowstr end
+  local digits = 1
+  while i >= 10 ^ digits do digits = digits + 1 end
+  if rid == '' then return string.format('%s:%d%d', nowstr, digits, i) end
+  return string.format('%s:%d%d.%s', nowstr, digits, i, rid)
+end
+
+-- score returns the admission time of member m: the digits it starts with
+-- (so that the check reads members without WITHSCORES, whose replies cost
+-- Redis a '%.17g' conversion each).
+local function score(m)
+  local d = string.find(m, '.', 1, true)
+  if d == nil then
+    local t = tonumber(m)
+    if t then return t end
+  end
+  local c = string.find(m, ':', 1, true)
+  if c == nil or (d ~= nil and d < c) then c = d end
+  return tonumber(string.sub(m, 1, c - 1))
+end
+
+-- next_index returns the index after that of member m, the newest of its
+-- microsecond: 1 after "<µs>" (or a member of another form).
+local function next_index(m)
+  local c = string.find(m, ':', 1, true)
+  if c then
+    local digits = tonumber(string.sub(m, c + 1, c + 1))
+    local i = digits and tonumber(string.sub(m, c + 2, c + 1 + digits))
+    if i then return i + 1 end
+  end
+  return 1
+end
 
 S.sl = function(key, rate, period, burst)
   local from = now - period
   local lower = string.format('(%d', from)
   local count = redis.call('ZCOUNT', key, lower, '+inf')
-  local newest = nil
+  local newest, newest_member = nil, nil
   if count > 0 then
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    newest = tonumber(last[2])
+    newest_member = redis.call('ZRANGE', key, '-1', '-1')[1]
+    newest = score(newest_member)
   end
   local reset_now = 0
   if newest ~= nil then reset_now = newest + period - now end
@@ -27,33 +71,53 @@ S.sl = function(key, rate, period, burst)
     -- The (count+n-rate)-th oldest event in the window must leave first.
     local retry = reset_now
     if n <= rate then
-      local e = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', count + n - rate - 1, 1)
-      retry = tonumber(e[2]) + period - now
+      local skip = count + n - rate - 1
+      if skip == 0 then skip = '0' end -- the usual case; a string costs Redis less
+      local e = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'LIMIT', skip, '1')
+      retry = score(e[1]) + period - now
     end
     return false, avail, retry, reset_now, reset_now
   end
   if n > 0 then
-    write({'ZREMRANGEBYSCORE', key, '-inf', from})
-    local i = redis.call('ZCOUNT', key, now, now)
-    local suffix = ''
-    if rid ~= '' then suffix = string.format('.%s', rid) end
-    local args = {'ZADD', key}
-    for k = 1, n do
-      args[#args + 1] = now
-      args[#args + 1] = string.format('%d.%d%s', now, i, suffix)
-      i = i + 1
-      if #args >= 1002 or k == n then
-        write(args)
-        args = {'ZADD', key}
+    -- One string for now, the score and (usually) the member: Redis 7.0
+    -- converts a number argument with '%.17g', which costs more.
+    local nowstr = string.format('%d', now)
+    local i = 0
+    if newest ~= nil and newest >= now then
+      local m = newest_member
+      if newest > now then
+        -- The clock went back: find the newest member of this microsecond.
+        m = redis.call('ZREVRANGEBYSCORE', key, nowstr, nowstr, 'LIMIT', '0', '1')[1]
+      end
+      if m then i = next_index(m) end
+    end
+    local cell = math.floor(period / 8)
+    if newest == nil or math.floor(newest / cell) ~= math.floor(now / cell) then
+      write('ZREMRANGEBYSCORE', key, '-inf', string.sub(lower, 2))
+    end
+    if n == 1 then
+      write('ZADD', key, nowstr, member(nowstr, i))
+    else
+      local args = {'ZADD', key}
+      for k = 1, n do
+        args[#args + 1] = nowstr
+        args[#args + 1] = member(nowstr, i)
+        i = i + 1
+        if #args >= 1002 or k == n then
+          write_args(args)
+          args = {'ZADD', key}
+        end
       end
     end
     local last = now
     if newest ~= nil and newest > now then last = newest end
-    -- At least 2 ms: Redis 7.0's PEXPIRE deletes the key at once when the
-    -- expiry is not after its clock, which it reads twice, so PEXPIRE 1
-    -- deleted the log in about 2 of 10,000 calls (when a ms ticked in
-    -- between; SET PX has no such check). Only a 1 ms Period asks for 1.
-    write({'PEXPIRE', key, math.max(ms(last + period - now), 2)})
+    if newest == nil or newest > now or math.floor(newest / 1000) ~= math.floor(now / 1000) then
+      -- At least 2 ms: Redis 7.0's PEXPIRE deletes the key at once when
+      -- the expiry is not after its clock, which it reads twice, so
+      -- PEXPIRE 1 can delete the log when a ms ticks in between (SET PX
+      -- has no such check). Only a 1 ms Period asks for 1.
+      write('PEXPIRE', key, math.max(ms(last + period - now), 2))
+    end
     return true, avail, 0, reset_now, last + period - now, now
   end
   return true, avail, 0, reset_now, reset_now

@@ -47,9 +47,11 @@ func run() error {
 		depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
 		conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
 		rbN        = flag.Int("rb-requests", 100_000, "-ceiling: requests per redis-benchmark run (0 = skip redis-benchmark)")
+		variants   = flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each redlimit contender is also measured with its script built from them, in the same rounds (also with -ceiling)")
 		out        = flag.String("out", "", "also write the Markdown report to this file")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the shuffled order")
+		timeout    = flag.Duration("timeout", 2*time.Second, "the contenders' client dial, read, write and pool timeouts (the README recommends 100ms in production; a shared 2-core machine needs more, or a busy moment fails calls and the fallback answers them)")
 	)
 	flag.Parse()
 	concSet := false
@@ -88,7 +90,9 @@ func run() error {
 		defer s.Close()
 		addr = s.Addr
 	}
-	env, err := bench.NewEnv(addr, redistest.TunedOptions(addr), *useMini)
+	opts := redistest.TunedOptions(addr)
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = *timeout, *timeout, *timeout, *timeout
+	env, err := bench.NewEnv(addr, opts, *useMini)
 	if err != nil {
 		return err
 	}
@@ -130,6 +134,7 @@ func run() error {
 		rep, err := bench.Ceiling(ctx, env, bench.CeilingConfig{
 			Duration: *duration, Depth: *depth, Conns: *conns, NumKeys: *numKeys,
 			BenchmarkRequests: *rbN, Rounds: *rounds, Only: onlyRe, Seed: *seed, Log: os.Stderr,
+			Variants: splitList(*variants),
 		})
 		if err != nil {
 			return err
@@ -152,6 +157,13 @@ func run() error {
 				return err
 			}
 			rep.Markdown(w)
+		}
+		for _, dir := range splitList(*variants) {
+			for _, c := range cs {
+				if len(c.LuaParts) > 0 && !strings.Contains(c.Name, "[") {
+					cs = append(cs, bench.Variant(c, dir))
+				}
+			}
 		}
 		if onlyRe != nil {
 			var keep []bench.Contender
@@ -178,7 +190,7 @@ func run() error {
 }
 
 func serverVersion(env *bench.Env) string {
-	info, err := env.RDB.Info(context.Background(), "server").Result()
+	info, err := env.Admin.Info(context.Background(), "server").Result()
 	if err != nil {
 		return "?"
 	}
@@ -188,6 +200,13 @@ func serverVersion(env *bench.Env) string {
 		}
 	}
 	return "?"
+}
+
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 func parseInts(s string) ([]int, error) {
