@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,7 +19,8 @@ import (
 //
 // Redis is marked unavailable by the first call that fails for a reason that
 // says so: a refused, reset or closed connection, EOF, an i/o or pool
-// timeout, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM,
+// timeout, an AutoPipeliner's timeout or full queue, no ring shard or
+// cluster node left, unreachable sentinels, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM,
 // BUSY, NOREPLICAS or MISCONF reply. From then on calls do not touch Redis: they are answered at
 // in-process speed, with Result.Degraded set, and a monitor goroutine probes
 // Redis every ping interval (see [WithPingInterval]) by running a small
@@ -254,17 +256,43 @@ func (r *rescue) close() {
 	r.wg.Wait()
 }
 
+// Texts of go-redis v9 errors that are not exported.
+const (
+	errRingDown      = "redis: all ring shards are down"
+	errNoNodes       = "redis: cluster has no nodes"
+	errNoSentinel    = "redis: all sentinels specified in configuration are unreachable"
+	errConnUnusable  = "redis: timed out trying to mark connection as unusable"
+	errFDReaderGone  = "redis: autopipeline full-duplex reader exited"
+	errFDConnMoving  = "redis: autopipeline: full-duplex connection moving"
+	errFDMaxHold     = "redis: autopipeline: full-duplex connection max-hold reached"
+	errFDBudgetSpent = "redis: autopipeline: retry budget exhausted before shutdown flush"
+)
+
 // isUnavailable reports whether err says that Redis cannot answer now, as
 // opposed to an answer or a bug.
 func isUnavailable(err error) bool {
 	var netErr net.Error
 	switch {
+	case err == nil:
+		return false
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
 		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, redis.ErrAutoPipelineTimeout), errors.Is(err, redis.ErrAutoPipelineQueueFull),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.EPIPE), errors.As(err, &netErr):
 		return true
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		msg := err.Error()
+		for _, s := range [...]string{errRingDown, errNoNodes, errNoSentinel, errConnUnusable,
+			errFDReaderGone, errFDConnMoving, errFDMaxHold, errFDBudgetSpent} {
+			if strings.Contains(msg, s) {
+				return true
+			}
+		}
+		return false
 	}
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
 		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||

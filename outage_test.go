@@ -1,0 +1,265 @@
+package redlimit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// waitTransitions waits until tr has recorded at least n transitions, or
+// for d, and returns them.
+func waitTransitions(t testing.TB, tr *transitions, n int, d time.Duration) []Transition {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for len(tr.list()) < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return tr.list()
+}
+
+// The errors go-redis v9.23 gives when it cannot reach Redis, beyond the
+// network's own, are outages.
+func TestOutageErrors(t *testing.T) {
+	// Error replies as go-redis parses them, from a miniredis told to
+	// answer every command with one.
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	redisReply := func(msg string) error {
+		m.SetError(msg)
+		defer m.SetError("")
+		err := rdb.Get(context.Background(), "k").Err()
+		require.Error(t, err)
+		var reply redis.Error
+		require.ErrorAs(t, err, &reply)
+		return err
+	}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		// Ring: every shard marked down by the heartbeat.
+		{"ring shards down", errors.New("redis: all ring shards are down"), true},
+		{"cluster has no nodes", errors.New("redis: cluster has no nodes"), true},
+		{"sentinels unreachable", errors.New("redis: all sentinels specified in configuration are unreachable"), true},
+		{"sentinels unreachable, wrapped", fmt.Errorf("redis: all sentinels specified in configuration are unreachable: %w",
+			errors.Join(errors.New("x"))), true},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
+		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), true},
+		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), true},
+		{"BUSY", redisReply("BUSY Redis is busy running a script."), true},
+
+		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, true},
+		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, true},
+		{"connection unusable", errors.New("redis: timed out trying to mark connection as unusable"), true},
+		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), true},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
+		{"EOF", io.EOF, true},
+		{"pool timeout", redis.ErrPoolTimeout, true},
+		{"node closed", redis.ErrClosed, true},
+		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), true},
+
+		{"script error", redisReply("ERR user_script:1: bad argument"), false},
+		{"CROSSSLOT", redis.ErrCrossSlot, false},
+		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
+		{"cancelled", context.Canceled, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, isUnavailable(tt.err), "isUnavailable(%v)", tt.err)
+		})
+	}
+}
+
+// crashTarget is one client type for the crash test: its client, and how
+// to crash and restart the server(s) that hold the test key.
+type crashTarget struct {
+	rdb     redis.UniversalClient
+	kill    func() error
+	restart func() error
+	// down waits, after the kill, until the client itself has noticed
+	// (the ring's heartbeat); nil when there is nothing to wait for.
+	down func()
+}
+
+// Each client type: SIGKILL the server that holds the key; calls get
+// fallback decisions with no error; after a restart they come back to
+// Redis. The ring case waits for the ring's heartbeat to mark its shard
+// down first, when go-redis answers "redis: all ring shards are down".
+func TestCrashEachClient(t *testing.T) {
+	targets := []struct {
+		name  string
+		start func(t *testing.T) crashTarget
+	}{
+		{"Client", func(t *testing.T) crashTarget {
+			srv := redistest.Start(t)
+			return crashTarget{rdb: tunedClient(t, srv.Addr), kill: srv.Kill, restart: srv.Restart}
+		}},
+		{"ClusterClient", func(t *testing.T) crashTarget {
+			c, err := redistest.StartCluster(3, 0, "--cluster-require-full-coverage", "no")
+			redistest.SkipOrFail(t, err)
+			t.Cleanup(c.Close)
+			rdb := clusterClient(t, c, time.Second)
+			m, err := c.MasterOf(redistest.Slot("redlimit:{crash}:x"))
+			require.NoError(t, err)
+			return crashTarget{rdb: rdb, kill: m.Kill, restart: m.Restart}
+		}},
+		{"Ring", func(t *testing.T) crashTarget {
+			srv := redistest.Start(t)
+			o := redistest.TunedOptions(srv.Addr)
+			ring := redis.NewRing(&redis.RingOptions{
+				Addrs:              map[string]string{"a": srv.Addr},
+				HeartbeatFrequency: 100 * time.Millisecond,
+				DialTimeout:        o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
+				PoolTimeout: o.PoolTimeout, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries,
+				ContextTimeoutEnabled: true,
+			})
+			t.Cleanup(func() { ring.Close() })
+			return crashTarget{rdb: ring, kill: srv.Kill, restart: srv.Restart, down: func() {
+				require.Eventually(t, func() bool { return ring.Len() == 0 }, 5*time.Second, 10*time.Millisecond,
+					"the ring's heartbeat never marked its shard down")
+			}}
+		}},
+		{"FailoverClient", func(t *testing.T) crashTarget {
+			master := redistest.Start(t)
+			sentinel := startSentinel(t, master.Port)
+			o := redistest.TunedOptions(master.Addr)
+			rdb := redis.NewFailoverClient(&redis.FailoverOptions{
+				MasterName:    sentinelMaster,
+				SentinelAddrs: []string{sentinel},
+				DialTimeout:   o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
+				PoolTimeout: o.PoolTimeout, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries,
+				ContextTimeoutEnabled: true,
+			})
+			t.Cleanup(func() { rdb.Close() })
+			return crashTarget{rdb: rdb, kill: master.Kill, restart: master.Restart}
+		}},
+		{"AutoPipeliner", func(t *testing.T) crashTarget {
+			srv := redistest.Start(t)
+			ap, err := tunedClient(t, srv.Addr).AutoPipeline()
+			require.NoError(t, err)
+			return crashTarget{rdb: ap, kill: srv.Kill, restart: srv.Restart}
+		}},
+	}
+	for _, tt := range targets {
+		t.Run(tt.name, func(t *testing.T) {
+			ct := tt.start(t)
+			var tr transitions
+			lim := newLimiter(t, ct.rdb, TokenBucket, PerSecond(1000), WithOnTransition(tr.record))
+			ctx := context.Background()
+			const key = "crash"
+			res, err := lim.Allow(ctx, key)
+			require.NoError(t, err)
+			require.False(t, res.Degraded, "before the crash")
+
+			require.NoError(t, ct.kill())
+			if ct.down != nil {
+				ct.down()
+			}
+			for i := range 20 {
+				res, err := lim.Allow(ctx, key)
+				require.NoError(t, err, "call %d after the kill", i)
+				require.True(t, res.Degraded, "call %d after the kill", i)
+			}
+			got := waitTransitions(t, &tr, 1, time.Second)
+			require.NotEmpty(t, got)
+			assert.True(t, got[0].Down)
+			t.Logf("down: %v", got[0].Err)
+
+			require.NoError(t, ct.restart())
+			start := time.Now()
+			for {
+				res, err := lim.Allow(ctx, key)
+				require.NoError(t, err)
+				if !res.Degraded {
+					break
+				}
+				require.Less(t, time.Since(start), 5*time.Second, "still degraded 5s after the restart")
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Logf("%s: back on Redis %v after the restart", tt.name, time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+const sentinelMaster = "redlimit"
+
+// startSentinel starts a Redis Sentinel (redis-server --sentinel) that
+// monitors the master on 127.0.0.1:masterPort, and returns its address. It
+// is stopped by its pid when the test ends.
+func startSentinel(t *testing.T, masterPort int) string {
+	t.Helper()
+	dir := t.TempDir()
+	for attempt := 0; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		conf := filepath.Join(dir, "sentinel.conf")
+		require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(
+			"port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 1000\n",
+			port, dir, sentinelMaster, masterPort, sentinelMaster)), 0o600))
+		cmd := exec.Command("redis-server", conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, cmd.Start())
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		stop := func() {
+			cmd.Process.Kill()
+			<-done
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if sentinelReady(addr, done) {
+			t.Cleanup(stop)
+			return addr
+		}
+		stop()
+		if attempt == 4 {
+			log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
+			t.Fatalf("sentinel did not start:\n%s", log)
+		}
+	}
+}
+
+// sentinelReady waits up to 5 s until the sentinel at addr knows the master.
+func sentinelReady(addr string, exited <-chan struct{}) bool {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return false
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+			fmt.Fprintf(c, "SENTINEL get-master-addr-by-name %s\r\n", sentinelMaster)
+			line, err := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if err == nil && strings.HasPrefix(line, "*2") {
+				return true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
