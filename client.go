@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"context"
 	"reflect"
 
 	"github.com/redis/go-redis/v9"
@@ -24,3 +25,12 @@ func isNilClient(rdb redis.UniversalClient) bool {
 func checkClient(rdb redis.UniversalClient) error {
 	return nil
 }
+
+// cancelledCtx is done from the start. go-redis checks a command's context
+// before it takes a connection: a command run with cancelledCtx never
+// reaches the network.
+var cancelledCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

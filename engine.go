@@ -358,7 +358,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		}
 	}
 	if e.rescue.isDown(state) {
-		return e.rescue.decide(state, n, maxDelay, rs)
+		return e.rescue.decide(state, n, maxDelay, rs, nil)
 	}
 	var epoch uint64
 	if e.denies != nil {
@@ -372,7 +372,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		if !e.rescue.outage(ctx, err, state) {
 			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
 		}
-		return e.rescue.decide(state, n, maxDelay, rs)
+		return e.rescue.decide(state, n, maxDelay, rs, err)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		e.denies.remember(state, n, rs.sig, res.RetryAfter, epoch)

@@ -30,8 +30,9 @@ type localRule struct {
 // is state.
 func (r *rescue) forget(state string) { r.locals.remove(state) }
 
-// decide answers without Redis, by the fallback policy.
-func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet) (Result, reason, error) {
+// decide answers without Redis, by the fallback policy. cause is the error
+// of the call, or nil for a call not sent because its node is down.
+func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, cause error) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
 	switch e.cfg.fallback {
@@ -41,9 +42,12 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		wait := e.cfg.pingInterval
 		return Result{Limit: first.limit, Rule: first.name, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
 	case FallbackError:
-		r.mu.Lock()
-		cause := r.cause
-		r.mu.Unlock()
+		if cause == nil {
+			cause = r.downCause(state)
+		}
+		if cause == nil {
+			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, ErrUnavailable)
+		}
 		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
 	}
 	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })

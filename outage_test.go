@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +38,8 @@ func waitTransitions(t testing.TB, tr *transitions, n int, d time.Duration) []Tr
 }
 
 // The errors go-redis v9.23 gives when it cannot reach Redis, beyond the
-// network's own, are outages.
+// network's own, are outages: some concern the whole node, some may
+// concern one call only.
 func TestOutageErrors(t *testing.T) {
 	// Error replies as go-redis parses them, from a miniredis told to
 	// answer every command with one.
@@ -55,38 +58,39 @@ func TestOutageErrors(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want bool
+		want outageKind
 	}{
 		// Ring: every shard marked down by the heartbeat.
-		{"ring shards down", errors.New("redis: all ring shards are down"), true},
-		{"cluster has no nodes", errors.New("redis: cluster has no nodes"), true},
-		{"sentinels unreachable", errors.New("redis: all sentinels specified in configuration are unreachable"), true},
+		{"ring shards down", errors.New("redis: all ring shards are down"), nodeOutage},
+		{"cluster has no nodes", errors.New("redis: cluster has no nodes"), nodeOutage},
+		{"sentinels unreachable", errors.New("redis: all sentinels specified in configuration are unreachable"), nodeOutage},
 		{"sentinels unreachable, wrapped", fmt.Errorf("redis: all sentinels specified in configuration are unreachable: %w",
-			errors.Join(errors.New("x"))), true},
-		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
-		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
-		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), true},
-		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), true},
-		{"BUSY", redisReply("BUSY Redis is busy running a script."), true},
+			errors.Join(errors.New("x"))), nodeOutage},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, nodeOutage},
+		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, nodeOutage},
+		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), nodeOutage},
+		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), nodeOutage},
+		{"BUSY", redisReply("BUSY Redis is busy running a script."), nodeOutage},
 
-		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, true},
-		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, true},
-		{"connection unusable", errors.New("redis: timed out trying to mark connection as unusable"), true},
-		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), true},
-		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
-		{"EOF", io.EOF, true},
-		{"pool timeout", redis.ErrPoolTimeout, true},
-		{"node closed", redis.ErrClosed, true},
-		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), true},
+		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, callOutage},
+		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, callOutage},
+		{"connection unusable", errors.New("redis: timed out trying to mark connection as unusable"), callOutage},
+		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), callOutage},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, callOutage},
+		{"EOF", io.EOF, callOutage},
+		{"pool timeout", redis.ErrPoolTimeout, callOutage},
+		{"node closed", redis.ErrClosed, callOutage},
+		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), callOutage},
 
-		{"script error", redisReply("ERR user_script:1: bad argument"), false},
-		{"CROSSSLOT", redis.ErrCrossSlot, false},
-		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
-		{"cancelled", context.Canceled, false},
+		{"script error", redisReply("ERR user_script:1: bad argument"), notOutage},
+		{"CROSSSLOT", redis.ErrCrossSlot, notOutage},
+		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), notOutage},
+		{"cancelled", context.Canceled, notOutage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, isUnavailable(tt.err), "isUnavailable(%v)", tt.err)
+			assert.Equal(t, tt.want, classify(tt.err), "classify(%v)", tt.err)
+			assert.Equal(t, tt.want != notOutage, isUnavailable(tt.err), "isUnavailable(%v)", tt.err)
 		})
 	}
 }
@@ -262,4 +266,52 @@ func sentinelReady(addr string, exited <-chan struct{}) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
+}
+
+// Transitions are reported one at a time, in the order of the switches:
+// for one node, Down and back alternate, even when the switches come
+// faster than a hook runs. Redis is cut off and restored every 2 to 12
+// milliseconds, probed every 100µs, under load, and the hook takes up to
+// 0.5ms.
+func TestTransitionsOrdered(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	o := redistest.TunedOptions(proxy.Addr)
+	o.PoolSize = 10_000 // no dial breaker: it would hold every dial for a second
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	var (
+		got      recorder[Transition]
+		inHook   atomic.Int32
+		overlaps atomic.Int32
+	)
+	hook := func(tr Transition) {
+		if inHook.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+		got.record(tr)
+		inHook.Add(-1)
+	}
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(100_000), WithPingInterval(100*time.Microsecond), WithOnTransition(hook))
+	ld := startLoad(lim, 8)
+	// Until 100 switches, or 10 s on a slow machine.
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && len(got.list()) < 100; {
+		proxy.Cut()
+		time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
+		proxy.Restore()
+		time.Sleep(time.Duration(2+rand.IntN(10)) * time.Millisecond)
+	}
+	r := report(ld.finish(), 0, 0)
+	require.NoError(t, lim.Close())
+	list := got.list()
+	t.Logf("%d transitions; %v", len(list), r)
+	assert.Zero(t, r.errors, "errors returned to callers, first %v", r.firstErr)
+	assert.Zero(t, overlaps.Load(), "hook calls overlapped")
+	require.Greater(t, len(list), 20, "too few transitions to tell")
+	for i, tr := range list {
+		if tr.Down != (i%2 == 0) {
+			t.Fatalf("transition %d of %d is Down=%v, want the switches alternating from a Down: %+v", i, len(list), tr.Down, list[max(0, i-2):min(len(list), i+2)])
+		}
+	}
 }
