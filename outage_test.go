@@ -26,6 +26,15 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
+// dialCounter counts the connections a client dials.
+type dialCounter struct{ n atomic.Int64 }
+
+func (d *dialCounter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.n.Add(1)
+	var nd net.Dialer
+	return nd.DialContext(ctx, network, addr)
+}
+
 // waitTransitions waits until tr has recorded at least n transitions, or
 // for d, and returns them.
 func waitTransitions(t testing.TB, tr *transitions, n int, d time.Duration) []Transition {
@@ -314,4 +323,41 @@ func TestTransitionsOrdered(t *testing.T) {
 			t.Fatalf("transition %d of %d is Down=%v, want the switches alternating from a Down: %+v", i, len(list), tr.Down, list[max(0, i-2):min(len(list), i+2)])
 		}
 	}
+}
+
+// While a node refuses connections, its probes back off: go-redis dials
+// (and logs "failed to dial") about 5 times in 2 s, not every ping interval;
+// and the node is used again soon after it comes back.
+func TestProbeBackoff(t *testing.T) {
+	srv := redistest.Start(t)
+	var dials dialCounter
+	o := redistest.TunedOptions(srv.Addr)
+	o.Dialer = dials.dial
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1000))
+	ctx := context.Background()
+	_, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.NoError(t, srv.Kill())
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Degraded)
+	before := dials.n.Load()
+	time.Sleep(2 * time.Second)
+	n := dials.n.Load() - before
+	t.Logf("%d dials in 2 s while the node refused connections (ping interval 100ms)", n)
+	// Probes 100, 200, 400, 500, 500ms apart: 5, and one of slack.
+	assert.LessOrEqual(t, n, int64(6))
+
+	require.NoError(t, srv.Restart())
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		res, err := lim.Allow(ctx, "k")
+		return err == nil && !res.Degraded
+	}, 3*time.Second, 5*time.Millisecond)
+	back := time.Since(start)
+	t.Logf("back on Redis %v after the restart", back.Round(time.Millisecond))
+	// At most 500ms (five ping intervals) to the next probe, and one more.
+	assert.Less(t, back, time.Second)
 }

@@ -114,6 +114,18 @@ func WithFallback(p FallbackPolicy) Option {
 // WithPingInterval sets how often the monitor probes a Redis node while it
 // is marked unavailable. The default is 100ms. Two probes in a row must
 // succeed before calls go back to the node.
+//
+// While the node cannot be reached at all (connections refused, dials
+// failing or timing out, no shard or sentinel left), the interval doubles
+// after each failed probe, up to five times the ping interval (500ms by
+// default), and is back to the ping interval after any probe that reaches
+// the node. This keeps go-redis's "failed to dial" log lines to two a
+// second during a long outage, from ten (to silence them, set a logger
+// with redis.SetLogger); a node that answers, even with an error, or hangs
+// is probed at the ping interval, so that it is used again soon after it
+// recovers. go-redis adds its own wait: once PoolSize dials in a row have
+// failed, its pool dials again only once a second, so a restarted node can
+// take up to about 1.6s to be used again.
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
@@ -189,6 +201,10 @@ var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1],
 // probeSuffix ends every probe key, which is <prefix>:{<tag>}:p with a tag
 // of 1 to 3 letters or digits chosen for its slot. No state key ends so.
 const probeSuffix = ":p"
+
+// maxBackoff is how many ping intervals apart probes of a node that cannot
+// be reached are sent, at most.
+const maxBackoff = 5
 
 func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -343,7 +359,8 @@ func (r *rescue) monitor(n *node) {
 // watch is monitor's loop. A node being checked is probed at once: if the
 // probe succeeds, the failure concerned one call and the node is forgotten;
 // otherwise it is marked down. A node marked down is probed every ping
-// interval until two probes in a row succeed.
+// interval (more apart while it cannot be reached) until two probes in a
+// row succeed.
 func (r *rescue) watch(n *node) {
 	defer r.wg.Done()
 	every := r.e.cfg.pingInterval
@@ -375,6 +392,8 @@ func (r *rescue) watch(n *node) {
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	wait := every      // between probes; longer while the node cannot be reached
+	next := time.Now() // the next probe is due at the first tick after next
 	ok := 0
 	for {
 		select {
@@ -382,8 +401,20 @@ func (r *rescue) watch(n *node) {
 			return
 		case <-tick.C:
 		}
-		if err := r.probe(n); err != nil {
+		if time.Now().Before(next) {
+			continue
+		}
+		err := r.probe(n)
+		switch {
+		case err == nil:
+			wait = every
+		default:
 			ok = 0
+			if unreachable(err) {
+				wait = min(2*wait, maxBackoff*every)
+			} else {
+				wait = every
+			}
 			// A failed-over cluster slot stays routed to the dead master
 			// until the client reloads its view of the cluster, which
 			// go-redis does only every ClusterStateReloadInterval (60s by
@@ -392,6 +423,9 @@ func (r *rescue) watch(n *node) {
 			if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
 				cc.ReloadState(context.Background())
 			}
+		}
+		next = time.Now().Add(wait - every/2) // due at the first tick after wait
+		if err != nil {
 			continue
 		}
 		if ok++; ok < 2 {
@@ -496,3 +530,19 @@ func classify(err error) outageKind {
 // isUnavailable reports whether err says that Redis cannot answer now, as
 // opposed to an answer or a bug.
 func isUnavailable(err error) bool { return classify(err) != notOutage }
+
+// unreachable reports whether a probe's err says that the node could not be
+// reached at all, rather than that it answered with an error or hung.
+func unreachable(err error) bool {
+	var opErr *net.OpError
+	var reply redis.Error
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
+		return true
+	case errors.As(err, &reply):
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, errRingDown) || strings.Contains(msg, errNoNodes) ||
+		strings.Contains(msg, errNoSentinel)
+}
