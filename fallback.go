@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 )
 
@@ -35,6 +36,10 @@ func (r *rescue) forget(state string) { r.locals.remove(state) }
 func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, cause error) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
+	if r.gone.Load() {
+		// The program closed the client while the node was down.
+		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, redis.ErrClosed)
+	}
 	switch e.cfg.fallback {
 	case FallbackAllow:
 		return Result{Allowed: true, Limit: first.limit, Rule: first.name, Remaining: rs.maxN, Degraded: true}, reasonAllowed, nil

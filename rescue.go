@@ -50,8 +50,10 @@ import (
 // probes in a row succeed, calls go to the node again.
 //
 // What is not an outage never switches to the fallback: a denial is an
-// answer, the caller's own context ending returns its error, and any other
-// error (a script or argument error is a bug) is returned as it is.
+// answer, the caller's own context ending returns its error, a Redis client
+// that the program closed returns an error wrapping redis.ErrClosed (the
+// constructors reject one), and any other error (a script or argument
+// error is a bug) is returned as it is.
 type FallbackPolicy int
 
 // The fallback policies.
@@ -175,6 +177,8 @@ type rescue struct {
 	// down maps the id of each node marked down to the error that marked
 	// it; nil when no node is down, which is all a healthy call reads.
 	down atomic.Pointer[map[string]error]
+	// gone is set once the program has closed the Redis client.
+	gone atomic.Bool
 
 	mu       sync.Mutex
 	nodes    map[string]*node // nodes marked down, or being checked by a probe
@@ -243,10 +247,15 @@ func (r *rescue) downCause(state string) error {
 // outage reports whether err, met by a call for the state key state, is to
 // be answered by the fallback. If err says that the node cannot answer, it
 // marks the node down; if err may concern that call only, it has the node
-// probed, and marked down only if the probe fails too.
+// probed, and marked down only if the probe fails too. An error from a
+// Redis client that the program closed is not an outage.
 func (r *rescue) outage(ctx context.Context, err error, state string) bool {
 	kind := classify(err)
 	if kind == notOutage {
+		return false
+	}
+	if errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb) {
+		r.gone.Store(true)
 		return false
 	}
 	sc := r.scopeOf(state)
@@ -369,13 +378,18 @@ func (r *rescue) watch(n *node) {
 	r.mu.Unlock()
 	if checking {
 		err := r.probe(n)
+		gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
 		r.mu.Lock()
 		switch {
 		case r.closed:
 			r.mu.Unlock()
 			return
+		case gone:
+			r.gone.Store(true)
+			fallthrough
 		case err == nil && !n.down:
 			delete(r.nodes, n.id)
+			r.publishLocked()
 			r.mu.Unlock()
 			return
 		case !n.down:
@@ -401,6 +415,10 @@ func (r *rescue) watch(n *node) {
 			return
 		case <-tick.C:
 		}
+		if closedNow(r.e.rdb) {
+			r.gone.Store(true)
+			return
+		}
 		if time.Now().Before(next) {
 			continue
 		}
@@ -408,6 +426,14 @@ func (r *rescue) watch(n *node) {
 		switch {
 		case err == nil:
 			wait = every
+		case errors.Is(err, redis.ErrClosed) && !clientClosed(r.ctx, r.e.rdb):
+			// The client dropped this node (a ring shard removed, say):
+			// there is nothing left to wait for.
+			err = nil
+			ok = 1
+		case errors.Is(err, redis.ErrClosed):
+			r.gone.Store(true)
+			return
 		default:
 			ok = 0
 			if unreachable(err) {
