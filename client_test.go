@@ -146,3 +146,35 @@ func TestClosedClientCalls(t *testing.T) {
 		assert.ErrorIs(t, err, redis.ErrClosed)
 	})
 }
+
+// A nil option or a nil client (typed or not) is an argument error from
+// the constructor, never a panic then or on a call.
+func TestNilArguments(t *testing.T) {
+	srv := realServer(t)
+	rdb := tunedClient(t, srv.Addr)
+	var (
+		nilClient  *redis.Client
+		nilCluster *redis.ClusterClient
+		nilRing    *redis.Ring
+		nilAP      *redis.AutoPipeliner
+	)
+	for _, c := range []redis.UniversalClient{nil, nilClient, nilCluster, nilRing, nilAP} {
+		assert.NotPanics(t, func() {
+			lim, err := NewTokenBucket(c, PerSecond(10))
+			assert.ErrorIs(t, err, ErrInvalidArgument, "%T", c)
+			assert.Nil(t, lim)
+			_, err = New(c, FixedWindow, PerSecond(10))
+			assert.ErrorIs(t, err, ErrInvalidArgument, "%T", c)
+			_, err = NewPolicy(c, []Rule{{Strategy: FixedWindow, Limit: PerSecond(10)}})
+			assert.ErrorIs(t, err, ErrInvalidArgument, "%T", c)
+		}, "%T", c)
+	}
+	assert.NotPanics(t, func() {
+		_, err := NewTokenBucket(rdb, PerSecond(10), WithPrefix("x"), nil)
+		assert.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = New(rdb, SlidingLog, PerSecond(10), nil)
+		assert.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = NewPolicy(rdb, []Rule{{Strategy: FixedWindow, Limit: PerSecond(10)}}, nil)
+		assert.ErrorIs(t, err, ErrInvalidArgument)
+	})
+}
