@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -87,6 +88,8 @@ func clientClosed(ctx context.Context, rdb redis.UniversalClient) bool {
 		return true
 	}
 	if ap, ok := rdb.(*redis.AutoPipeliner); ok {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
 		return errors.Is(ap.Ping(ctx).Err(), redis.ErrClosed)
 	}
 	return false
