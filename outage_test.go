@@ -90,6 +90,8 @@ func TestOutageErrors(t *testing.T) {
 		{"pool timeout", redis.ErrPoolTimeout, callOutage},
 		{"node closed", redis.ErrClosed, callOutage},
 		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), callOutage},
+		{"ASK", redisReply("ASK 7346 127.0.0.1:7001"), callOutage},
+		{"MOVED", redisReply("MOVED 7346 127.0.0.1:7001"), callOutage},
 
 		{"script error", redisReply("ERR user_script:1: bad argument"), notOutage},
 		{"CROSSSLOT", redis.ErrCrossSlot, notOutage},

@@ -35,9 +35,10 @@ import (
 // READONLY, CLUSTERDOWN, MASTERDOWN, OOM, BUSY, NOREPLICAS, MISCONF or
 // max-clients reply. A failure that may concern that one call only (a
 // timeout, a connection lost mid-call, a pool or pipeline queue that is
-// full, a TRYAGAIN during a slot migration) answers that call from the
-// fallback and marks nothing: a probe of the node is sent at once, and the
-// node is marked down only if the probe fails too. So one slow call (an
+// full, or during a slot migration a TRYAGAIN, or a MOVED or ASK left
+// after go-redis's redirects) answers that call from the fallback and
+// marks nothing: a probe of the node is sent at once, and the node is
+// marked down only if the probe fails too. So one slow call (an
 // expensive key, a brief stall) cannot take other keys off Redis. Such a
 // call may have been counted by Redis as well as by the fallback.
 //
@@ -523,9 +524,13 @@ func classify(err error) outageKind {
 	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
 		return nodeOutage
 	case errors.As(err, &reply):
+		_, moved := redis.IsMovedError(err)
+		_, ask := redis.IsAskError(err)
 		switch {
-		case redis.IsTryAgainError(err):
-			return callOutage // one multi-key call during a slot migration
+		case redis.IsTryAgainError(err), moved, ask:
+			// One call during a slot migration (go-redis follows MOVED and
+			// ASK, up to MaxRedirects times).
+			return callOutage
 		case redis.IsLoadingError(err), redis.IsReadOnlyError(err),
 			redis.IsClusterDownError(err), redis.IsMasterDownError(err),
 			redis.IsOOMError(err), redis.IsMaxClientsError(err),

@@ -157,7 +157,8 @@ func TestScopeCluster(t *testing.T) {
 	rdb := clusterClient(t, c, time.Second)
 	var tr transitions
 	// WithBlock makes each call name two keys, the state and the block.
-	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1000), WithBlock(time.Minute), WithOnTransition(tr.record))
+	// PerMinute: a state key lives a minute (a bucket's time to refill).
+	lim := newLimiter(t, rdb, TokenBucket, PerMinute(1000), WithBlock(time.Minute), WithOnTransition(tr.record))
 	ctx := context.Background()
 
 	// Keys on every master, a few per master.
@@ -219,19 +220,32 @@ func TestScopeCluster(t *testing.T) {
 
 		reply := rdb.EvalSha(ctx, "0000000000000000000000000000000000000000", []string{lim.stateKey(key), lim.stateKey(key) + blockSuffix})
 		require.True(t, redis.IsTryAgainError(reply.Err()), "a call with the state key but not the block key: %v, want TRYAGAIN", reply.Err())
+		// A key of the same slot with no state yet: ASK to the importing
+		// node, which cannot run a call on two missing keys either.
+		fresh := ""
+		for i := 0; fresh == ""; i++ {
+			if k := fmt.Sprintf("fresh%d", i); slotOf(lim.stateKey(k)) == slot {
+				fresh = k
+			}
+		}
 
-		var migrating, calls int
+		var migrating, calls, freshDegraded int
 		for range 20 {
 			res, err := lim.Allow(ctx, key)
 			require.NoError(t, err)
 			if res.Degraded {
 				migrating++
 			}
+			res, err = lim.Allow(ctx, fresh)
+			require.NoError(t, err, "a new key in the migrating slot")
+			if res.Degraded {
+				freshDegraded++
+			}
 			n, d := decideAll(nil)
 			calls += n
 			degraded += d
 		}
-		t.Logf("TRYAGAIN: %d of 20 calls for the migrating key degraded; %d of %d calls for other keys degraded", migrating, degraded, calls)
+		t.Logf("TRYAGAIN: %d of 20 calls for the migrating key degraded (%d for a new key of its slot); %d of %d calls for other keys degraded", migrating, freshDegraded, degraded, calls)
 		assert.Equal(t, 20, migrating, "calls for the key whose slot migrates")
 		assert.Zero(t, degraded, "other keys (%d on the migrating slot's master) sent to the fallback", len(byMaster[src]))
 		assert.Empty(t, tr.list(), "TRYAGAIN marked a node down")
