@@ -327,7 +327,9 @@ func TestFaultServerStates(t *testing.T) {
 		if err != nil || !res.Degraded {
 			t.Fatalf("while loading: %+v, %v; want a fallback decision", res, err)
 		}
-		if got := tr.list(); len(got) != 1 || !redis.IsLoadingError(got[0].Err) {
+		// A stale connection's EOF answers the first call from the
+		// fallback; a probe then meets LOADING.
+		if got := waitTransitions(t, tr, 1, time.Second); len(got) != 1 || !redis.IsLoadingError(got[0].Err) {
 			t.Fatalf("transitions = %+v, want one caused by LOADING", got)
 		}
 		if err := <-restarted; err != nil {

@@ -195,7 +195,7 @@ type rescue struct {
 type node struct {
 	scope
 	down  bool      // marked down (else being checked)
-	cause error     // the error that marked it down, or that is checked
+	cause error     // the error that marked it down (a call's, or the probe's that confirmed one)
 	since time.Time // when it was marked down
 }
 
@@ -263,7 +263,7 @@ func (r *rescue) outage(ctx context.Context, err error, state string) bool {
 	if kind == nodeOutage {
 		r.markDown(sc, err)
 	} else {
-		r.suspect(sc, err)
+		r.suspect(sc)
 	}
 	return true
 }
@@ -293,15 +293,15 @@ func (r *rescue) markDown(sc scope, err error) {
 	r.flush()
 }
 
-// suspect has the node sc probed once, after err, which may concern one
+// suspect has the node sc probed once, after an error that may concern one
 // call only; unless it is already down or being checked.
-func (r *rescue) suspect(sc scope, err error) {
+func (r *rescue) suspect(sc scope) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed || r.nodes[sc.id] != nil {
 		return
 	}
-	n := &node{scope: sc, cause: err}
+	n := &node{scope: sc}
 	r.nodes[sc.id] = n
 	r.wg.Add(1)
 	go r.monitor(n)
@@ -394,7 +394,7 @@ func (r *rescue) watch(n *node) {
 			r.mu.Unlock()
 			return
 		case !n.down:
-			r.setDownLocked(n, n.cause)
+			r.setDownLocked(n, err)
 			// Probe on in a new goroutine; this one reports the switch
 			// once it is done (a hook calling Close from a goroutine
 			// counted in r.wg would wait for itself).
