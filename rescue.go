@@ -469,9 +469,15 @@ func (r *rescue) watch(n *node) {
 	}
 }
 
+// probeTimeout bounds one probe, beyond the client's own timeouts (which
+// bound it first when they are shorter, as recommended): through a
+// cluster, a probe of a migrating slot takes several round trips (ASK,
+// ASKING, NOSCRIPT, EVAL).
+const probeTimeout = time.Second
+
 // probe runs the probe script once on the node n.
 func (r *rescue) probe(n *node) error {
-	ctx, cancel := context.WithTimeout(r.ctx, max(r.e.cfg.pingInterval, 100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(r.ctx, max(r.e.cfg.pingInterval, probeTimeout))
 	defer cancel()
 	return probeScript.Run(ctx, n.probe, []string{n.key}).Err()
 }
