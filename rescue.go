@@ -120,15 +120,15 @@ func WithFallback(p FallbackPolicy) Option {
 //
 // While the node cannot be reached at all (connections refused, dials
 // failing or timing out, no shard or sentinel left), the interval doubles
-// after each failed probe, up to five times the ping interval (500ms by
+// after each failed probe, up to three times the ping interval (300ms by
 // default), and is back to the ping interval after any probe that reaches
-// the node. This keeps go-redis's "failed to dial" log lines to two a
-// second during a long outage, from ten (to silence them, set a logger
+// the node. This keeps go-redis's "failed to dial" log lines to about three
+// a second during a long outage, from ten (to silence them, set a logger
 // with redis.SetLogger); a node that answers, even with an error, or hangs
 // is probed at the ping interval, so that it is used again soon after it
 // recovers. go-redis adds its own wait: once PoolSize dials in a row have
 // failed, its pool dials again only once a second, so a restarted node can
-// take up to about 1.6s to be used again.
+// take up to about 1.4s to be used again.
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
@@ -209,7 +209,7 @@ const probeSuffix = ":p"
 
 // maxBackoff is how many ping intervals apart probes of a node that cannot
 // be reached are sent, at most.
-const maxBackoff = 5
+const maxBackoff = 3
 
 func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
