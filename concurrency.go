@@ -352,7 +352,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 		wait := cfg.pingInterval
 		return nil, Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, nil
 	case FallbackError:
-		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause())
+		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause(state))
 	}
 	sem := c.local.getOrAdd(state, func() *localSem { return newLocalSem(c.localCap) })
 	id, res := sem.acquire(time.Now(), c.limit.Period)
@@ -363,15 +363,12 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	return &Lease{c: c, key: key, state: state, sem: sem, local: id}, res, nil
 }
 
-// cause returns the error that marked Redis unavailable.
-func (c *Concurrency) cause() error {
-	r := c.e.rescue
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cause == nil {
-		return errors.New("marked unavailable")
+// cause returns the error that marked the node of state unavailable.
+func (c *Concurrency) cause(state string) error {
+	if err := c.e.rescue.downCause(state); err != nil {
+		return err
 	}
-	return r.cause
+	return errors.New("marked unavailable")
 }
 
 // newLeaseID returns a random lease id: 64 bits, as 16 hex digits.
@@ -478,7 +475,7 @@ func (l *Lease) Release(ctx context.Context) error {
 // lostRelease is Release of a Redis lease while Redis is unavailable.
 func (c *Concurrency) lostRelease(l *Lease) error {
 	if c.e.cfg.fallback == FallbackError {
-		return fmt.Errorf("redlimit: release %q (its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause())
+		return fmt.Errorf("redlimit: release %q (its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
 }
@@ -510,7 +507,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	case l.free:
 		return nil
 	case c.e.rescue.isDown(l.state):
-		return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause())
+		return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	_, code, err := c.eval(ctx, opExtend, l.state, l.id)
 	if err != nil {

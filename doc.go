@@ -22,7 +22,9 @@
 // A denial is not an error: err is non-nil only when no decision was made.
 // When Redis is unavailable, the default is to decide in-process (see
 // [FallbackPolicy]), with Result.Degraded set, and to go back to Redis by
-// itself once it answers again.
+// itself once it answers again. What is marked unavailable is one Redis
+// node (a cluster master, a ring shard), so keys on other nodes stay on
+// Redis, and one slow call marks nothing: its node is probed first.
 //
 // # Choosing a strategy
 //

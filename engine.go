@@ -401,7 +401,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		}
 	}
 	if e.rescue.isDown(state) {
-		return e.rescue.decide(state, n, maxDelay, rs, rc)
+		return e.rescue.decide(state, n, maxDelay, rs, rc, nil)
 	}
 	var epoch uint64
 	if e.denies != nil {
@@ -422,7 +422,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		if !e.rescue.outage(ctx, err, state) {
 			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
 		}
-		return e.rescue.decide(state, n, maxDelay, rs, rc)
+		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		e.denies.remember(state, n, rs.sig, res.RetryAfter, epoch)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 )
 
@@ -39,10 +40,16 @@ func (lr *localRule) count(n int) int {
 // is state.
 func (r *rescue) forget(state string) { r.locals.remove(state) }
 
-// decide answers without Redis, by the fallback policy.
-func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+// decide answers without Redis, by the fallback policy. cause is the error
+// of the call, or nil for a call not sent because its node is down; rc, when
+// not nil, takes an admitted call as an in-process reservation.
+func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, cause error) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
+	if r.gone.Load() {
+		// The program closed the client while the node was down.
+		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, redis.ErrClosed)
+	}
 	switch e.cfg.fallback {
 	case FallbackAllow:
 		return Result{Allowed: true, Limit: first.limit, Rule: first.name, Remaining: rs.maxN, Degraded: true}, reasonAllowed, nil
@@ -50,9 +57,12 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		wait := e.cfg.pingInterval
 		return Result{Limit: first.limit, Rule: first.name, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
 	case FallbackError:
-		r.mu.Lock()
-		cause := r.cause
-		r.mu.Unlock()
+		if cause == nil {
+			cause = r.downCause(state)
+		}
+		if cause == nil {
+			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, ErrUnavailable)
+		}
 		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
 	}
 	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })

@@ -280,7 +280,9 @@ func TestFaultServerStates(t *testing.T) {
 		res, err := lim.Allow(ctx, "k")
 		require.NoError(t, err, "while loading: %+v, %v; want a fallback decision", res, err)
 		require.True(t, res.Degraded, "while loading: %+v, %v; want a fallback decision", res, err)
-		got := tr.list()
+		// A stale connection's EOF answers the first call from the
+		// fallback; a probe then meets LOADING.
+		got := waitTransitions(t, tr, 1, time.Second)
 		require.Len(t, got, 1, "transitions = %+v, want one caused by LOADING", got)
 		require.True(t, redis.IsLoadingError(got[0].Err), "transitions = %+v, want one caused by LOADING", got)
 		require.NoError(t, <-restarted)
@@ -356,7 +358,9 @@ func TestFaultServerStates(t *testing.T) {
 			require.False(t, time.Now().After(deadline), "no fallback while a script kept Redis busy")
 			time.Sleep(10 * time.Millisecond)
 		}
-		got := tr.list()
+		// The first fallback decision may be a timed-out call's own, before
+		// a probe confirms that the node is down.
+		got := waitTransitions(t, tr, 1, time.Second)
 		require.Len(t, got, 1, "transitions = %+v, want one caused by BUSY or a timeout", got)
 		require.True(t, redis.HasErrorPrefix(got[0].Err, "BUSY") || isUnavailable(got[0].Err), "transitions = %+v, want one caused by BUSY or a timeout", got)
 		_, err = srv.CLI("SCRIPT", "KILL")

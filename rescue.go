@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,19 +17,44 @@ import (
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
 //
-// Redis is marked unavailable by the first call that fails for a reason that
-// says so: a refused, reset or closed connection, EOF, an i/o or pool
-// timeout, or a LOADING, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, OOM,
-// BUSY, NOREPLICAS or MISCONF reply. From then on calls do not touch Redis: they are answered at
-// in-process speed, with Result.Degraded set, and a monitor goroutine probes
-// Redis every ping interval (see [WithPingInterval]) by running a small
-// script that reads TIME and writes a key in the failing key's slot (so a
-// read-only replica, a full memory or a down cluster slot does not count as
-// back). After two probes in a row succeed, calls go to Redis again.
+// # What is marked down
+//
+// Down-state is kept per Redis node, never for Redis as a whole: the node
+// that serves the failing key, as the client routes it. For a
+// *redis.Client (a FailoverClient too) that is its one server; for a
+// *redis.ClusterClient, the master of the key's slot (so one failed master,
+// with cluster-require-full-coverage no, sends only its own slots to the
+// fallback, and a slot that fails over comes back as soon as the client
+// routes it to the promoted replica); for a *redis.Ring, the key's shard.
+// An *redis.AutoPipeliner, or any other client type, is one node. Calls for
+// keys on other nodes keep going to Redis.
+//
+// A node is marked down at once by a call that fails for a reason that
+// concerns the whole node: a refused connection or failed dial, no ring
+// shard or cluster node left, unreachable sentinels, or a LOADING,
+// READONLY, CLUSTERDOWN, MASTERDOWN, OOM, BUSY, NOREPLICAS, MISCONF or
+// max-clients reply. A failure that may concern that one call only (a
+// timeout, a connection lost mid-call, a pool or pipeline queue that is
+// full, or during a slot migration a TRYAGAIN, or a MOVED or ASK left
+// after go-redis's redirects) answers that call from the fallback and
+// marks nothing: a probe of the node is sent at once, and the node is
+// marked down only if the probe fails too. So one slow call (an
+// expensive key, a brief stall) cannot take other keys off Redis. Such a
+// call may have been counted by Redis as well as by the fallback.
+//
+// From then on calls for keys on that node do not touch Redis: they are
+// answered at in-process speed, with Result.Degraded set, and a monitor
+// goroutine probes the node every ping interval (see [WithPingInterval]) by
+// running a small script that reads TIME and writes a short key of the
+// failing key's slot (never the caller's key; and a read-only replica, a
+// full memory or a down cluster slot does not count as back). After two
+// probes in a row succeed, calls go to the node again.
 //
 // What is not an outage never switches to the fallback: a denial is an
-// answer, the caller's own context ending returns its error, and any other
-// error (a script or argument error is a bug) is returned as it is.
+// answer, the caller's own context ending returns its error, a Redis client
+// that the program closed returns an error wrapping redis.ErrClosed (the
+// constructors reject one), and any other error (a script or argument
+// error is a bug) is returned as it is.
 type FallbackPolicy int
 
 // The fallback policies.
@@ -68,13 +94,18 @@ func (p FallbackPolicy) String() string {
 	return fmt.Sprintf("FallbackPolicy(%d)", int(p))
 }
 
-// Transition tells that a limiter switched to its fallback (Down) or back to
-// Redis. See [WithOnTransition].
+// Transition tells that a limiter switched one Redis node to its fallback
+// (Down) or back to Redis. See [WithOnTransition].
 type Transition struct {
 	Strategy Strategy
-	Down     bool          // true: Redis marked unavailable; false: back on Redis
-	Err      error         // Down: the error that marked Redis unavailable
-	Outage   time.Duration // back on Redis: how long it was marked unavailable
+	// Node is the address of the node (a cluster master or a ring shard)
+	// whose keys switched, or "" when the switch concerns the whole client
+	// (a *redis.Client, an AutoPipeliner, or a cluster or ring that could
+	// not route the key).
+	Node   string
+	Down   bool          // true: the node marked unavailable; false: back on Redis
+	Err    error         // Down: the error that marked it unavailable
+	Outage time.Duration // back on Redis: how long it was marked unavailable
 }
 
 // WithFallback sets what the limiter answers while Redis is unavailable.
@@ -83,9 +114,21 @@ func WithFallback(p FallbackPolicy) Option {
 	return optionFunc(func(c *config) { c.fallback = p })
 }
 
-// WithPingInterval sets how often the monitor probes Redis while it is
-// marked unavailable. The default is 100ms. Two probes in a row must succeed
-// before calls go back to Redis.
+// WithPingInterval sets how often the monitor probes a Redis node while it
+// is marked unavailable. The default is 100ms. Two probes in a row must
+// succeed before calls go back to the node.
+//
+// While the node cannot be reached at all (connections refused, dials
+// failing or timing out, no shard or sentinel left), the interval doubles
+// after each failed probe, up to three times the ping interval (300ms by
+// default), and is back to the ping interval after any probe that reaches
+// the node. This keeps go-redis's "failed to dial" log lines to about three
+// a second during a long outage, from ten (to silence them, set a logger
+// with redis.SetLogger); a node that answers, even with an error, or hangs
+// is probed at the ping interval, so that it is used again soon after it
+// recovers. go-redis adds its own wait: once PoolSize dials in a row have
+// failed, its pool dials again only once a second, so a restarted node can
+// take up to about 1.4s to be used again.
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
@@ -111,116 +154,294 @@ func WithFallbackKeys(max int) Option {
 	return optionFunc(func(c *config) { c.localKeys = max })
 }
 
-// WithOnTransition sets a function called when the limiter switches to its
-// fallback and when it switches back to Redis. It is called once per switch
-// (never per call), from the goroutine that noticed, and must not block.
-// Use it to log or count outages.
+// WithOnTransition sets a function called when the limiter switches a Redis
+// node to its fallback and when it switches it back. It is called once per
+// switch (never per call), one call at a time, in the order of the
+// switches, from one of the limiter's goroutines (usually the one that
+// noticed; a switch made while an earlier one is being reported is
+// reported right after it, from the goroutine reporting). It must not
+// block; it may call the limiter, Close included. Use it to log or count
+// outages.
 func WithOnTransition(f func(Transition)) Option {
 	return optionFunc(func(c *config) { c.onTransition = f })
 }
 
-// rescue holds a limiter's fallback state: whether Redis is marked down,
-// the monitor that probes it, and the in-process stand-ins (fallback.go).
+// rescue holds a limiter's fallback state: which Redis nodes are marked
+// down, the goroutines that probe them, the in-process stand-ins
+// (fallback.go), and the transitions not yet reported.
 type rescue struct {
 	e      *engine
-	down   atomic.Bool
 	locals *lru[*localSet]
+	ctx    context.Context // cancelled by close: ends probes in flight
+	cancel context.CancelFunc
+
+	// down maps the id of each node marked down to the error that marked
+	// it; nil when no node is down, which is all a healthy call reads.
+	down atomic.Pointer[map[string]error]
+	// gone is set once the program has closed the Redis client.
+	gone atomic.Bool
 
 	mu       sync.Mutex
-	cause    error     // the error that marked Redis down
-	since    time.Time // when it was marked down
-	probeKey string    // a key in the slot that failed
-	running  bool      // the monitor goroutine runs
+	nodes    map[string]*node // nodes marked down, or being checked by a probe
 	closed   bool
 	stop     chan struct{}
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the goroutines that probe
+	queue    []Transition   // switches not yet reported, oldest first
+	draining bool           // a goroutine is reporting the queue
+}
+
+// node is one Redis node that is marked down, or that a probe checks after
+// a failure that may have concerned one call only.
+type node struct {
+	scope
+	down  bool      // marked down (else being checked)
+	cause error     // the error that marked it down (a call's, or the probe's that confirmed one)
+	since time.Time // when it was marked down
 }
 
 // probeScript checks what a decision needs: the server's clock, and a write
 // (which a replica, a full memory, a loading or a down slot refuses).
 var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1], '1', 'PX', 1000) return 1`)
 
+// probeSuffix ends every probe key, which is <prefix>:{<tag>}:p with a tag
+// of 1 to 3 letters or digits chosen for its slot. No state key ends so.
 const probeSuffix = ":p"
 
+// maxBackoff is how many ping intervals apart probes of a node that cannot
+// be reached are sent, at most.
+const maxBackoff = 3
+
 func newRescue(e *engine) *rescue {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &rescue{
 		e:      e,
 		locals: newLRU[*localSet](e.cfg.localKeys),
+		ctx:    ctx,
+		cancel: cancel,
+		nodes:  make(map[string]*node),
 		stop:   make(chan struct{}),
 	}
 }
 
-// anyDown reports whether any calls go to the fallback.
-func (r *rescue) anyDown() bool { return r.down.Load() }
+// anyDown reports whether any node is marked down.
+func (r *rescue) anyDown() bool { return r.down.Load() != nil }
 
-// isDown reports whether calls for the state key state go to the fallback.
-func (r *rescue) isDown(state string) bool { return r.down.Load() }
-
-// outage reports whether err, met on the state key state, means that Redis
-// cannot answer now; if so it marks Redis down.
-func (r *rescue) outage(ctx context.Context, err error, state string) bool {
-	if !isUnavailable(err) {
+// isDown reports whether calls for the state key state go to the fallback:
+// whether the node the client sends it to is marked down.
+func (r *rescue) isDown(state string) bool {
+	m := r.down.Load()
+	if m == nil {
 		return false
 	}
-	r.markDown(err, state)
+	_, down := (*m)[r.scopeID(state)]
+	return down
+}
+
+// downCause returns the error that marked state's node down, if it is.
+func (r *rescue) downCause(state string) error {
+	if m := r.down.Load(); m != nil {
+		return (*m)[r.scopeID(state)]
+	}
+	return nil
+}
+
+// outage reports whether err, met by a call for the state key state, is to
+// be answered by the fallback. If err says that the node cannot answer, it
+// marks the node down; if err may concern that call only, it has the node
+// probed, and marked down only if the probe fails too. An error from a
+// Redis client that the program closed is not an outage.
+func (r *rescue) outage(ctx context.Context, err error, state string) bool {
+	kind := classify(err)
+	if kind == notOutage {
+		return false
+	}
+	if errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb) {
+		r.gone.Store(true)
+		return false
+	}
+	sc := r.scopeOf(state)
+	if kind == nodeOutage {
+		r.markDown(sc, err)
+	} else {
+		r.suspect(sc)
+	}
 	return true
 }
 
-// markDown marks Redis unavailable because of err, met on state's key, and
-// starts the monitor.
-func (r *rescue) markDown(err error, state string) {
+// markDown marks the node sc down because of err, and has it probed.
+func (r *rescue) markDown(sc scope, err error) {
 	r.mu.Lock()
-	if r.closed || r.down.Load() {
+	if r.closed {
 		r.mu.Unlock()
 		return
 	}
-	r.down.Store(true)
-	r.cause = err
-	r.since = time.Now()
-	r.probeKey = state + probeSuffix
-	r.running = true
-	r.wg.Add(1)
-	go r.monitor()
+	n := r.nodes[sc.id]
+	switch {
+	case n == nil:
+		n = &node{scope: sc}
+		r.nodes[sc.id] = n
+		r.wg.Add(1)
+		go r.monitor(n)
+	case n.down:
+		r.mu.Unlock()
+		return
+	}
+	// A node being checked has its goroutine already, which goes on
+	// probing it once its probe returns.
+	r.setDownLocked(n, err)
 	r.mu.Unlock()
-	r.notify(Transition{Strategy: r.e.own.rules[0].alg.strategy, Down: true, Err: err})
+	r.flush()
 }
 
-func (r *rescue) notify(t Transition) {
-	if f := r.e.cfg.onTransition; f != nil {
+// suspect has the node sc probed once, after an error that may concern one
+// call only; unless it is already down or being checked.
+func (r *rescue) suspect(sc scope) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.nodes[sc.id] != nil {
+		return
+	}
+	n := &node{scope: sc}
+	r.nodes[sc.id] = n
+	r.wg.Add(1)
+	go r.monitor(n)
+}
+
+// setDownLocked marks n down and queues the switch. r.mu is held.
+func (r *rescue) setDownLocked(n *node, err error) {
+	n.down, n.cause, n.since = true, err, time.Now()
+	r.publishLocked()
+	r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
+}
+
+// publishLocked updates the map of nodes marked down. r.mu is held.
+func (r *rescue) publishLocked() {
+	m := make(map[string]error)
+	for id, n := range r.nodes {
+		if n.down {
+			m[id] = n.cause
+		}
+	}
+	if len(m) == 0 {
+		r.down.Store(nil)
+		return
+	}
+	r.down.Store(&m)
+}
+
+func (r *rescue) strategy() Strategy { return r.e.own.rules[0].alg.strategy }
+
+// flush reports the queued switches in order, one at a time, unless another
+// goroutine is reporting them (it then reports these too). No lock is held
+// while the hook runs, so that it may call the limiter, Close included.
+// Goroutines counted in r.wg call it only after they are done, so that
+// Close, waiting for them, never waits for a hook.
+func (r *rescue) flush() {
+	f := r.e.cfg.onTransition
+	r.mu.Lock()
+	if f == nil {
+		r.queue = nil
+	}
+	if r.draining {
+		r.mu.Unlock()
+		return
+	}
+	r.draining = true
+	for len(r.queue) > 0 {
+		t := r.queue[0]
+		r.queue[0] = Transition{}
+		r.queue = r.queue[1:]
+		r.mu.Unlock()
 		f(t)
+		r.mu.Lock()
 	}
+	r.queue = nil
+	r.draining = false
+	r.mu.Unlock()
 }
 
-// monitor probes Redis until two probes in a row succeed, then switches
-// back. It tells the transition hook after it is done, so that the hook may
-// call Close.
-func (r *rescue) monitor() {
-	if outage, back := r.watch(); back {
-		r.notify(Transition{Strategy: r.e.own.rules[0].alg.strategy, Outage: outage})
-	}
+// monitor probes the node n until it is back, then reports the switches.
+func (r *rescue) monitor(n *node) {
+	r.watch(n)
+	r.flush()
 }
 
-// watch is the monitor's loop; it reports whether Redis is back.
-func (r *rescue) watch() (time.Duration, bool) {
+// watch is monitor's loop. A node being checked is probed at once: if the
+// probe succeeds, the failure concerned one call and the node is forgotten;
+// otherwise it is marked down. A node marked down is probed every ping
+// interval (more apart while it cannot be reached) until two probes in a
+// row succeed.
+func (r *rescue) watch(n *node) {
 	defer r.wg.Done()
 	every := r.e.cfg.pingInterval
+	r.mu.Lock()
+	checking := !n.down
+	r.mu.Unlock()
+	if checking {
+		err := r.probe(n)
+		gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
+		r.mu.Lock()
+		switch {
+		case r.closed:
+			r.mu.Unlock()
+			return
+		case gone:
+			r.gone.Store(true)
+			fallthrough
+		case err == nil && !n.down:
+			delete(r.nodes, n.id)
+			r.publishLocked()
+			r.mu.Unlock()
+			return
+		case !n.down:
+			r.setDownLocked(n, err)
+			// Probe on in a new goroutine; this one reports the switch
+			// once it is done (a hook calling Close from a goroutine
+			// counted in r.wg would wait for itself).
+			r.wg.Add(1)
+			go r.monitor(n)
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock() // marked down by a call meanwhile: go on probing
+	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	r.mu.Lock()
-	key := r.probeKey
-	r.mu.Unlock()
+	wait := every      // between probes; longer while the node cannot be reached
+	next := time.Now() // the next probe is due at the first tick after next
 	ok := 0
 	for {
 		select {
 		case <-r.stop:
-			return 0, false
+			return
 		case <-tick.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(every, 100*time.Millisecond))
-		err := probeScript.Run(ctx, r.e.rdb, []string{key}).Err()
-		cancel()
-		if err != nil {
+		if closedNow(r.e.rdb) {
+			r.gone.Store(true)
+			return
+		}
+		if time.Now().Before(next) {
+			continue
+		}
+		err := r.probe(n)
+		switch {
+		case err == nil:
+			wait = every
+		case errors.Is(err, redis.ErrClosed) && !clientClosed(r.ctx, r.e.rdb):
+			// The client dropped this node (a ring shard removed, say):
+			// there is nothing left to wait for.
+			err = nil
+			ok = 1
+		case errors.Is(err, redis.ErrClosed):
+			r.gone.Store(true)
+			return
+		default:
 			ok = 0
+			if unreachable(err) {
+				wait = min(2*wait, maxBackoff*every)
+			} else {
+				wait = every
+			}
 			// A failed-over cluster slot stays routed to the dead master
 			// until the client reloads its view of the cluster, which
 			// go-redis does only every ClusterStateReloadInterval (60s by
@@ -229,6 +450,9 @@ func (r *rescue) watch() (time.Duration, bool) {
 			if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
 				cc.ReloadState(context.Background())
 			}
+		}
+		next = time.Now().Add(wait - every/2) // due at the first tick after wait
+		if err != nil {
 			continue
 		}
 		if ok++; ok < 2 {
@@ -238,40 +462,127 @@ func (r *rescue) watch() (time.Duration, bool) {
 			c.stale() // the server may have come back on another machine
 		}
 		r.mu.Lock()
-		outage := time.Since(r.since)
-		r.running = false
-		r.down.Store(false)
+		if !r.closed {
+			delete(r.nodes, n.id)
+			r.publishLocked()
+			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
+		}
 		r.mu.Unlock()
-		return outage, true
+		return
 	}
 }
 
-// close stops the monitor and waits for it.
+// probeTimeout bounds one probe, beyond the client's own timeouts (which
+// bound it first when they are shorter, as recommended): through a
+// cluster, a probe of a migrating slot takes several round trips (ASK,
+// ASKING, NOSCRIPT, EVAL).
+const probeTimeout = time.Second
+
+// probe runs the probe script once on the node n.
+func (r *rescue) probe(n *node) error {
+	ctx, cancel := context.WithTimeout(r.ctx, max(r.e.cfg.pingInterval, probeTimeout))
+	defer cancel()
+	return probeScript.Run(ctx, n.probe, []string{n.key}).Err()
+}
+
+// close stops the probes and waits for them.
 func (r *rescue) close() {
 	r.mu.Lock()
 	if !r.closed {
 		r.closed = true
 		close(r.stop)
+		r.cancel()
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
 }
 
-// isUnavailable reports whether err says that Redis cannot answer now, as
-// opposed to an answer or a bug.
-func isUnavailable(err error) bool {
-	var netErr net.Error
+// outageKind says what an error means for the node that gave it.
+type outageKind int8
+
+const (
+	notOutage  outageKind = iota // an answer, a bug, or the caller's own business
+	callOutage                   // may concern this call only: probe the node before marking it down
+	nodeOutage                   // the node cannot answer now: mark it down
+)
+
+// Texts of go-redis v9 errors that are not exported.
+const (
+	errRingDown      = "redis: all ring shards are down"
+	errNoNodes       = "redis: cluster has no nodes"
+	errNoSentinel    = "redis: all sentinels specified in configuration are unreachable"
+	errConnUnusable  = "redis: timed out trying to mark connection as unusable"
+	errFDReaderGone  = "redis: autopipeline full-duplex reader exited"
+	errFDConnMoving  = "redis: autopipeline: full-duplex connection moving"
+	errFDMaxHold     = "redis: autopipeline: full-duplex connection max-hold reached"
+	errFDBudgetSpent = "redis: autopipeline: retry budget exhausted before shutdown flush"
+)
+
+// classify tells whether err says that Redis cannot answer now, as opposed
+// to an answer or a bug, and whether it concerns the whole node.
+func classify(err error) outageKind {
+	if err == nil {
+		return notOutage
+	}
+	var (
+		opErr  *net.OpError
+		netErr net.Error
+		reply  redis.Error
+	)
 	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
+		return nodeOutage
+	case errors.As(err, &reply):
+		_, moved := redis.IsMovedError(err)
+		_, ask := redis.IsAskError(err)
+		switch {
+		case redis.IsTryAgainError(err), moved, ask:
+			// One call during a slot migration (go-redis follows MOVED and
+			// ASK, up to MaxRedirects times).
+			return callOutage
+		case redis.IsLoadingError(err), redis.IsReadOnlyError(err),
+			redis.IsClusterDownError(err), redis.IsMasterDownError(err),
+			redis.IsOOMError(err), redis.IsMaxClientsError(err),
+			redis.HasErrorPrefix(err, "BUSY "), redis.HasErrorPrefix(err, "NOREPLICAS"),
+			redis.HasErrorPrefix(err, "MISCONF"):
+			return nodeOutage
+		}
+		return notOutage
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, errRingDown), strings.Contains(msg, errNoNodes),
+		strings.Contains(msg, errNoSentinel):
+		return nodeOutage
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
 		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE), errors.As(err, &netErr):
-		return true
+		errors.Is(err, redis.ErrAutoPipelineTimeout), errors.Is(err, redis.ErrAutoPipelineQueueFull),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		strings.Contains(msg, errConnUnusable), strings.Contains(msg, errFDReaderGone),
+		strings.Contains(msg, errFDConnMoving), strings.Contains(msg, errFDMaxHold),
+		strings.Contains(msg, errFDBudgetSpent), errors.As(err, &netErr):
+		return callOutage
 	}
-	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
-		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
-		redis.IsMasterDownError(err) || redis.IsOOMError(err) ||
-		redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY ") ||
-		redis.HasErrorPrefix(err, "NOREPLICAS") || redis.HasErrorPrefix(err, "MISCONF")
+	return notOutage
+}
+
+// isUnavailable reports whether err says that Redis cannot answer now, as
+// opposed to an answer or a bug.
+func isUnavailable(err error) bool { return classify(err) != notOutage }
+
+// unreachable reports whether a probe's err says that the node could not be
+// reached at all, rather than that it answered with an error or hung.
+func unreachable(err error) bool {
+	var opErr *net.OpError
+	var reply redis.Error
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
+		return true
+	case errors.As(err, &reply):
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, errRingDown) || strings.Contains(msg, errNoNodes) ||
+		strings.Contains(msg, errNoSentinel)
 }
