@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
@@ -122,7 +124,13 @@ func (r faultReport) String() string {
 // faultLimiter is a limiter on a tuned client of addr, for a fault test.
 func faultLimiter(t *testing.T, addr string, opts ...Option) (*RateLimiter, *redis.Client, *transitions) {
 	t.Helper()
-	rdb := redis.NewClient(redistest.TunedOptions(addr))
+	return faultLimiterWith(t, redistest.TunedOptions(addr), opts...)
+}
+
+// faultLimiterWith is faultLimiter on a client with the options copts.
+func faultLimiterWith(t *testing.T, copts *redis.Options, opts ...Option) (*RateLimiter, *redis.Client, *transitions) {
+	t.Helper()
+	rdb := redis.NewClient(copts)
 	tr := &transitions{}
 	opts = append([]Option{WithOnTransition(tr.record)}, opts...)
 	lim, err := NewTokenBucket(rdb, PerSecond(100_000), opts...)
@@ -250,23 +258,10 @@ func TestFaultFlapping(t *testing.T) {
 // OOM under maxmemory noeviction, and BUSY while a slow script runs.
 func TestFaultServerStates(t *testing.T) {
 	t.Run("LOADING", func(t *testing.T) {
-		// key-load-delay makes loading slow enough to see (20,000 keys at
-		// 50µs each take about 2 s); a small events interval makes Redis
-		// answer LOADING while it loads, as it does with a big dataset.
-		srv := redistest.Start(t, "--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
-		admin := srv.Client(t)
+		srv, lim, tr := loadingServer(t)
 		ctx := context.Background()
-		pipe := admin.Pipeline()
-		for i := range 20000 {
-			pipe.Set(ctx, "fill:"+strconv.Itoa(i), "x", 0)
-		}
-		_, err := pipe.Exec(ctx)
-		require.NoError(t, err)
-		require.NoError(t, admin.Save(ctx).Err())
-		lim, _, tr := faultLimiter(t, srv.Addr)
-		require.NoError(t, srv.Kill())
 		restarted := make(chan error, 1)
-		go func() { restarted <- srv.Restart() }() // returns when loading is done
+		go func() { restarted <- srv.Restart() }() // returns at the first reply, LOADING included
 		// Wait for the port to open: from then on Redis answers LOADING.
 		for deadline := time.Now().Add(5 * time.Second); ; {
 			c, err := net.DialTimeout("tcp", srv.Addr, 100*time.Millisecond)
@@ -364,6 +359,56 @@ func TestFaultServerStates(t *testing.T) {
 		<-done
 		waitBack(t, lim, 2*time.Second)
 	})
+}
+
+// loadingServer starts a server, gives it a dataset that takes it about
+// 1.5 s to load, stops it with SIGKILL and returns it, with a limiter on it
+// whose client is tuned but for 1 s read and write timeouts: Redis answers
+// LOADING only between chunks of the load, and on 2 busy cores a chunk can
+// take longer than the tuned 100 ms, which would turn the LOADING reply the
+// subtest is about into a timeout.
+//
+// Redis 7.0 and later (Valkey too) load a big RDB slowly with
+// key-load-delay and answer between chunks of 1024 bytes
+// (loading-process-events-interval-bytes). Redis 6 refuses that option at
+// startup (it answers every 2 MB of RDB, a fixed interval, so an RDB would
+// need 50 MB a second of loading to answer within 40 ms). There the dataset
+// is an append-only file of one script that runs for 1.5 s: with
+// lua-time-limit 10, Redis 6 serves clients (and answers them LOADING)
+// every 100,000 Lua instructions once the script has run 10 ms.
+func loadingServer(t *testing.T) (*redistest.Server, *RateLimiter, *transitions) {
+	t.Helper()
+	v, err := redistest.ServerVersion()
+	require.NoError(t, err)
+	ctx := context.Background()
+	var srv *redistest.Server
+	if v.AtLeast(7, 0) {
+		// key-load-delay makes loading slow enough to see (20,000 keys at
+		// 50µs each take about 1-2 s).
+		srv = redistest.Start(t, "--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
+		admin := srv.Client(t)
+		pipe := admin.Pipeline()
+		for i := range 20000 {
+			pipe.Set(ctx, "fill:"+strconv.Itoa(i), "x", 0)
+		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+		require.NoError(t, admin.Save(ctx).Err())
+	} else {
+		srv = redistest.Start(t, "--appendonly", "yes", "--lua-time-limit", "10")
+	}
+	copts := redistest.TunedOptions(srv.Addr)
+	copts.ReadTimeout, copts.WriteTimeout = time.Second, time.Second
+	lim, _, tr := faultLimiterWith(t, copts)
+	require.NoError(t, srv.Kill())
+	if !v.AtLeast(7, 0) {
+		const script = `local function us() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
+local s = us()
+while us() - s < 1500000 do end`
+		aof := fmt.Sprintf("*3\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n0\r\n", len(script), script)
+		require.NoError(t, os.WriteFile(filepath.Join(srv.Dir, "appendonly.aof"), []byte(aof), 0o600))
+	}
+	return srv, lim, tr
 }
 
 // waitBack waits until lim decides on Redis again.
