@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -273,5 +274,8 @@ func isUnavailable(err error) bool {
 		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
 		redis.IsMasterDownError(err) || redis.IsOOMError(err) ||
 		redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY ") ||
-		redis.HasErrorPrefix(err, "NOREPLICAS") || redis.HasErrorPrefix(err, "MISCONF")
+		redis.HasErrorPrefix(err, "NOREPLICAS") || redis.HasErrorPrefix(err, "MISCONF") ||
+		// Redis 6 wraps a script's OOM: "ERR Error running script (call to
+		// f_...): @user_script:269: @user_script: 269: -OOM command not allowed ...".
+		redis.HasErrorPrefix(err, "Error running script") && strings.Contains(err.Error(), ": -OOM ")
 }
