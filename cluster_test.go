@@ -19,12 +19,17 @@ import (
 // (3 masters, 1 replica each) for what does not break it, and clusters of
 // their own for failover.
 
-// clusterClient returns a client of c with the README's options. reload is
+// clusterClient returns a client of c with the README's options but for
+// the room steadyOptions leaves a loaded machine: a pool of 64 per node and
+// 2 s timeouts. The failover tests lose nodes by SIGKILL, which refuses
+// connections at once, so no timeout delays what they measure. reload is
 // the ClusterStateReloadInterval; 0 keeps go-redis's default (60s).
 func clusterClient(t *testing.T, c *redistest.Cluster, reload time.Duration) *redis.ClusterClient {
 	opts := redistest.TunedClusterOptions(c.Addrs())
 	opts.ClusterStateReloadInterval = reload
-	opts.ReadTimeout, opts.WriteTimeout = 500*time.Millisecond, 500*time.Millisecond // -race on 2 cores
+	opts.PoolSize = 64
+	opts.DialTimeout, opts.PoolTimeout = steadyTimeout, steadyTimeout
+	opts.ReadTimeout, opts.WriteTimeout = steadyTimeout, steadyTimeout
 	rdb := redis.NewClusterClient(opts)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb

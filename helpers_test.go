@@ -128,7 +128,10 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, key string) string {
 }
 
 // expireTime returns key's absolute expiry in ms: PEXPIRETIME, or on
-// servers before 7.0 the server's TIME plus PTTL, read in one script.
+// servers before 7.0 the server's TIME plus PTTL, read in one script that
+// reads TIME before and after PTTL until both fall in one millisecond (else
+// a millisecond edge, or a loaded machine descheduling the server, between
+// the two reads would make the sum off by one or more).
 func expireTime(t *testing.T, rdb redis.UniversalClient, key string) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -146,8 +149,15 @@ func expireTime(t *testing.T, rdb redis.UniversalClient, key string) int64 {
 	return v[0] + v[1]
 }
 
-var expireScript = redis.NewScript(`local t = redis.call('TIME')
-return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('PTTL', KEYS[1])}`)
+var expireScript = redis.NewScript(`local function ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+while true do
+  local before = ms()
+  local pttl = redis.call('PTTL', KEYS[1])
+  if ms() == before then return {before, pttl} end
+end`)
 
 // capacity is the most events a fresh key admits at once.
 func capacity(l Limit, s Strategy) int {

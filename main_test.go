@@ -58,3 +58,13 @@ func realCluster(t testing.TB) *redistest.Cluster {
 	redistest.SkipOrFail(t, sharedClusterErr)
 	return sharedCluster
 }
+
+// serverVersion returns the engine the real-Redis tests run on (see
+// redistest.ServerVersion), for a test that asserts what differs between
+// engines.
+func serverVersion(t testing.TB) redistest.Version {
+	t.Helper()
+	v, err := redistest.ServerVersion()
+	redistest.SkipOrFail(t, err)
+	return v
+}

@@ -544,7 +544,11 @@ func classify(err error) outageKind {
 			redis.IsClusterDownError(err), redis.IsMasterDownError(err),
 			redis.IsOOMError(err), redis.IsMaxClientsError(err),
 			redis.HasErrorPrefix(err, "BUSY "), redis.HasErrorPrefix(err, "NOREPLICAS"),
-			redis.HasErrorPrefix(err, "MISCONF"):
+			redis.HasErrorPrefix(err, "MISCONF"),
+			// Redis 6 wraps a script's OOM: "ERR Error running script (call
+			// to f_...): @user_script:269: @user_script: 269: -OOM command
+			// not allowed ...".
+			redis.HasErrorPrefix(err, "Error running script") && strings.Contains(err.Error(), ": -OOM "):
 			return nodeOutage
 		}
 		return notOutage

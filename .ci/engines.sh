@@ -127,19 +127,40 @@ loader() {
 # itself (same PID, signals reach it). The loader is called through a
 # symlink named like the program, so the process's name (comm) is
 # redis-server, not ld-linux-x86-64; argv[0] is the wrapper's path.
+# Bullseye's Redis loads lua-cjson with Lua's require, which searches
+# LUA_CPATH (by default /usr/lib/x86_64-linux-gnu/lua/5.1, not the cache):
+# where LIBS has Lua modules, the wrapper points LUA_CPATH there.
 wrapper() {
-  local file=$1 link=$2 libs=$3 bin=$4
+  local file=$1 link=$2 libs=$3 bin=$4 env=""
+  if [ -d "$libs/lua/5.1" ]; then
+    env="LUA_CPATH='$libs/lua/5.1/?.so;;'
+export LUA_CPATH
+"
+  fi
   cat >"$file" <<EOF
 #!/bin/sh
 # Written by .ci/engines.sh: $bin
 # through the loader $(readlink "$link"), libraries from $libs.
-exec "$link" --library-path "$libs" --argv0 "\$0" "$bin" "\$@"
+${env}exec "$link" --library-path "$libs" --argv0 "\$0" "$bin" "\$@"
 EOF
   chmod 755 "$file"
 }
 
+# wrappers ENGINE: the loader links and the redis-server and redis-cli
+# wrappers of an unpacked engine, written anew on every run.
+wrappers() {
+  local e=$1 d="$dir/$1" server client
+  read -r server client <<<"$(programs "$e")"
+  mkdir -p "$d/bin" "$d/loader"
+  ln -sfn "$(loader "$e" "$d/root")" "$d/loader/redis-server"
+  ln -sfn "$(loader "$e" "$d/root")" "$d/loader/redis-cli"
+  wrapper "$d/bin/redis-server" "$d/loader/redis-server" "$d/root/usr/lib/x86_64-linux-gnu" "$d/root/usr/bin/$server"
+  wrapper "$d/bin/redis-cli" "$d/loader/redis-cli" "$d/root/usr/lib/x86_64-linux-gnu" "$d/root/usr/bin/$client"
+}
+
 # check ENGINE: the wrappers resolve every library, and the server starts on
-# a unix socket and answers PING and EVAL.
+# a unix socket and answers PING and EVAL, with the cjson library that every
+# Redis has in its scripts.
 check() {
   local e=$1 d="$dir/$1" out tmp pid rc=0
   # Trixie's binaries must not pick up one of bookworm's libraries.
@@ -164,9 +185,10 @@ check() {
     sleep 0.05
   done
   out=$("$d/bin/redis-cli" -s "$tmp/s" PING 2>&1 &&
-    "$d/bin/redis-cli" -s "$tmp/s" EVAL "return redis.call('INCRBY', KEYS[1], ARGV[1])" 1 k 42 2>&1) || rc=1
-  if [ "$out" != "$(printf 'PONG\n42')" ]; then
-    echo "$e: the server does not answer PING and EVAL: $out" >&2
+    "$d/bin/redis-cli" -s "$tmp/s" EVAL "return redis.call('INCRBY', KEYS[1], ARGV[1])" 1 k 42 2>&1 &&
+    "$d/bin/redis-cli" -s "$tmp/s" EVAL "return cjson.encode({1, 2})" 0 2>&1) || rc=1
+  if [ "$out" != "$(printf 'PONG\n42\n[1,2]')" ]; then
+    echo "$e: the server does not answer PING and EVAL (with cjson): $out" >&2
     tail -n 20 "$tmp/log" >&2
     rc=1
   fi
@@ -176,11 +198,11 @@ check() {
   return $rc
 }
 
-# setup ENGINE: download, unpack and write the wrappers. It runs under
+# setup ENGINE: download and unpack (wrappers writes the wrappers). It runs under
 # set -e (never in a condition), so any failure stops the script; the
 # engine's directory has no "ok" file then, and the next run sets it up anew.
 setup() {
-  local e=$1 s conf d debs p ver arch f want=() missing=() server client
+  local e=$1 s conf d debs p ver arch f want=() missing=()
   s=$(suite "$e")
   apt_for "$s"
   debs="$dir/debs/$s"
@@ -206,16 +228,11 @@ setup() {
   fi
   d="$dir/$e"
   rm -rf "$d"
-  mkdir -p "$d/root" "$d/bin" "$d/loader"
+  mkdir -p "$d/root"
   for f in "${want[@]}"; do
     dpkg-deb -x "$debs/$f" "$d/root"
     dpkg-deb -f "$debs/$f" Package Version | paste -sd' ' >>"$d/packages"
   done
-  read -r server client <<<"$(programs "$e")"
-  ln -s "$(loader "$e" "$d/root")" "$d/loader/redis-server"
-  ln -s "$(loader "$e" "$d/root")" "$d/loader/redis-cli"
-  wrapper "$d/bin/redis-server" "$d/loader/redis-server" "$d/root/usr/lib/x86_64-linux-gnu" "$d/root/usr/bin/$server"
-  wrapper "$d/bin/redis-cli" "$d/loader/redis-cli" "$d/root/usr/lib/x86_64-linux-gnu" "$d/root/usr/bin/$client"
 }
 
 mkdir -p "$dir"
@@ -233,6 +250,7 @@ for e in "${engines[@]}"; do
   if [ ! -f "$dir/$e/ok" ]; then
     setup "$e"
   fi
+  wrappers "$e"
   if ! check "$e"; then
     rm -f "$dir/$e/ok"
     failed+=("$e")

@@ -21,7 +21,8 @@ type Proxy struct {
 	target string
 
 	mu        sync.Mutex
-	ln        net.Listener // nil while cut or closed
+	ln        net.Listener  // nil while cut or closed
+	lnDone    chan struct{} // closed when ln's accept loop has returned
 	conns     map[*proxyConn]struct{}
 	blackhole bool
 	delay     time.Duration
@@ -93,12 +94,14 @@ func newProxy(target string) (*Proxy, error) {
 // startLocked serves ln. p.mu is held.
 func (p *Proxy) startLocked(ln net.Listener) {
 	p.ln = ln
+	p.lnDone = make(chan struct{})
 	p.wg.Add(1)
-	go p.serve(ln)
+	go p.serve(ln, p.lnDone)
 }
 
-func (p *Proxy) serve(ln net.Listener) {
+func (p *Proxy) serve(ln net.Listener, done chan struct{}) {
 	defer p.wg.Done()
+	defer close(done)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -240,16 +243,23 @@ func (p *Proxy) getDelay() time.Duration {
 }
 
 // Cut closes the listener and every open connection: connections in use see
-// EOF or a reset, and new dials are refused until [Proxy.Restore].
+// EOF or a reset, and new dials are refused until [Proxy.Restore]. It
+// returns when the listening socket is closed: Go closes it only when the
+// accept loop, which holds it, returns, and until then (long, on a loaded
+// machine) the kernel would still accept dials.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var done chan struct{}
 	if p.ln != nil {
 		p.ln.Close()
-		p.ln = nil
+		p.ln, done = nil, p.lnDone
 	}
 	for pc := range p.conns {
 		pc.close()
+	}
+	p.mu.Unlock()
+	if done != nil {
+		<-done // not under p.mu, which the accept loop may be waiting for
 	}
 }
 
