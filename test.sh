@@ -60,7 +60,7 @@ done
 # 5 minutes the package takes). The names say which they are;
 # TestEngineTestsNamed (redis_test.go) checks that every test that starts a
 # server matches.
-engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$'
+engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestLeaseHangNoQueue$'
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # On each engine: the root package's real-Redis and cluster tests, and
