@@ -15,8 +15,9 @@ import "github.com/redis/go-redis/v9"
 // they return, and never take a slot that they could not wait for before
 // ctx's deadline.
 //
-// It keeps one Redis string per key (the time at which the queue is empty)
-// and writes only when it admits.
+// It keeps one Redis string per key, the queue's length in exact integers
+// (the token bucket's state, see scripts/bucket.lua), and writes only when
+// it admits.
 func NewLeakyBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
 	return newRateLimiter(LeakyBucket, rdb, limit, opts)
 }

@@ -7,9 +7,12 @@ import "github.com/redis/go-redis/v9"
 // full when first used. Each event takes a token. It allows bursts of up to
 // Burst events, then a steady Rate per Period.
 //
-// It keeps one Redis string per key (the time at which the bucket is full
-// again, the GCRA form of a token bucket) that expires when the bucket is
-// full, and writes only when it admits.
+// It keeps one Redis string per key, the tokens used in exact integers
+// (see scripts/bucket.lua), that expires when the bucket is full again (at
+// least one Period after the last write), and writes only when it admits.
+// Any Limit the other strategies accept works, up to MaxRate per Period: at
+// 1e9 bytes per second it is exact to the byte. Limiters that differ only in
+// Rate or Burst share the state and keep the tokens used.
 func NewTokenBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
 	return newRateLimiter(TokenBucket, rdb, limit, opts)
 }
