@@ -296,6 +296,9 @@ func newParity(t *testing.T, seed uint64, srv *redistest.Server) *parity {
 	real := redis.NewClient(opts)
 	t.Cleanup(func() { real.Close() })
 	hook := &parityHook{raw: raw, clock: clock}
+	if v, err := redistest.ServerVersion(); err == nil && !v.AtLeast(7, 0) && v.Name == "Redis" {
+		hook.noExpireTime = true // PEXPIRETIME is Redis 7.0's: read PTTL instead
+	}
 	real.AddHook(hook)
 
 	p := &parity{
@@ -642,7 +645,7 @@ func (p *parity) compareKey(rk realKey, ev realEval) {
 	case rk.expireAt >= 0:
 		// The script set a TTL: PX was added to the server's ms clock
 		// at some time between the two TIMEs around the script.
-		lo, hi := rk.expireAt-ev.afterMS, rk.expireAt-ev.beforeMS
+		lo, hi := rk.pxLo, rk.pxHi
 		got := ttl.Milliseconds()
 		if ttl%time.Millisecond != 0 || got < lo || got > hi {
 			p.fail("key %q: TTL %v on miniredis, PX in [%d, %d] ms on redis", rk.key, ttl, lo, hi)
@@ -701,6 +704,8 @@ type realKey struct {
 	typ      string // after it
 	val      string
 	expireAt int64 // PEXPIRETIME, ms: -1 none, -2 no key
+	// The PX the script gave, at least and at most, in ms (expireAt >= 0).
+	pxLo, pxHi int64
 }
 
 // realEval is one script run on real Redis.
@@ -714,10 +719,11 @@ type realEval struct {
 // its keys (their expiry is then the test's to apply), reading in the same
 // EXEC what the test compares.
 type parityHook struct {
-	raw   *redis.Client
-	clock *simClock
-	evals []realEval
-	dels  []string
+	raw          *redis.Client
+	clock        *simClock
+	evals        []realEval
+	dels         []string
+	noExpireTime bool // the server has no PEXPIRETIME (before 7.0)
 }
 
 func (h *parityHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -762,7 +768,7 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 		keys[i] = fmt.Sprint(args[3+i])
 	}
 	var (
-		before, after *redis.TimeCmd
+		before, after, last *redis.TimeCmd
 		exists        = make([]*redis.IntCmd, nk)
 		types         = make([]*redis.StatusCmd, nk)
 		strs          = make([]*redis.StringCmd, nk)
@@ -777,7 +783,11 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 		p.Process(ctx, cmd)
 		after = p.Time(ctx)
 		for i, k := range keys {
-			expires[i] = p.Do(ctx, "PEXPIRETIME", k)
+			if h.noExpireTime {
+				expires[i] = p.Do(ctx, "PTTL", k)
+			} else {
+				expires[i] = p.Do(ctx, "PEXPIRETIME", k)
+			}
 			types[i] = p.Type(ctx, k)
 			if isLogKey(k) {
 				zsets[i] = p.ZRangeWithScores(ctx, k, 0, -1)
@@ -786,6 +796,7 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 			}
 			p.Persist(ctx, k)
 		}
+		last = p.Time(ctx)
 		return nil
 	})
 	if cmd.Err() != nil {
@@ -802,6 +813,15 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 			return err
 		}
 		rk.expireAt = x
+		switch {
+		case x < 0:
+		case h.noExpireTime:
+			// PTTL, read between after and last: the expiry is
+			// PTTL + [after, last], the script ran in [before, after].
+			rk.pxLo, rk.pxHi = x, x+last.Val().UnixMilli()-ev.beforeMS+1
+		default:
+			rk.pxLo, rk.pxHi = x-ev.afterMS, x-ev.beforeMS
+		}
 		if zsets[i] != nil {
 			rk.val = renderZ(zsets[i].Val())
 		} else {
