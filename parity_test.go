@@ -769,11 +769,11 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 	}
 	var (
 		before, after, last *redis.TimeCmd
-		exists        = make([]*redis.IntCmd, nk)
-		types         = make([]*redis.StatusCmd, nk)
-		strs          = make([]*redis.StringCmd, nk)
-		zsets         = make([]*redis.ZSliceCmd, nk)
-		expires       = make([]*redis.Cmd, nk)
+		exists              = make([]*redis.IntCmd, nk)
+		types               = make([]*redis.StatusCmd, nk)
+		strs                = make([]*redis.StringCmd, nk)
+		zsets               = make([]*redis.ZSliceCmd, nk)
+		expires             = make([]*redis.Cmd, nk)
 	)
 	_, err := h.raw.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		before = p.Time(ctx)
