@@ -41,7 +41,7 @@ local function bucket_read(key, rate)
     d0 = tonumber(string.sub(v, 1, sep - 1))
     elapsed = now - tonumber(string.sub(v, sep + 1))
   else
-    local len = string.len(v)
+    local len = #v
     local me = tonumber(string.sub(v, 1, len - 9)) -- M * 10 + E, below 1e9
     local e = me % 10
     d0 = (me - e) / 10 * 10 ^ e
@@ -56,9 +56,9 @@ local function bucket_read(key, rate)
   return used
 end
 
--- bucket_write returns the command that stores D = used (> 0) at now, and
--- the time until the bucket is full again.
-local function bucket_write(key, used, rate, period)
+-- bucket_write returns the value that stores D = used (> 0) at now, its
+-- lifetime in ms (for PX) and the time until the bucket is full again.
+local function bucket_write(used, rate, period)
   local life = ceil_div(used, rate)
   local ttl = life
   if ttl < period then ttl = period end
@@ -77,10 +77,13 @@ local function bucket_write(key, used, rate, period)
   else
     value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
   end
-  return {'SET', key, value, 'PX', ms(ttl)}, life
+  return value, ms(ttl), life
 end
 
-local function bucket(key, rate, period, burst, queue)
+-- bucket is the check function of both (see S in common.lua): code 'lb'
+-- is the leaky bucket.
+local function bucket(key, rate, period, burst, code)
+  local queue = code == 'lb'
   local used = bucket_read(key, rate)
   local cap = burst * period
   local avail = floor_div(cap - used, period)
@@ -99,14 +102,10 @@ local function bucket(key, rate, period, burst, queue)
   if n == 0 then
     return true, avail, delay, reset_now, reset_now
   end
-  local cmd, life = bucket_write(key, used + n * period, rate, period)
-  write_args(cmd)
+  local value, px, life = bucket_write(used + n * period, rate, period)
+  write('SET', key, value, 'PX', px)
   return true, avail, delay, reset_now, life, 0
 end
 
-S.tb = function(key, rate, period, burst)
-  return bucket(key, rate, period, burst, false)
-end
-S.lb = function(key, rate, period, burst)
-  return bucket(key, rate, period, burst, true)
-end
+S.tb = bucket
+S.lb = bucket

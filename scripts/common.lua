@@ -84,38 +84,49 @@ local function ms(d)
 end
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
--- rule, at once (no other rule can deny, so the call is allowed: this saves
--- a table per command); with several, queued in writes, which decide.lua
--- runs only if every rule allows. write_args does the same for a command
--- already in a table.
-local writes = {}
+-- rule, at once (no other rule can deny, so the call is allowed); with
+-- several, queued, and decide.lua runs the queue only if every rule allows.
+-- The queue is one flat table of commands, each its argument count and
+-- then its arguments (a table per command cost a policy's decision more
+-- than its commands did). write_args does the same for a command already
+-- in a table.
+local writes -- the queue, made on the first queued write
 local function write(cmd, key, a, b, c)
-  if nrules > 1 then
+  if nrules == 1 then
     if b == nil then
-      writes[#writes + 1] = {cmd, key, a}
+      redis.call(cmd, key, a)
     elseif c == nil then
-      writes[#writes + 1] = {cmd, key, a, b}
+      redis.call(cmd, key, a, b)
     else
-      writes[#writes + 1] = {cmd, key, a, b, c}
+      redis.call(cmd, key, a, b, c)
     end
-  elseif b == nil then
-    redis.call(cmd, key, a)
+    return
+  end
+  if not writes then writes = {} end
+  local w = #writes
+  if b == nil then
+    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = 3, cmd, key, a
   elseif c == nil then
-    redis.call(cmd, key, a, b)
+    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 4, cmd, key, a, b
   else
-    redis.call(cmd, key, a, b, c)
+    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5], writes[w + 6] = 5, cmd, key, a, b, c
   end
 end
 local function write_args(args)
-  if nrules > 1 then
-    writes[#writes + 1] = args
-  else
+  if nrules == 1 then
     redis.call(unpack(args))
+    return
   end
+  if not writes then writes = {} end
+  local w = #writes
+  writes[w + 1] = #args
+  for i = 1, #args do writes[w + 1 + i] = args[i] end
 end
 
--- S maps a strategy code to its check function. A check function reads one
--- rule's state and returns
+-- S maps a strategy code to its check function. A check function is called
+-- with the rule's key, rate, period, burst and code (the strategy's, so
+-- that two strategies can share a function); it reads the rule's state and
+-- returns
 --   ok, avail, wait, reset_now, reset_next
 -- ok: the n events fit; avail: events that fit now (may be < 0 after a
 -- lowered limit); wait: when ok, the delay (leaky bucket); else the retry

@@ -19,9 +19,10 @@ end
 
 local n0 = n -- the call's n; a per-call rule counts min(n, 1) instead
 local HUGE = 2 ^ 53
+local STAR = 42 -- '*', a per-call rule's mark (compared as a byte: no new string)
 local counting = false -- a rule counts n (else Remaining counts calls)
 for i = 1, nrules do
-  if string.sub(ARGV[4 + 4 * i], 1, 1) ~= '*' then counting = true end
+  if string.byte(ARGV[4 + 4 * i]) ~= STAR then counting = true end
 end
 local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
@@ -32,14 +33,14 @@ if rid ~= '' then tags = {} end
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
   local strat = ARGV[a]
-  local per_call = string.sub(strat, 1, 1) == '*'
+  local per_call = string.byte(strat) == STAR
   n = n0
   if per_call then
     strat = string.sub(strat, 2)
     if n > 1 then n = 1 end
   end
   local ok, avail, w, reset_now, reset_next, tag, why = S[strat](KEYS[i],
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), strat)
   if tags then tags[i] = tag or 0 end
   local after = avail - n
   if per_call and counting then
@@ -85,8 +86,13 @@ if n == 0 then
   return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest}
 end
 
-for i = 1, #writes do
-  redis.call(unpack(writes[i]))
+if writes then
+  local i, last = 1, #writes
+  while i < last do
+    local c = writes[i]
+    redis.call(unpack(writes, i + 1, i + c))
+    i = i + c + 1
+  end
 end
 if min_after < 0 then min_after = 0 end
 local reply = {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}

@@ -96,7 +96,8 @@ A.tb = function(key, rate, period, tag)
   if d <= 0 then
     redis.call('DEL', key)
   else
-    redis.call(unpack((bucket_write(key, d, rate, period))))
+    local value, px = bucket_write(d, rate, period)
+    redis.call('SET', key, value, 'PX', px)
   end
 end
 A.lb = A.tb
@@ -121,7 +122,7 @@ end
 local min_now, reset, fewest = nil, 0, 1
 local counting = false -- see decide.lua
 for i = 1, nrules do
-  if string.sub(ARGV[4 + 4 * i], 1, 1) ~= '*' then counting = true end
+  if string.byte(ARGV[4 + 4 * i]) ~= 42 then counting = true end -- 42: '*'
 end
 for i = 1, nrules do
   local a = 8 + 4 * (i - 1)
@@ -129,7 +130,7 @@ for i = 1, nrules do
   local per_call = string.sub(strat, 1, 1) == '*'
   if per_call then strat = string.sub(strat, 2) end
   local ok, avail, w, reset_now = S[strat](KEYS[i],
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), strat)
   if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see decide.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end
