@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -266,7 +267,8 @@ func TestFaultFlapping(t *testing.T) {
 }
 
 // T6: LOADING after a restart with a dataset to load, READONLY on a replica,
-// OOM under maxmemory noeviction, and BUSY while a slow script runs.
+// OOM under maxmemory noeviction, MISCONF after a failed save, and BUSY
+// while a slow script runs.
 func TestFaultServerStates(t *testing.T) {
 	t.Run("LOADING", func(t *testing.T) {
 		srv, lim, tr := loadingServer(t)
@@ -337,6 +339,45 @@ func TestFaultServerStates(t *testing.T) {
 			require.ErrorContains(t, got[0].Err, ": -OOM command not allowed", "%v: transitions = %+v, want one caused by a script's OOM", v, got)
 		}
 		_, err = srv.CLI("CONFIG", "SET", "maxmemory", "0")
+		require.NoError(t, err)
+		waitBack(t, lim, 2*time.Second)
+	})
+	t.Run("MISCONF", func(t *testing.T) {
+		// stop-writes-on-bgsave-error (on by default): once a save fails,
+		// Redis refuses writes. Here the save fails because its directory
+		// is gone.
+		rdbDir := filepath.Join(t.TempDir(), "rdb")
+		require.NoError(t, os.Mkdir(rdbDir, 0o755))
+		srv := redistest.Start(t, "--dir", rdbDir)
+		lim, _, tr := faultLimiter(t, srv.Addr)
+		res, err := lim.Allow(context.Background(), "k")
+		require.NoError(t, err)
+		require.False(t, res.Degraded, "before the failed save: %+v", res)
+		require.NoError(t, os.Remove(rdbDir))
+		_, err = srv.CLI("CONFIG", "SET", "save", "900 1")
+		require.NoError(t, err)
+		// No save points at the end, or the server would try to save on
+		// shutdown, fail and refuse to stop.
+		t.Cleanup(func() { srv.CLI("CONFIG", "SET", "save", "") })
+		_, err = srv.CLI("BGSAVE")
+		require.NoError(t, err)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			out, err := srv.CLI("INFO", "persistence")
+			require.NoError(t, err)
+			if strings.Contains(out, "rdb_last_bgsave_status:err") && strings.Contains(out, "rdb_bgsave_in_progress:0") {
+				break
+			}
+			require.False(t, time.Now().After(deadline), "the save did not fail: %s", out)
+		}
+		res, err = lim.Allow(context.Background(), "k")
+		require.NoError(t, err, "writes refused after a failed save: %+v, %v; want a fallback decision", res, err)
+		require.True(t, res.Degraded, "writes refused after a failed save: %+v, %v; want a fallback decision", res, err)
+		got := tr.list()
+		require.Len(t, got, 1, "transitions = %+v, want one caused by MISCONF", got)
+		// Redis 7 refuses the script with MISCONF; Redis 6 runs it and
+		// wraps the refusal of its first write in the script's error.
+		require.ErrorContains(t, got[0].Err, "MISCONF", "%v: transitions = %+v, want one caused by MISCONF", serverVersion(t), got)
+		_, err = srv.CLI("CONFIG", "SET", "stop-writes-on-bgsave-error", "no")
 		require.NoError(t, err)
 		waitBack(t, lim, 2*time.Second)
 	})

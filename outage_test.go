@@ -80,6 +80,10 @@ func TestOutageErrors(t *testing.T) {
 		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), nodeOutage},
 		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), nodeOutage},
 		{"BUSY", redisReply("BUSY Redis is busy running a script."), nodeOutage},
+		{"MISCONF", redisReply("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), nodeOutage},
+		// Redis 6.0.16's replies when a script's write is refused.
+		{"script's OOM", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -OOM command not allowed when used memory > 'maxmemory'."), nodeOutage},
+		{"script's MISCONF", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -MISCONF Redis is configured to save RDB snapshots, but it is currently not able to persist on disk."), nodeOutage},
 
 		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, callOutage},
 		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, callOutage},
@@ -94,6 +98,7 @@ func TestOutageErrors(t *testing.T) {
 		{"MOVED", redisReply("MOVED 7346 127.0.0.1:7001"), callOutage},
 
 		{"script error", redisReply("ERR user_script:1: bad argument"), notOutage},
+		{"script's WRONGTYPE", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -WRONGTYPE Operation against a key holding the wrong kind of value"), notOutage},
 		{"CROSSSLOT", redis.ErrCrossSlot, notOutage},
 		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), notOutage},
 		{"cancelled", context.Canceled, notOutage},

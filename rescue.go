@@ -518,6 +518,28 @@ const (
 	errFDBudgetSpent = "redis: autopipeline: retry budget exhausted before shutdown flush"
 )
 
+// refusedInScript are the replies with which a server refuses a script's
+// write for a state of the node (memory, disk, role, replicas).
+var refusedInScript = [...]string{": -OOM ", ": -MISCONF ", ": -READONLY ", ": -NOREPLICAS ", ": -MASTERDOWN "}
+
+// scriptRefused tells whether err is a script's error wrapping such a
+// refusal. Redis 6 runs a script and refuses its first write, wrapping the
+// reason: "ERR Error running script (call to f_...): @user_script:269:
+// @user_script: 269: -OOM command not allowed ..." (OOM and MISCONF seen
+// on 6.0.16); Redis 7 refuses the script itself with the plain reply.
+func scriptRefused(err error) bool {
+	if !redis.HasErrorPrefix(err, "Error running script") {
+		return false
+	}
+	msg := err.Error()
+	for _, r := range refusedInScript {
+		if strings.Contains(msg, r) {
+			return true
+		}
+	}
+	return false
+}
+
 // classify tells whether err says that Redis cannot answer now, as opposed
 // to an answer or a bug, and whether it concerns the whole node.
 func classify(err error) outageKind {
@@ -545,10 +567,7 @@ func classify(err error) outageKind {
 			redis.IsOOMError(err), redis.IsMaxClientsError(err),
 			redis.HasErrorPrefix(err, "BUSY "), redis.HasErrorPrefix(err, "NOREPLICAS"),
 			redis.HasErrorPrefix(err, "MISCONF"),
-			// Redis 6 wraps a script's OOM: "ERR Error running script (call
-			// to f_...): @user_script:269: @user_script: 269: -OOM command
-			// not allowed ...".
-			redis.HasErrorPrefix(err, "Error running script") && strings.Contains(err.Error(), ": -OOM "):
+			scriptRefused(err):
 			return nodeOutage
 		}
 		return notOutage
