@@ -148,6 +148,12 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		}
 		return []any{"evalsha", return1.Hash(), "1", keyPlaceholder}, nil
 	}, always})
+	jobs = append(jobs, job{"EVALSHA TIME+GET+SET", func(string) ([]any, error) {
+		if err := commandsOnly.Load(ctx, env.Admin).Err(); err != nil {
+			return nil, err
+		}
+		return []any{"evalsha", commandsOnly.Hash(), "1", keyPlaceholder}, nil
+	}, always})
 	var scripted []Contender
 	for _, s := range redlimit.Strategies() {
 		scripted = append(scripted, Redlimit(s, Direct))

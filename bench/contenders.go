@@ -445,6 +445,14 @@ func Incr(via Via) Contender {
 
 var return1 = redis.NewScript("return 1")
 
+// commandsOnly calls what a bucket script calls (TIME, GET, SET with PX) and
+// computes nothing: the least a GCRA or token-bucket script can cost Redis,
+// measured by -ceiling next to the real scripts.
+var commandsOnly = redis.NewScript(`local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], '1234567890123', 'PX', 60000)
+return 1`)
+
 // EvalReturn1 is the second floor: EVALSHA of a script that does nothing,
 // the cost of running any script at all.
 func EvalReturn1(via Via) Contender {
