@@ -183,6 +183,25 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 			}
 		}
 		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureScript(ctx, env, c, w) }, allowed})
+		if c.Name == Redlimit(redlimit.TokenBucket, Direct).Name {
+			// The same decisions by the token bucket written out without
+			// the engine: its key and limit, taken from the library's own
+			// command (see scripts/common.lua for its layout).
+			jobs = append(jobs, job{"token bucket inlined (no engine)", func(w string) ([]any, error) {
+				args, err := captureScript(ctx, env, c, w)
+				if err != nil {
+					return nil, err
+				}
+				if len(args) != 15 || args[2] != int64(1) && fmt.Sprint(args[2]) != "1" {
+					return nil, fmt.Errorf("captured %v, want one key and one rule", args)
+				}
+				if err := inlinedTokenBucket.Load(ctx, env.Admin).Err(); err != nil {
+					return nil, err
+				}
+				// evalsha sha 1 key | n k now maxdelay block rid ttl | code rate period burst
+				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], args[4], args[12], args[13], args[14]}, nil
+			}, allowed})
+		}
 	}
 	if cfg.Only != nil {
 		var keep []job

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -452,6 +453,15 @@ var commandsOnly = redis.NewScript(`local t = redis.call('TIME')
 local v = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], '1234567890123', 'PX', 60000)
 return 1`)
+
+// inlinedTokenBucket is the token bucket's common path without the engine
+// (see inlined_token_bucket.lua), measured by -ceiling to show what the
+// engine costs Redis.
+//
+//go:embed inlined_token_bucket.lua
+var inlinedTokenBucketSrc string
+
+var inlinedTokenBucket = redis.NewScript(inlinedTokenBucketSrc)
 
 // EvalReturn1 is the second floor: EVALSHA of a script that does nothing,
 // the cost of running any script at all.
