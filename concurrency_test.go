@@ -744,14 +744,11 @@ func TestConcurrencyLimitMemory(t *testing.T) {
 // script that ran in Redis, and makes the call fail as if the reply had
 // come too late.
 type cancelAfterScript struct {
-	cancel context.CancelFunc
-	armed  atomic.Bool
+	passHooks // only ProcessHook does something
+	cancel    context.CancelFunc
+	armed     atomic.Bool
 }
 
-func (h *cancelAfterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *cancelAfterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 func (h *cancelAfterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)

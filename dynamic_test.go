@@ -36,15 +36,7 @@ func TestLimitFuncTwoPlans(t *testing.T) {
 			lim := newLimiter(t, b.rdb, s, PerMinute(1), WithLimitFunc(plans(PerMinute(2), PerMinute(5))))
 			ctx := t.Context()
 			for key, want := range map[string]int{"free:a": 2, "pro:b": 5, "other": 1} {
-				admitted := 0
-				for range 8 {
-					res, err := lim.Allow(ctx, key)
-					require.NoError(t, err)
-					if res.Allowed {
-						admitted++
-					}
-				}
-				assert.Equal(t, want, admitted, "key %s", key)
+				assert.Equal(t, want, allowedOf(t, lim, key, 8), "key %s", key)
 			}
 			_, err := lim.AllowN(ctx, "free:a", 3)
 			require.ErrorIs(t, err, ErrExceedsLimit, "n above the plan's capacity")
@@ -129,15 +121,7 @@ func TestLimitFuncDenyCacheAndFallback(t *testing.T) {
 		assert.Equal(t, want, res.Allowed, "fallback call %d under PerHour(2)", i)
 	}
 	plan.Store(PerHour(5))
-	admitted := 0
-	for range 8 {
-		res, err := lim.Allow(ctx, "j")
-		require.NoError(t, err)
-		if res.Allowed {
-			admitted++
-		}
-	}
-	assert.Equal(t, 5, admitted, "a new stand-in for PerHour(5)")
+	assert.Equal(t, 5, allowedOf(t, lim, "j", 8), "a new stand-in for PerHour(5)")
 }
 
 // A Policy's rules function: per-plan rules, and the policy's own for nil.

@@ -178,3 +178,25 @@ func mustErrorIs(t *testing.T, err, target error) {
 func (l Limit) interval() time.Duration {
 	return time.Duration(math.Ceil(float64(l.Period) / float64(l.Rate)))
 }
+
+// passHooks is what a test's redis.Hook embeds when only its ProcessHook
+// does something: dial and pipeline hooks that pass through.
+type passHooks struct{}
+
+func (passHooks) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (passHooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// allowedOf makes calls Allow calls for key and returns how many were
+// allowed.
+func allowedOf(t *testing.T, lim Limiter, key string, calls int) int {
+	t.Helper()
+	allowed := 0
+	for range calls {
+		res, err := lim.Allow(t.Context(), key)
+		require.NoError(t, err)
+		allowed += btoi(res.Allowed)
+	}
+	return allowed
+}

@@ -29,7 +29,7 @@ func bubbleRedis(t *testing.T) (*redis.Client, *miniredis.Miniredis, *atomic.Int
 	})
 	t.Cleanup(func() { rdb.Close() })
 	var calls atomic.Int64
-	rdb.AddHook(countHook{&calls})
+	rdb.AddHook(countHook{n: &calls})
 	return rdb, m, &calls
 }
 

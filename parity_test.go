@@ -753,16 +753,12 @@ type realEval struct {
 // its keys (their expiry is then the test's to apply), reading in the same
 // EXEC what the test compares.
 type parityHook struct {
+	passHooks    // only ProcessHook does something
 	raw          *redis.Client
 	clock        *simClock
 	evals        []realEval
 	dels         []string
 	noExpireTime bool // the server has no PEXPIRETIME (before 7.0)
-}
-
-func (h *parityHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *parityHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *parityHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

@@ -23,14 +23,11 @@ import (
 // (the limited key's hash tag), so a test can tell whether decisions
 // touched Redis; the monitor's probes use a key of their own.
 type keyHook struct {
-	match string
-	n     atomic.Int64
+	passHooks // only ProcessHook does something
+	match     string
+	n         atomic.Int64
 }
 
-func (h *keyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *keyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 func (h *keyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		for _, a := range cmd.Args() {

@@ -31,12 +31,11 @@ func TestScopeProbeTags(t *testing.T) {
 }
 
 // probeRecorder records the keys of the probes sent through a client.
-type probeRecorder struct{ recorder[string] }
-
-func (p *probeRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (p *probeRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+type probeRecorder struct {
+	passHooks // only ProcessHook does something
+	recorder[string]
 }
+
 func (p *probeRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		// EVALSHA <sha> 1 <key>, or EVAL <source> 1 <key>.
