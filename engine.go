@@ -237,13 +237,23 @@ func (e *engine) rulesFor(ctx context.Context, key string) (*ruleSet, error) {
 	return e.dynamicRules(ctx, key)
 }
 
-// allowN is AllowN for either kind of limiter.
-func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) {
+// rulesChecked returns the rules that decide n events for key, or why the
+// call cannot be decided.
+func (e *engine) rulesChecked(ctx context.Context, key string, n int) (*ruleSet, error) {
 	rs, err := e.rulesFor(ctx, key)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if err := e.check(key, n, rs); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// allowN is AllowN for either kind of limiter.
+func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) {
+	rs, err := e.rulesChecked(ctx, key, n)
+	if err != nil {
 		return Result{}, err
 	}
 	res, _, err := e.call(ctx, key, n, -1, rs, nil)
@@ -253,11 +263,8 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 // waitN is WaitN for either kind of limiter. It asks Redis about once per
 // RetryAfter, never more often.
 func (e *engine) waitN(ctx context.Context, key string, n int) error {
-	rs, err := e.rulesFor(ctx, key)
+	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
-		return err
-	}
-	if err := e.check(key, n, rs); err != nil {
 		return err
 	}
 	for {

@@ -78,11 +78,8 @@ func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, 
 	if n < 1 && !e.closed.Load() {
 		return nil, fmt.Errorf("redlimit: reserve n = %d: a reservation takes at least 1 event: %w", n, ErrInvalidArgument)
 	}
-	rs, err := e.rulesFor(ctx, key)
+	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
-		return nil, err
-	}
-	if err := e.check(key, n, rs); err != nil {
 		return nil, err
 	}
 	rc := &reserveCall{id: strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
