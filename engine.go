@@ -108,6 +108,9 @@ type ruleSet struct {
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
+	// script, when not nil, decides these rules with them written in (see
+	// bakedScript): the call passes no rule arguments.
+	script *redis.Script
 }
 
 func newRuleSet(rules []rule) *ruleSet {
@@ -502,10 +505,14 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		a.keys = append(a.keys, first+reserveSuffix)
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
-	for i := range rs.rules {
-		a.args = append(a.args, rs.rules[i].args[:]...)
+	script := rs.script
+	if script == nil {
+		script = e.script
+		for i := range rs.rules {
+			a.args = append(a.args, rs.rules[i].args[:]...)
+		}
 	}
-	reply, err := e.script.Run(ctx, e.rdb, a.keys, a.args...).Slice()
+	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Slice()
 	if err != nil {
 		return Result{}, 0, err
 	}

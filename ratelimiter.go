@@ -34,6 +34,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 	if e.cfg.rulesFunc != nil {
 		return nil, fmt.Errorf("redlimit: %v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidLimit)
 	}
+	e.own.script = bakedScript(e.own)
 	return &RateLimiter{engine: e, limit: r.limit}, nil
 }
 
@@ -87,7 +88,8 @@ func (l *RateLimiter) stateKey(key string) string {
 }
 
 // scripts holds the decision script of each strategy, made on first use:
-// common.lua, the strategy's part and decide.lua (see scripts.go).
+// common.lua, the strategy's part, rules.lua and decide.lua (see
+// scripts.go).
 var scripts struct {
 	once    [LeakyBucket + 1]sync.Once
 	byStrat [LeakyBucket + 1]*redis.Script
@@ -106,7 +108,7 @@ var strategyFiles = [...]string{
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {
-		scripts.byStrat[s] = loadScript("common.lua", strategyFiles[s], "decide.lua")
+		scripts.byStrat[s] = loadScript("common.lua", strategyFiles[s], "rules.lua", "decide.lua")
 	})
 	return scripts.byStrat[s]
 }
@@ -115,7 +117,7 @@ func strategyScript(s Strategy) *redis.Script {
 func policyScript() *redis.Script {
 	scripts.allOnce.Do(func() {
 		scripts.all = loadScript("common.lua", "fixedwindow.lua", "slidinglog.lua",
-			"slidingcounter.lua", "bucket.lua", "decide.lua")
+			"slidingcounter.lua", "bucket.lua", "rules.lua", "decide.lua")
 	})
 	return scripts.all
 }

@@ -167,7 +167,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
 var settleScript = loadScript("common.lua", "fixedwindow.lua", "slidinglog.lua",
-	"slidingcounter.lua", "bucket.lua", "settle.lua")
+	"slidingcounter.lua", "bucket.lua", "rules.lua", "settle.lua")
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs

@@ -185,21 +185,27 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureScript(ctx, env, c, w) }, allowed})
 		if c.Name == Redlimit(redlimit.TokenBucket, Direct).Name {
 			// The same decisions by the token bucket written out without
-			// the engine: its key and limit, taken from the library's own
-			// command (see scripts/common.lua for its layout).
+			// the engine: its key, taken from the library's own command
+			// (see scripts/common.lua for its layout), and its limit, the
+			// workload's (Burst = Rate), passed as arguments.
 			jobs = append(jobs, job{"token bucket inlined (no engine)", func(w string) ([]any, error) {
 				args, err := captureScript(ctx, env, c, w)
 				if err != nil {
 					return nil, err
 				}
-				if len(args) != 15 || args[2] != int64(1) && fmt.Sprint(args[2]) != "1" {
-					return nil, fmt.Errorf("captured %v, want one key and one rule", args)
+				if len(args) != 11 || fmt.Sprint(args[2]) != "1" || fmt.Sprint(args[5]) != "1" {
+					return nil, fmt.Errorf("captured %v, want one key, one rule and its limit written into the script", args)
+				}
+				wl, err := ceilingWorkload(w)
+				if err != nil {
+					return nil, err
 				}
 				if err := inlinedTokenBucket.Load(ctx, env.Admin).Err(); err != nil {
 					return nil, err
 				}
-				// evalsha sha 1 key | n k now maxdelay block rid ttl | code rate period burst
-				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], args[4], args[12], args[13], args[14]}, nil
+				// evalsha sha 1 key | n | rate period burst
+				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], args[4],
+					wl.Rate, wl.Period.Microseconds(), wl.Rate}, nil
 			}, allowed})
 		}
 	}
@@ -383,25 +389,72 @@ func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any,
 	return args, nil
 }
 
+// captureSource makes one decision of contender c, as captureScript does,
+// and returns the source of the script it runs.
+func captureSource(ctx context.Context, env *Env, c Contender) (string, error) {
+	opts := *env.RDB.Options()
+	rdb := redis.NewClient(&opts)
+	defer rdb.Close()
+	hook := &captureHook{source: true}
+	rdb.AddHook(hook)
+	wl, err := ceilingWorkload("one")
+	if err != nil {
+		return "", err
+	}
+	wl.Keys = []string{"capture"}
+	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
+	if err != nil {
+		return "", err
+	}
+	if release != nil {
+		defer release()
+	}
+	if _, err := dec(ctx, 0); err != nil {
+		return "", err
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if hook.src == "" {
+		return "", fmt.Errorf("%s sent no EVAL after a NOSCRIPT", c.Name)
+	}
+	return hook.src, nil
+}
+
 // ceilingWorkload is workload w with one key; the hot key's limit is 100/s,
 // offered far more.
 func ceilingWorkload(w string) (*Workload, error) { return MakeWorkload(w, 1, 100) }
 
+// captureHook records the first EVALSHA. With source set, it sends that
+// EVALSHA with a SHA that no script has, so that go-redis sends the
+// script's source in an EVAL, and records the source.
 type captureHook struct {
-	mu   sync.Mutex
-	args []any
+	mu     sync.Mutex
+	args   []any
+	source bool
+	src    string
 }
+
+// noSuchSHA is the SHA1 of no script loaded here.
+const noSuchSHA = "0000000000000000000000000000000000000000"
 
 func (h *captureHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *captureHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); len(a) > 0 && strings.EqualFold(fmt.Sprint(a[0]), "evalsha") {
-			h.mu.Lock()
-			if h.args == nil {
-				h.args = append([]any(nil), a...)
-			}
-			h.mu.Unlock()
+		a := cmd.Args()
+		if len(a) < 2 {
+			return next(ctx, cmd)
 		}
+		h.mu.Lock()
+		switch name := strings.ToLower(fmt.Sprint(a[0])); {
+		case name == "evalsha" && h.args == nil:
+			h.args = append([]any(nil), a...)
+			if h.source {
+				a[1] = noSuchSHA
+			}
+		case name == "eval" && h.source && h.src == "":
+			h.src = fmt.Sprint(a[1])
+		}
+		h.mu.Unlock()
 		return next(ctx, cmd)
 	}
 }

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,20 +74,6 @@ func (v Via) suffix() string {
 	return ""
 }
 
-// luaParts are the files of the library's scripts/ that make each
-// strategy's decision script, in order (see the library's scripts.go); the
-// ceiling's Variants rebuild a script from them.
-var luaParts = map[redlimit.Strategy][]string{
-	redlimit.FixedWindow:    {"common.lua", "fixedwindow.lua", "decide.lua"},
-	redlimit.SlidingLog:     {"common.lua", "slidinglog.lua", "decide.lua"},
-	redlimit.SlidingCounter: {"common.lua", "slidingcounter.lua", "decide.lua"},
-	redlimit.TokenBucket:    {"common.lua", "bucket.lua", "decide.lua"},
-	redlimit.LeakyBucket:    {"common.lua", "bucket.lua", "decide.lua"},
-}
-
-// policyParts make the script of a Policy, which decides every strategy.
-var policyParts = []string{"common.lua", "fixedwindow.lua", "slidinglog.lua", "slidingcounter.lua", "bucket.lua", "decide.lua"}
-
 // Redlimit measures one redlimit strategy. The fallback policy is
 // FallbackError, so that a Redis failure shows as an error instead of a fast
 // in-process answer.
@@ -91,7 +81,7 @@ func Redlimit(s redlimit.Strategy, via Via) Contender {
 	return Contender{
 		Name:     "redlimit " + s.String() + via.suffix(),
 		Kind:     "redlimit",
-		LuaParts: luaParts[s],
+		Scripted: true,
 		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
 			rdb, err := via.client(env)
 			if err != nil {
@@ -137,7 +127,7 @@ func Policy() Contender {
 	return Contender{
 		Name:     PolicyName,
 		Kind:     "redlimit",
-		LuaParts: policyParts,
+		Scripted: true,
 		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
 			scaled := func(factor float64, period time.Duration) redlimit.Limit {
 				r := float64(w.Rate) * factor * float64(period) / float64(w.Period)
@@ -200,26 +190,68 @@ func Variant(c Contender, dir string) Contender {
 	return v
 }
 
-// loadVariant loads the script of contender c built from the files in dir
-// and returns its SHA.
+// loadVariant loads the script of contender c with every part of the
+// library's scripts/ replaced by the file of the same name in dir, and
+// returns its SHA. It starts from the script the library sends (captured
+// from the EVAL that follows a NOSCRIPT), so that what the library writes
+// into a script (a limiter's rules) stays as it is.
 func loadVariant(ctx context.Context, env *Env, c Contender, dir string) (string, error) {
-	if len(c.LuaParts) == 0 {
+	if !c.Scripted {
 		return "", fmt.Errorf("%s has no scripts to vary", c.Name)
 	}
-	var src strings.Builder
-	for _, p := range c.LuaParts {
-		b, err := os.ReadFile(filepath.Join(dir, p))
+	src, err := captureSource(ctx, env, c)
+	if err != nil {
+		return "", err
+	}
+	lib, err := libraryScripts()
+	if err != nil {
+		return "", err
+	}
+	replaced := 0
+	for _, name := range slices.Sorted(maps.Keys(lib)) {
+		if !strings.Contains(src, lib[name]) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			return "", err
 		}
-		src.Write(b)
+		src = strings.Replace(src, lib[name], string(b), 1)
+		replaced++
 	}
-	sha, err := env.Admin.ScriptLoad(ctx, src.String()).Result()
+	if replaced == 0 {
+		return "", fmt.Errorf("the script of %s holds none of the library's scripts/*.lua as they are on disk", c.Name)
+	}
+	sha, err := env.Admin.ScriptLoad(ctx, src).Result()
 	if err != nil {
 		return "", fmt.Errorf("SCRIPT LOAD of %s from %s: %w", c.Name, dir, err)
 	}
 	return sha, nil
 }
+
+// libraryScripts returns the library's scripts/*.lua by name, read from
+// the directory of the module this build uses (go.work's copy, or the
+// module cache's).
+var libraryScripts = sync.OnceValues(func() (map[string]string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/redlimit/redlimit").Output()
+	if err != nil {
+		return nil, fmt.Errorf("finding the library's directory: go list: %w", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "scripts")
+	files, err := filepath.Glob(filepath.Join(dir, "*.lua"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no scripts in %s (%v)", dir, err)
+	}
+	lib := make(map[string]string, len(files))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		lib[filepath.Base(f)] = string(b)
+	}
+	return lib, nil
+})
 
 // shaSwap sends EVALSHA of one script as EVALSHA of another.
 type shaSwap struct{ from, to string }

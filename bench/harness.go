@@ -107,9 +107,9 @@ type Contender struct {
 	// TokenLimiter falls back to a local limiter, silently, when its circuit
 	// breaker opens): the harness counts them as errors.
 	RedisCalls func(env *Env) uint64
-	// LuaParts, for redlimit's contenders, are the files of the library's
-	// scripts/ directory that make its decision script.
-	LuaParts []string
+	// Scripted: a decision is one EVALSHA of one of the library's scripts,
+	// which a Variant rebuilds from another copy of its scripts/.
+	Scripted bool
 }
 
 // Config says what to run.

@@ -1,7 +1,8 @@
 -- common.lua is the head of every decision script (see scripts.go): it reads
 -- the arguments, takes the time, applies a penalty block and defines the
--- helpers the strategies share. The strategies' files follow it, then
--- decide.lua, which checks every rule and writes only if all of them allow.
+-- helpers the strategies share. The strategies' files follow it, then the
+-- rules (rules.lua, or the same written in), then decide.lua, which checks
+-- every rule and writes only if all of them allow.
 -- A single-strategy limiter is a policy of one rule.
 --
 -- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
@@ -22,7 +23,8 @@
 -- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
 --          'lb'; with a leading '*' the rule counts each call as one event,
 --          whatever n), rate (events per period, >= 1), period (µs, >= 1000),
---          burst (bucket or queue capacity, >= 1)
+--          burst (bucket or queue capacity, >= 1); absent when the rules
+--          are written into the script (see rules.lua)
 --
 -- Reply: an array of five integers (Redis truncates Lua floats, so every
 -- value is rounded here, times up):

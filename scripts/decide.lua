@@ -1,4 +1,5 @@
--- decide.lua ends every decision script: it checks every rule, then writes
+-- decide.lua ends every decision script (after the rules' part, rules.lua
+-- or its written-in equivalent): it checks every rule, then writes
 -- only if all of them allow (a denial writes nothing, in any rule), records
 -- a reservation, and replies (see common.lua).
 
@@ -19,11 +20,6 @@ end
 
 local n0 = n -- the call's n; a per-call rule counts min(n, 1) instead
 local HUGE = 2 ^ 53
-local STAR = 42 -- '*', a per-call rule's mark (compared as a byte: no new string)
-local counting = false -- a rule counts n (else Remaining counts calls)
-for i = 1, nrules do
-  if string.byte(ARGV[4 + 4 * i]) ~= STAR then counting = true end
-end
 local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
 local delay, reset_ok, reset_denied = 0, 0, 0
@@ -31,16 +27,10 @@ local retry, slowest = -1, 1
 local tags -- only for a reservation
 if rid ~= '' then tags = {} end
 for i = 1, nrules do
-  local a = 8 + 4 * (i - 1)
-  local strat = ARGV[a]
-  local per_call = string.byte(strat) == STAR
+  local strat, rate, period, burst, per_call = rule(i)
   n = n0
-  if per_call then
-    strat = string.sub(strat, 2)
-    if n > 1 then n = 1 end
-  end
-  local ok, avail, w, reset_now, reset_next, tag, why = S[strat](KEYS[i],
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), strat)
+  if per_call and n > 1 then n = 1 end
+  local ok, avail, w, reset_now, reset_next, tag, why = S[strat](KEYS[i], rate, period, burst, strat)
   if tags then tags[i] = tag or 0 end
   local after = avail - n
   if per_call and counting then

@@ -1,5 +1,5 @@
 -- settle.lua ends the settle script (common.lua, the strategies' parts,
--- this): it settles a reservation that decide.lua recorded, once.
+-- rules.lua, this): it settles a reservation that decide.lua recorded, once.
 --
 -- KEYS and ARGV as in common.lua, with n = 0, no block, ARGV[6] the
 -- reservation id and ARGV[7] the events really used; then, after the
@@ -104,33 +104,23 @@ A.lb = A.tb
 
 local d0 = delta
 for i = 1, nrules do
-  local a = 8 + 4 * (i - 1)
-  local strat = ARGV[a]
+  local strat, rate, period, _, per_call = rule(i)
   delta = d0
-  if string.sub(strat, 1, 1) == '*' then
+  if per_call then
     -- A per-call rule took one event: it keeps it if anything was used.
-    strat = string.sub(strat, 2)
     delta = 0
     if used == 0 then delta = -1 end
   end
   if delta ~= 0 then
-    A[strat](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[base + i]))
+    A[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]))
   end
 end
 
 -- The state after settling, as n = 0 reports it.
 local min_now, reset, fewest = nil, 0, 1
-local counting = false -- see decide.lua
 for i = 1, nrules do
-  if string.byte(ARGV[4 + 4 * i]) ~= 42 then counting = true end -- 42: '*'
-end
-for i = 1, nrules do
-  local a = 8 + 4 * (i - 1)
-  local strat = ARGV[a]
-  local per_call = string.sub(strat, 1, 1) == '*'
-  if per_call then strat = string.sub(strat, 2) end
-  local ok, avail, w, reset_now = S[strat](KEYS[i],
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), strat)
+  local strat, rate, period, burst, per_call = rule(i)
+  local ok, avail, w, reset_now = S[strat](KEYS[i], rate, period, burst, strat)
   if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see decide.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end

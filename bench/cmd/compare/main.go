@@ -160,7 +160,7 @@ func run() error {
 		}
 		for _, dir := range splitList(*variants) {
 			for _, c := range cs {
-				if len(c.LuaParts) > 0 && !strings.Contains(c.Name, "[") {
+				if c.Scripted && !strings.Contains(c.Name, "[") {
 					cs = append(cs, bench.Variant(c, dir))
 				}
 			}

@@ -1,0 +1,23 @@
+-- rules.lua: where decide.lua and settle.lua find the rules, here in the
+-- arguments (ARGV[8 ..], see common.lua). A limiter whose rules are fixed
+-- runs a script with its rules written in instead of this part (see
+-- bakedRules in scripts.go): Redis then converts no rule number per call
+-- and the client sends none. Either part defines
+--   rule(i)   rule i's strategy code, rate, period and burst (numbers), and
+--             whether it counts each call as one event (a leading '*' in
+--             the argument)
+--   counting  whether a rule counts n (else Remaining counts calls)
+
+local STAR = 42 -- '*', a per-call rule's mark (compared as a byte: no new string)
+local counting = false
+for i = 1, nrules do
+  if string.byte(ARGV[4 + 4 * i]) ~= STAR then counting = true end
+end
+
+local function rule(i)
+  local a = 4 + 4 * i
+  local code = ARGV[a]
+  local per_call = string.byte(code) == STAR
+  if per_call then code = string.sub(code, 2) end
+  return code, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), per_call
+end

@@ -1,0 +1,184 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// randomRules returns 1 to 4 rules of distinct strategy and period, with
+// limits from the smallest to MaxRate, some of them per call.
+func randomRules(rng *rand.Rand) []Rule {
+	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
+	seen := map[[2]int64]bool{}
+	var rules []Rule
+	for len(rules) < 1+rng.IntN(4) {
+		s := Strategies()[rng.IntN(5)]
+		p := periods[rng.IntN(len(periods))]
+		if seen[[2]int64{int64(s), int64(p)}] {
+			continue
+		}
+		seen[[2]int64{int64(s), int64(p)}] = true
+		maxRate := MaxRate
+		if s == SlidingLog {
+			maxRate = 200
+		}
+		rate := 1 + rng.IntN(10)
+		if rng.IntN(3) == 0 {
+			rate = 1 + rng.IntN(maxRate)
+		}
+		l := Limit{Rate: rate, Period: p}
+		if s == TokenBucket || s == LeakyBucket {
+			l.Burst = 1 + rng.IntN(min(2*rate, MaxRate))
+			if float64(l.Burst)*float64(p)/float64(rate) > float64(MaxPeriod) {
+				l.Burst = rate
+			}
+		}
+		rules = append(rules, Rule{Strategy: s, Limit: l, PerCall: len(rules) > 0 && rng.IntN(4) == 0})
+	}
+	return rules
+}
+
+// A limiter with fixed rules runs a script with its rules written in; the
+// same rules passed as arguments (what limits from WithLimitFunc do) must
+// decide every call alike: every field of every Result, for random
+// policies (every strategy, per-call rules, rates up to MaxRate), n from 0
+// to the capacity, reservations settled, and the clock moving by 1 µs to
+// an hour. miniredis, with its clock set, so that both see the same now.
+func TestBakedScriptDecidesAsArguments(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(11, 14))
+	for round := range 40 {
+		rules := randomRules(rng)
+		baked, err := NewPolicy(b.rdb, rules, WithPrefix("baked"))
+		require.NoError(t, err, "%+v", rules)
+		defer baked.Close()
+		args, err := NewPolicy(b.rdb, rules, WithPrefix("args"))
+		require.NoError(t, err)
+		defer args.Close()
+		require.NotNil(t, baked.own.script, "round %d: no script with the rules written in", round)
+		args.own.script = nil // the rules as arguments, with the script for any strategy
+
+		maxN := baked.own.maxN
+		if baked.own.logCap {
+			maxN = min(maxN, MaxSlidingLogN)
+		}
+		for i := range 60 {
+			switch rng.IntN(4) {
+			case 0:
+				b.advance(time.Duration(1+rng.IntN(1000)) * time.Microsecond)
+			case 1:
+				b.advance(time.Duration(1+rng.IntN(3600_000)) * time.Millisecond)
+			}
+			n := rng.IntN(maxN + 1)
+			if rng.IntN(2) == 0 {
+				n = min(n, 1+rng.IntN(3))
+			}
+			what := fmt.Sprintf("round %d call %d: %+v, n = %d", round, i, rules, n)
+			if rng.IntN(5) == 0 {
+				n = max(n, 1)
+				used := rng.IntN(2*n + 1)
+				rb, errB := baked.Reserve(ctx, "k", n)
+				ra, errA := args.Reserve(ctx, "k", n)
+				require.Equal(t, errA, errB, what)
+				if errB != nil {
+					continue
+				}
+				require.Equal(t, ra.Result(), rb.Result(), what)
+				if !rb.Result().Allowed {
+					continue
+				}
+				sb, errB := rb.Settle(ctx, used)
+				sa, errA := ra.Settle(ctx, used)
+				require.Equal(t, errA, errB, what)
+				require.Equal(t, sa, sb, "%s, settled with %d", what, used)
+				continue
+			}
+			rb, errB := baked.AllowN(ctx, "k", n)
+			ra, errA := args.AllowN(ctx, "k", n)
+			require.Equal(t, errA, errB, what)
+			require.Equal(t, ra, rb, what)
+		}
+	}
+}
+
+// argCounter records the argument count of every EVALSHA.
+type argCounter struct {
+	passHooks
+	counts []int
+}
+
+func (h *argCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			h.counts = append(h.counts, len(cmd.Args()))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A limiter's own rules travel in its script, not in every call; limits
+// from WithLimitFunc travel as arguments.
+func TestBakedScriptSendsNoRules(t *testing.T) {
+	b, _ := miniBackend(t)
+	h := &argCounter{}
+	b.rdb.(*redis.Client).AddHook(h)
+	ctx := context.Background()
+
+	p, err := NewPolicy(b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Strategy: FixedWindow, Limit: PerMinute(100)},
+	})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	// evalsha sha numkeys, 2 keys, 7 arguments
+	assert.Equal(t, []int{3 + 2 + 7}, h.counts)
+
+	h.counts = nil
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithLimitFunc(func(context.Context, string) (Limit, error) {
+		return PerSecond(20), nil
+	}))
+	_, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, []int{3 + 1 + 7 + 4}, h.counts, "a limit from WithLimitFunc: its 4 arguments")
+}
+
+// Past maxBakedScripts, limiters pass their rules as arguments and decide
+// the same; limiters with the same rules share one script.
+func TestBakedScriptsBounded(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := context.Background()
+	a1 := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 79, Period: 7 * time.Second})
+	a2 := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 79, Period: 7 * time.Second})
+	require.NotNil(t, a1.own.script)
+	assert.Same(t, a1.own.script, a2.own.script, "the same rules, one script")
+
+	baked.Lock()
+	saved := maxBakedScripts
+	maxBakedScripts = len(baked.m)
+	baked.Unlock()
+	defer func() {
+		baked.Lock()
+		maxBakedScripts = saved
+		baked.Unlock()
+	}()
+	over := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 73, Period: 7 * time.Second})
+	assert.Nil(t, over.own.script, "past the bound")
+	baked.Lock()
+	assert.LessOrEqual(t, len(baked.m), maxBakedScripts)
+	baked.Unlock()
+	for i := range 74 {
+		res, err := over.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, i < 73, res.Allowed, "call %d", i+1)
+	}
+}
