@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// randomRules returns 1 to 4 rules of distinct strategy and period, with
-// limits from the smallest to MaxRate, some of them per call.
-func randomRules(rng *rand.Rand) []Rule {
-	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
+// randomRules returns 1 to 4 rules of distinct strategy and period (from
+// periods), with limits from the smallest to MaxRate, some of them per
+// call.
+func randomRules(rng *rand.Rand, periods []time.Duration) []Rule {
 	seen := map[[2]int64]bool{}
 	var rules []Rule
 	for len(rules) < 1+rng.IntN(4) {
@@ -49,18 +49,63 @@ func randomRules(rng *rand.Rand) []Rule {
 // same rules passed as arguments (what limits from WithLimitFunc do) must
 // decide every call alike: every field of every Result, for random
 // policies (every strategy, per-call rules, rates up to MaxRate), n from 0
-// to the capacity, reservations settled, and the clock moving by 1 µs to
-// an hour. miniredis, with its clock set, so that both see the same now.
+// to the capacity, reservations settled, and the clock moving.
+//
+// On miniredis, whose clock the test sets, the clock moves by 1 µs to an
+// hour. On real Redis (Lua 5.1 reading the numbers written into the
+// script) both limiters read one simulated client clock (WithClientClock,
+// and TIME answered from that clock, so the offset is 0 for both, as in
+// TestEngineParity), and it moves by at most 100 ms a step and 20 s in all
+// over periods of a minute and more: Redis expires keys on its own clock,
+// and no key here can expire during the test.
 func TestBakedScriptDecidesAsArguments(t *testing.T) {
 	b, _ := miniBackend(t)
+	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
+	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 40)
+}
+
+func TestBakedScriptDecidesAsArgumentsRedis(t *testing.T) {
+	clock := &simClock{}
+	clock.us.Store(t0.UnixMicro())
+	rdb := redis.NewClient(steadyOptions(realServer(t).Addr))
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(timeHook{clock: clock})
+	advance := func(d time.Duration) { clock.us.Add(d.Microseconds()) }
+	periods := []time.Duration{time.Minute, 5 * time.Minute, time.Hour}
+	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 8,
+		WithClientClock(), withClock(clock.now))
+}
+
+// timeHook answers TIME from a simulated clock.
+type timeHook struct {
+	passHooks
+	clock *simClock
+}
+
+func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if tc, ok := cmd.(*redis.TimeCmd); ok {
+			tc.SetVal(h.clock.now())
+			return nil
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// compareBakedAndArgs plays rounds of random calls on two policies of the
+// same random rules, one with the rules written into its script and one
+// passing them as arguments, and requires the same results. A clock step
+// is at most maxStep.
+func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time.Duration, advance func(time.Duration), maxStep time.Duration, rounds int, opts ...Option) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(11, 14))
-	for round := range 40 {
-		rules := randomRules(rng)
-		baked, err := NewPolicy(b.rdb, rules, WithPrefix("baked"))
+	for round := range rounds {
+		rules := randomRules(rng, periods)
+		prefix := fmt.Sprintf("r%d", round)
+		baked, err := NewPolicy(rdb, rules, append(opts, WithPrefix(prefix+"baked"))...)
 		require.NoError(t, err, "%+v", rules)
 		defer baked.Close()
-		args, err := NewPolicy(b.rdb, rules, WithPrefix("args"))
+		args, err := NewPolicy(rdb, rules, append(opts, WithPrefix(prefix+"args"))...)
 		require.NoError(t, err)
 		defer args.Close()
 		require.NotNil(t, baked.own.script, "round %d: no script with the rules written in", round)
@@ -73,9 +118,9 @@ func TestBakedScriptDecidesAsArguments(t *testing.T) {
 		for i := range 60 {
 			switch rng.IntN(4) {
 			case 0:
-				b.advance(time.Duration(1+rng.IntN(1000)) * time.Microsecond)
+				advance(time.Duration(1+rng.IntN(1000)) * time.Microsecond)
 			case 1:
-				b.advance(time.Duration(1+rng.IntN(3600_000)) * time.Millisecond)
+				advance(time.Duration(1 + rng.Int64N(int64(maxStep))))
 			}
 			n := rng.IntN(maxN + 1)
 			if rng.IntN(2) == 0 {
@@ -105,6 +150,7 @@ func TestBakedScriptDecidesAsArguments(t *testing.T) {
 			ra, errA := args.AllowN(ctx, "k", n)
 			require.Equal(t, errA, errB, what)
 			require.Equal(t, ra, rb, what)
+			require.False(t, rb.Degraded, what)
 		}
 	}
 }
