@@ -89,7 +89,7 @@ func (l *RateLimiter) stateKey(key string) string {
 
 // scripts holds the decision script of each strategy, made on first use:
 // common.lua, the strategy's part, rules.lua and decide.lua (see
-// scripts.go).
+// decisionScript).
 var scripts struct {
 	once    [LeakyBucket + 1]sync.Once
 	byStrat [LeakyBucket + 1]*redis.Script
@@ -105,10 +105,14 @@ var strategyFiles = [...]string{
 	LeakyBucket:    "bucket.lua",
 }
 
+// allStrategyFiles are the strategies' files, each once, in the order the
+// scripts hold them.
+var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcounter.lua", "bucket.lua"}
+
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {
-		scripts.byStrat[s] = loadScript("common.lua", strategyFiles[s], "rules.lua", "decide.lua")
+		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, mustRead("rules.lua"))
 	})
 	return scripts.byStrat[s]
 }
@@ -116,8 +120,7 @@ func strategyScript(s Strategy) *redis.Script {
 // policyScript returns the script that decides rules of every strategy.
 func policyScript() *redis.Script {
 	scripts.allOnce.Do(func() {
-		scripts.all = loadScript("common.lua", "fixedwindow.lua", "slidinglog.lua",
-			"slidingcounter.lua", "bucket.lua", "rules.lua", "decide.lua")
+		scripts.all = decisionScript(allStrategyFiles, mustRead("rules.lua"))
 	})
 	return scripts.all
 }

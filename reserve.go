@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -166,8 +167,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = loadScript("common.lua", "fixedwindow.lua", "slidinglog.lua",
-	"slidingcounter.lua", "bucket.lua", "rules.lua", "settle.lua")
+var settleScript = loadScript(slices.Concat([]string{"common.lua"}, allStrategyFiles, []string{"rules.lua", "settle.lua"})...)
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs

@@ -13,15 +13,27 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// loadScript returns the named parts, concatenated, as one script. A
-// decision script is common.lua, the strategies' parts, rules.lua and
-// decide.lua, so that a decision is one EVALSHA of one self-contained
-// script.
+// loadScript returns the named parts, concatenated, as one script.
 func loadScript(parts ...string) *redis.Script {
 	var src strings.Builder
 	for _, p := range parts {
 		src.WriteString(mustRead(p))
 	}
+	return redis.NewScript(src.String())
+}
+
+// decisionScript returns a decision script: common.lua, the strategies'
+// files, the rules' part (rules.lua, or the rules written in) and
+// decide.lua, so that a decision is one EVALSHA of one self-contained
+// script.
+func decisionScript(files []string, rules string) *redis.Script {
+	var src strings.Builder
+	src.WriteString(mustRead("common.lua"))
+	for _, f := range files {
+		src.WriteString(mustRead(f))
+	}
+	src.WriteString(rules)
+	src.WriteString(mustRead("decide.lua"))
 	return redis.NewScript(src.String())
 }
 
@@ -59,12 +71,7 @@ func bakedScript(rs *ruleSet) *redis.Script {
 	if len(baked.m) >= maxBakedScripts {
 		return nil
 	}
-	parts := []string{mustRead("common.lua")}
-	for _, file := range strategyFilesOf(rs.rules) {
-		parts = append(parts, mustRead(file))
-	}
-	parts = append(parts, part, mustRead("decide.lua"))
-	s := redis.NewScript(strings.Join(parts, ""))
+	s := decisionScript(strategyFilesOf(rs.rules), part)
 	if baked.m == nil {
 		baked.m = make(map[string]*redis.Script)
 	}
@@ -82,16 +89,17 @@ func bakedRules(rs *ruleSet) string {
 	b.WriteString("local function rule(i)\n")
 	for i := range rs.rules {
 		r := &rs.rules[i]
+		last := i == len(rs.rules)-1
 		b.WriteString("  ")
-		if i < len(rs.rules)-1 {
+		if !last {
 			b.WriteString("if i == " + strconv.Itoa(i+1) + " then ")
 		}
-		b.WriteString("return '" + r.alg.code + "', " +
-			strconv.FormatInt(r.args[1].(int64), 10) + ", " +
-			strconv.FormatInt(r.args[2].(int64), 10) + ", " +
-			strconv.FormatInt(r.args[3].(int64), 10) + ", " +
-			strconv.FormatBool(r.perCall))
-		if i < len(rs.rules)-1 {
+		b.WriteString("return '" + r.alg.code + "'")
+		for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
+			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
+		}
+		b.WriteString(", " + strconv.FormatBool(r.perCall))
+		if !last {
 			b.WriteString(" end")
 		}
 		b.WriteString("\n")
@@ -100,16 +108,13 @@ func bakedRules(rs *ruleSet) string {
 	return b.String()
 }
 
-// strategyFilesOf returns the scripts/ parts that the rules' strategies
-// need, each once, in a fixed order.
+// strategyFilesOf returns the strategies' files that the rules need, each
+// once, in the order of allStrategyFiles.
 func strategyFilesOf(rules []rule) []string {
 	var files []string
-	for _, s := range Strategies() {
-		file := strategyFiles[s]
-		for i := range rules {
-			if rules[i].alg.strategy == s && !slices.Contains(files, file) {
-				files = append(files, file)
-			}
+	for _, f := range allStrategyFiles {
+		if slices.ContainsFunc(rules, func(r rule) bool { return strategyFiles[r.alg.strategy] == f }) {
+			files = append(files, f)
 		}
 	}
 	return files

@@ -183,7 +183,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 			}
 		}
 		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureScript(ctx, env, c, w) }, allowed})
-		if c.Name == Redlimit(redlimit.TokenBucket, Direct).Name {
+		if c.Name == tokenBucketName {
 			// The same decisions by the token bucket written out without
 			// the engine: its key, taken from the library's own command
 			// (see scripts/common.lua for its layout), and its limit, the
@@ -355,25 +355,8 @@ const keyPlaceholder = "\x00KEY\x00"
 // whose hook records the EVALSHA the contender sends, and returns it with the
 // limited key replaced by keyPlaceholder.
 func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
-	opts := *env.RDB.Options()
-	rdb := redis.NewClient(&opts)
-	defer rdb.Close()
 	hook := &captureHook{}
-	rdb.AddHook(hook)
-	const probe = "capture"
-	wl, err := ceilingWorkload(w)
-	if err != nil {
-		return nil, err
-	}
-	wl.Keys = []string{probe}
-	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
-	if err != nil {
-		return nil, err
-	}
-	if release != nil {
-		defer release()
-	}
-	if _, err := dec(ctx, 0); err != nil {
+	if err := capture(ctx, env, c, w, hook); err != nil {
 		return nil, err
 	}
 	args := hook.get()
@@ -381,9 +364,9 @@ func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any,
 		return nil, fmt.Errorf("captured %v, want an EVALSHA", args)
 	}
 	key := fmt.Sprint(args[3])
-	tmpl := strings.Replace(key, probe, keyPlaceholder, 1)
+	tmpl := strings.Replace(key, captureKey, keyPlaceholder, 1)
 	if tmpl == key {
-		return nil, fmt.Errorf("key %q does not hold %q", key, probe)
+		return nil, fmt.Errorf("key %q does not hold %q", key, captureKey)
 	}
 	args[3] = tmpl
 	return args, nil
@@ -392,24 +375,8 @@ func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any,
 // captureSource makes one decision of contender c, as captureScript does,
 // and returns the source of the script it runs.
 func captureSource(ctx context.Context, env *Env, c Contender) (string, error) {
-	opts := *env.RDB.Options()
-	rdb := redis.NewClient(&opts)
-	defer rdb.Close()
 	hook := &captureHook{source: true}
-	rdb.AddHook(hook)
-	wl, err := ceilingWorkload("one")
-	if err != nil {
-		return "", err
-	}
-	wl.Keys = []string{"capture"}
-	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
-	if err != nil {
-		return "", err
-	}
-	if release != nil {
-		defer release()
-	}
-	if _, err := dec(ctx, 0); err != nil {
+	if err := capture(ctx, env, c, "one", hook); err != nil {
 		return "", err
 	}
 	hook.mu.Lock()
@@ -418,6 +385,32 @@ func captureSource(ctx context.Context, env *Env, c Contender) (string, error) {
 		return "", fmt.Errorf("%s sent no EVAL after a NOSCRIPT", c.Name)
 	}
 	return hook.src, nil
+}
+
+// captureKey is the key of the decision that capture makes.
+const captureKey = "capture"
+
+// capture makes one decision of contender c for workload w, on key
+// captureKey, through a client of its own with hook.
+func capture(ctx context.Context, env *Env, c Contender, w string, hook *captureHook) error {
+	opts := *env.RDB.Options()
+	rdb := redis.NewClient(&opts)
+	defer rdb.Close()
+	rdb.AddHook(hook)
+	wl, err := ceilingWorkload(w)
+	if err != nil {
+		return err
+	}
+	wl.Keys = []string{captureKey}
+	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
+	if err != nil {
+		return err
+	}
+	if release != nil {
+		defer release()
+	}
+	_, err = dec(ctx, 0)
+	return err
 }
 
 // ceilingWorkload is workload w with one key; the hot key's limit is 100/s,
