@@ -228,3 +228,32 @@ func TestBakedScriptsBounded(t *testing.T) {
 		require.Equal(t, i < 73, res.Allowed, "call %d", i+1)
 	}
 }
+
+// Only the strategies' codes and the limits' numbers are written into a
+// script: a rule's name, which may come from configuration, never is.
+func TestBakedScriptHoldsNoNames(t *testing.T) {
+	b, _ := miniBackend(t)
+	hostile := "x'\nend\nredis.call('FLUSHALL')\n--"
+	p, err := NewPolicy(b.rdb, []Rule{
+		{Name: hostile, Strategy: FixedWindow, Limit: PerSecond(2)},
+		{Name: "]] ' \" \\", Strategy: SlidingCounter, Limit: PerMinute(100)},
+	})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NotNil(t, p.own.script)
+	part := bakedRules(p.own)
+	assert.NotContains(t, part, "FLUSHALL")
+	assert.NotContains(t, part, "]]")
+	require.NoError(t, b.rdb.Set(context.Background(), "other", "kept", 0).Err())
+	for i := range 3 {
+		res, err := p.Allow(context.Background(), "k")
+		require.NoError(t, err)
+		assert.Equal(t, i < 2, res.Allowed, "call %d", i+1)
+		if !res.Allowed {
+			assert.Equal(t, hostile, res.Rule, "the denying rule keeps its name")
+		}
+	}
+	v, err := b.rdb.Get(context.Background(), "other").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "kept", v)
+}
