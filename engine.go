@@ -470,6 +470,11 @@ var (
 	argNoRID      any = ""
 )
 
+// defaultArgs are the decision script's first arguments when they are
+// their defaults: n, the number of rules, now, max delay, block,
+// reservation id and life (see scripts/common.lua).
+var defaultArgs = [...]any{1, 1, argZero, argNoMaxDelay, argZero, argNoRID, argZero}
+
 // eval runs the decision script (see scripts/common.lua for its layout).
 func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	a := evalArgsPool.Get().(*evalArgs)
@@ -510,6 +515,12 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		script = e.script
 		for i := range rs.rules {
 			a.args = append(a.args, rs.rules[i].args[:]...)
+		}
+	} else {
+		// The rules are written in: leave out the trailing arguments
+		// that are their defaults (see scripts/common.lua).
+		for len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
+			a.args = a.args[:len(a.args)-1]
 		}
 	}
 	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Slice()

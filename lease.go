@@ -108,7 +108,7 @@ const (
 	// leaseReturnTimeout bounds giving leases back at Close, and each
 	// sweep.
 	leaseReturnTimeout = time.Second
-	// leaseIDPrefix starts a lease's reservation id; decide.lua sets no
+	// leaseIDPrefix starts a lease's reservation id; reply.lua sets no
 	// penalty block when it denies a lease (it is not a call's denial).
 	leaseIDPrefix = "lease:"
 )

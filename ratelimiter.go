@@ -88,8 +88,8 @@ func (l *RateLimiter) stateKey(key string) string {
 }
 
 // scripts holds the decision script of each strategy, made on first use:
-// common.lua, the strategy's part, rules.lua and decide.lua (see
-// decisionScript).
+// common.lua, the strategy's part, decide.lua, the checks of rules passed
+// as arguments and reply.lua (see decisionScript).
 var scripts struct {
 	once    [LeakyBucket + 1]sync.Once
 	byStrat [LeakyBucket + 1]*redis.Script
@@ -112,7 +112,7 @@ var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcou
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {
-		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, mustRead("rules.lua"))
+		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, argumentChecks())
 	})
 	return scripts.byStrat[s]
 }
@@ -120,7 +120,7 @@ func strategyScript(s Strategy) *redis.Script {
 // policyScript returns the script that decides rules of every strategy.
 func policyScript() *redis.Script {
 	scripts.allOnce.Do(func() {
-		scripts.all = decisionScript(allStrategyFiles, mustRead("rules.lua"))
+		scripts.all = decisionScript(allStrategyFiles, argumentChecks())
 	})
 	return scripts.all
 }

@@ -23,19 +23,30 @@ func loadScript(parts ...string) *redis.Script {
 }
 
 // decisionScript returns a decision script: common.lua, the strategies'
-// files, the rules' part (rules.lua, or the rules written in) and
-// decide.lua, so that a decision is one EVALSHA of one self-contained
-// script.
-func decisionScript(files []string, rules string) *redis.Script {
+// files, decide.lua, the rules' checks and reply.lua, so that a decision
+// is one EVALSHA of one self-contained script. checks is argumentChecks or
+// the rules written in (writtenChecks).
+func decisionScript(files []string, checks string) *redis.Script {
 	var src strings.Builder
 	src.WriteString(mustRead("common.lua"))
 	for _, f := range files {
 		src.WriteString(mustRead(f))
 	}
-	src.WriteString(rules)
 	src.WriteString(mustRead("decide.lua"))
+	src.WriteString(checks)
+	src.WriteString(mustRead("reply.lua"))
 	return redis.NewScript(src.String())
 }
+
+// argumentChecks checks rules passed as arguments: rules.lua, then
+// check.lua in a loop over them.
+var argumentChecks = sync.OnceValue(func() string {
+	return mustRead("rules.lua") +
+		"for i = 1, nrules do\n" +
+		"local strat, rate, period, burst, per_call = rule(i)\n" +
+		mustRead("check.lua") +
+		"end\n"
+})
 
 func mustRead(name string) string {
 	b, err := scriptFS.ReadFile("scripts/" + name)
@@ -59,52 +70,76 @@ var baked struct {
 }
 
 // bakedScript returns the decision script with the rules of rs written in
-// (see scripts/rules.lua), or nil when maxBakedScripts are made already.
+// (see writtenChecks), or nil when maxBakedScripts are made already.
 // Limiters with the same rules share one.
 func bakedScript(rs *ruleSet) *redis.Script {
-	part := bakedRules(rs)
+	checks := writtenChecks(rs)
 	baked.Lock()
 	defer baked.Unlock()
-	if s, ok := baked.m[part]; ok {
+	if s, ok := baked.m[checks]; ok {
 		return s
 	}
 	if len(baked.m) >= maxBakedScripts {
 		return nil
 	}
-	s := decisionScript(strategyFilesOf(rs.rules), part)
+	s := decisionScript(strategyFilesOf(rs.rules), checks)
 	if baked.m == nil {
 		baked.m = make(map[string]*redis.Script)
 	}
-	baked.m[part] = s
+	baked.m[checks] = s
 	return s
 }
 
-// bakedRules returns the Lua that defines what scripts/rules.lua defines,
-// with rs's rules as constants. The numbers are integers below 2^53,
-// written in decimal: Lua reads them exactly.
-func bakedRules(rs *ruleSet) string {
+// commitHeld ends a rule's block in a script with several rules written in:
+// it makes the rule's held write (see written.lua) if every rule allowed.
+const commitHeld = `if hc and not denied then
+  if hb == nil then
+    redis.call(hc, hk, ha)
+  elseif hx == nil then
+    redis.call(hc, hk, ha, hb)
+  else
+    redis.call(hc, hk, ha, hb, hx)
+  end
+end
+end
+`
+
+// writtenChecks returns the checks of rs's rules with the rules written in:
+// check.lua once per rule, its rule's numbers as Lua constants (integers
+// below 2^53, in decimal: Lua reads them exactly), instead of rules.lua's
+// loop over the arguments. Redis then converts no rule number per call,
+// the client sends none, and no loop or call per rule runs. With several
+// rules, the checks nest, each holding its rule's first write until every
+// rule has allowed (written.lua), instead of queueing it.
+func writtenChecks(rs *ruleSet) string {
 	var b strings.Builder
-	b.WriteString("-- The rules, written in by redlimit (see rules.lua).\n")
+	several := len(rs.rules) > 1
+	b.WriteString("-- The rules, written in by redlimit (see scripts.go).\n")
 	b.WriteString("local counting = " + strconv.FormatBool(rs.counting) + "\n")
-	b.WriteString("local function rule(i)\n")
+	if several {
+		b.WriteString(mustRead("written.lua"))
+	}
 	for i := range rs.rules {
 		r := &rs.rules[i]
-		last := i == len(rs.rules)-1
-		b.WriteString("  ")
-		if !last {
-			b.WriteString("if i == " + strconv.Itoa(i+1) + " then ")
+		if several {
+			b.WriteString("do local hc, hk, ha, hb, hx\n")
 		}
-		b.WriteString("return '" + r.alg.code + "'")
+		b.WriteString("do local i, strat, rate, period, burst, per_call = " + strconv.Itoa(i+1) + ", '" + r.alg.code + "'")
 		for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
 			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 		}
-		b.WriteString(", " + strconv.FormatBool(r.perCall))
-		if !last {
-			b.WriteString(" end")
+		b.WriteString(", " + strconv.FormatBool(r.perCall) + "\n")
+		b.WriteString(mustRead("check.lua"))
+		if several {
+			b.WriteString("hc, hk, ha, hb, hx = wc, wk, wa, wb, wx\nwc = nil\n")
 		}
-		b.WriteString("\n")
+		b.WriteString("end\n")
 	}
-	b.WriteString("end\n")
+	if several {
+		for range rs.rules {
+			b.WriteString(commitHeld)
+		}
+	}
 	return b.String()
 }
 

@@ -12,13 +12,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// randomRules returns 1 to 4 rules of distinct strategy and period (from
+// randomRules returns count rules of distinct strategy and period (from
 // periods), with limits from the smallest to MaxRate, some of them per
 // call.
-func randomRules(rng *rand.Rand, periods []time.Duration) []Rule {
+func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 	seen := map[[2]int64]bool{}
 	var rules []Rule
-	for len(rules) < 1+rng.IntN(4) {
+	for len(rules) < count {
 		s := Strategies()[rng.IntN(5)]
 		p := periods[rng.IntN(len(periods))]
 		if seen[[2]int64{int64(s), int64(p)}] {
@@ -61,7 +61,7 @@ func randomRules(rng *rand.Rand, periods []time.Duration) []Rule {
 func TestBakedScriptDecidesAsArguments(t *testing.T) {
 	b, _ := miniBackend(t)
 	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
-	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 40)
+	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 40, 0)
 }
 
 func TestBakedScriptDecidesAsArgumentsRedis(t *testing.T) {
@@ -72,7 +72,29 @@ func TestBakedScriptDecidesAsArgumentsRedis(t *testing.T) {
 	rdb.AddHook(timeHook{clock: clock})
 	advance := func(d time.Duration) { clock.us.Add(d.Microseconds()) }
 	periods := []time.Duration{time.Minute, 5 * time.Minute, time.Hour}
-	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 8,
+	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 8, 0,
+		WithClientClock(), withClock(clock.now))
+}
+
+// A policy of MaxRules rules, its checks nested in its script (see
+// writtenChecks), decides as the same rules passed as arguments: within
+// the limits of Lua 5.1 on real Redis (locals per function, nesting) and
+// of miniredis's Lua.
+func TestBakedScriptMaxRules(t *testing.T) {
+	b, _ := miniBackend(t)
+	periods := []time.Duration{time.Millisecond, time.Second, time.Minute, time.Hour}
+	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 3, MaxRules)
+}
+
+func TestBakedScriptMaxRulesRedis(t *testing.T) {
+	clock := &simClock{}
+	clock.us.Store(t0.UnixMicro())
+	rdb := redis.NewClient(steadyOptions(realServer(t).Addr))
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(timeHook{clock: clock})
+	advance := func(d time.Duration) { clock.us.Add(d.Microseconds()) }
+	periods := []time.Duration{time.Minute, 5 * time.Minute, 10 * time.Minute, time.Hour}
+	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 2, MaxRules,
 		WithClientClock(), withClock(clock.now))
 }
 
@@ -96,11 +118,15 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // same random rules, one with the rules written into its script and one
 // passing them as arguments, and requires the same results. A clock step
 // is at most maxStep.
-func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time.Duration, advance func(time.Duration), maxStep time.Duration, rounds int, opts ...Option) {
+func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time.Duration, advance func(time.Duration), maxStep time.Duration, rounds, count int, opts ...Option) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(11, 14))
 	for round := range rounds {
-		rules := randomRules(rng, periods)
+		n := count
+		if n == 0 {
+			n = 1 + rng.IntN(4)
+		}
+		rules := randomRules(rng, periods, n)
 		prefix := fmt.Sprintf("r%d", round)
 		baked, err := NewPolicy(rdb, rules, append(opts, WithPrefix(prefix+"baked"))...)
 		require.NoError(t, err, "%+v", rules)
@@ -186,8 +212,20 @@ func TestBakedScriptSendsNoRules(t *testing.T) {
 	defer p.Close()
 	_, err = p.Allow(ctx, "k")
 	require.NoError(t, err)
-	// evalsha sha numkeys, 2 keys, 7 arguments
-	assert.Equal(t, []int{3 + 2 + 7}, h.counts)
+	// evalsha sha numkeys, 2 keys, and of the 7 arguments only n and the
+	// number of rules: the others are their defaults
+	assert.Equal(t, []int{3 + 2 + 2}, h.counts)
+
+	h.counts = nil
+	tb := newLimiter(t, b.rdb, TokenBucket, PerSecond(10))
+	_, err = tb.Allow(ctx, "k")
+	require.NoError(t, err)
+	_, err = tb.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
+	_, err = tb.Reserve(ctx, "k", 1)
+	require.NoError(t, err)
+	assert.Equal(t, []int{3 + 1, 3 + 1 + 1, 3 + 2 + 7}, h.counts,
+		"one rule: no argument for Allow, n for AllowN(2), all for a reservation")
 
 	h.counts = nil
 	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithLimitFunc(func(context.Context, string) (Limit, error) {
@@ -241,7 +279,7 @@ func TestBakedScriptHoldsNoNames(t *testing.T) {
 	require.NoError(t, err)
 	defer p.Close()
 	require.NotNil(t, p.own.script)
-	part := bakedRules(p.own)
+	part := writtenChecks(p.own)
 	assert.NotContains(t, part, "FLUSHALL")
 	assert.NotContains(t, part, "]]")
 	require.NoError(t, b.rdb.Set(context.Background(), "other", "kept", 0).Err())

@@ -216,7 +216,7 @@ func loadVariant(ctx context.Context, env *Env, c Contender, dir string) (string
 		if err != nil {
 			return "", err
 		}
-		src = strings.Replace(src, lib[name], string(b), 1)
+		src = strings.ReplaceAll(src, lib[name], string(b)) // check.lua: once per rule written in
 		replaced++
 	}
 	if replaced == 0 {

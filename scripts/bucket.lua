@@ -38,13 +38,15 @@ local function bucket_read(key, rate)
   local d0, elapsed
   local sep = string.find(v, ':', 1, true)
   if sep then
-    d0 = tonumber(string.sub(v, 1, sep - 1))
-    elapsed = now - tonumber(string.sub(v, sep + 1))
+    d0 = string.sub(v, 1, sep - 1) + 0
+    elapsed = now - string.sub(v, sep + 1)
   else
     local len = #v
-    local me = tonumber(string.sub(v, 1, len - 9)) -- M * 10 + E, below 1e9
+    local me = string.sub(v, 1, len - 9) + 0 -- M * 10 + E, below 1e9
     local e = me % 10
     d0 = (me - e) / 10 * 10 ^ e
+    -- tonumber: T is zero-padded, which miniredis's Lua (gopher-lua)
+    -- reads as octal in arithmetic on a string.
     local t_ms = tonumber(string.sub(v, len - 8))
     local d = (math.floor(now / 1000) - t_ms) % TMOD
     if d > TMOD / 2 then d = d - TMOD end -- the clock went back

@@ -1,8 +1,9 @@
 -- common.lua is the head of every decision script (see scripts.go): it reads
--- the arguments, takes the time, applies a penalty block and defines the
--- helpers the strategies share. The strategies' files follow it, then the
--- rules (rules.lua, or the same written in), then decide.lua, which checks
--- every rule and writes only if all of them allow.
+-- the arguments, takes the time and defines the helpers the strategies
+-- share. The strategies' files follow it, then decide.lua, the rules'
+-- checks (rules.lua and check.lua in a loop, or check.lua once per rule
+-- with the rules written in) and reply.lua, which writes only if every rule
+-- allows.
 -- A single-strategy limiter is a policy of one rule.
 --
 -- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
@@ -20,6 +21,8 @@
 --          that settle.lua can settle once (see reserve.go)
 -- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);
 --          settle.lua: the events used
+-- (With the rules written in, trailing arguments equal to their defaults,
+-- 1, 1, 0, -1, 0, '' and 0, are left out.)
 -- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
 --          'lb'; with a leading '*' the rule counts each call as one event,
 --          whatever n), rate (events per period, >= 1), period (µs, >= 1000),
@@ -51,20 +54,39 @@
 -- relative (PX), computed from the same clock as now, so a client clock
 -- (ARGV[3]) that is offset from the server's still gives the right lifetime.
 
--- The usual values are compared as strings (Lua interns them: a pointer
--- comparison) before any tonumber, whose strtod is a good part of a
--- decision's time in Redis.
-local n, nrules, now, max_delay, block = 1, 1, 0, -1, 0
-if ARGV[1] ~= '1' then n = tonumber(ARGV[1]) end
-if ARGV[2] ~= '1' then nrules = tonumber(ARGV[2]) end
-if ARGV[3] ~= '0' then now = tonumber(ARGV[3]) end
-if ARGV[4] ~= '-1' then max_delay = tonumber(ARGV[4]) end
-if ARGV[5] ~= '0' then block = tonumber(ARGV[5]) end
-local rid = ARGV[6]
+-- Numbers: the usual values are compared as strings (Lua interns them: a
+-- pointer comparison) before any conversion, whose strtod is a good part
+-- of a decision's time in Redis. A string known to hold a number (an
+-- argument, a reply, a value these scripts wrote) is converted by
+-- arithmetic (x + 0: one strtod), not by tonumber, which in Lua 5.1 runs
+-- strtod twice (to check, then to convert); tonumber is kept where a
+-- string may not be a number, or may start with a 0 (which miniredis's Lua
+-- reads as octal in arithmetic).
+-- A script with its rules written in gets the arguments only up to the
+-- last that is not its default (every argument Redis puts in ARGV costs it
+-- a string and a table slot): an absent one is its default.
+local n, nrules, now, max_delay, block, rid = 1, 1, 0, -1, 0, ''
+local nargs = #ARGV
+if nargs > 0 then
+  if ARGV[1] ~= '1' then n = ARGV[1] + 0 end
+  if nargs > 1 then
+    if ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end
+    if nargs > 2 then
+      if ARGV[3] ~= '0' then now = ARGV[3] + 0 end
+      if nargs > 3 then
+        if ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
+        if nargs > 4 then
+          if ARGV[5] ~= '0' then block = ARGV[5] + 0 end
+          if nargs > 5 then rid = ARGV[6] end
+        end
+      end
+    end
+  end
+end
 
 if now <= 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
 -- floor_div and ceil_div divide integers exactly (as long as they are below
@@ -87,31 +109,37 @@ end
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
 -- rule, at once (no other rule can deny, so the call is allowed); with
--- several, queued, and decide.lua runs the queue only if every rule allows.
--- The queue is one flat table of commands, each its argument count and
--- then its arguments (a table per command cost a policy's decision more
--- than its commands did). write_args does the same for a command already
--- in a table.
-local writes -- the queue, made on the first queued write
-local function write(cmd, key, a, b, c)
-  if nrules == 1 then
-    if b == nil then
-      redis.call(cmd, key, a)
-    elseif c == nil then
-      redis.call(cmd, key, a, b)
-    else
-      redis.call(cmd, key, a, b, c)
-    end
-    return
-  end
-  if not writes then writes = {} end
-  local w = #writes
+-- several, queued, and reply.lua makes the queue's writes only if every
+-- rule allows. The queue is one flat table of commands, each its argument
+-- count and then its arguments (a table per command cost a policy's
+-- decision more than its commands did), and nw its length (cheaper than
+-- #writes). write_args does the same for a command already in a table.
+-- (With several rules written in, written.lua holds a rule's first write
+-- out of the queue.)
+local writes, nw -- the queue, made on the first queued write
+local function queue(cmd, key, a, b, c)
+  if not writes then writes, nw = {}, 0 end
+  local w = nw
   if b == nil then
     writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = 3, cmd, key, a
+    nw = w + 4
   elseif c == nil then
     writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 4, cmd, key, a, b
+    nw = w + 5
   else
     writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5], writes[w + 6] = 5, cmd, key, a, b, c
+    nw = w + 6
+  end
+end
+local function write(cmd, key, a, b, c)
+  if nrules > 1 then
+    queue(cmd, key, a, b, c)
+  elseif b == nil then
+    redis.call(cmd, key, a)
+  elseif c == nil then
+    redis.call(cmd, key, a, b)
+  else
+    redis.call(cmd, key, a, b, c)
   end
 end
 local function write_args(args)
@@ -119,10 +147,11 @@ local function write_args(args)
     redis.call(unpack(args))
     return
   end
-  if not writes then writes = {} end
-  local w = #writes
+  if not writes then writes, nw = {}, 0 end
+  local w = nw
   writes[w + 1] = #args
   for i = 1, #args do writes[w + 1 + i] = args[i] end
+  nw = w + 1 + #args
 end
 
 -- S maps a strategy code to its check function. A check function is called

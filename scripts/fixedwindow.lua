@@ -17,7 +17,7 @@
 local function fw_read(key, cw)
   local v = redis.call('GET', key)
   if v then
-    local x = tonumber(v)
+    local x = v + 0
     local d = (cw - x) % 10 -- how many windows the key is behind now
     if d == 0 then
       return math.floor(x / 10), cw

@@ -19,5 +19,5 @@ local function rule(i)
   local code = ARGV[a]
   local per_call = string.byte(code) == STAR
   if per_call then code = string.sub(code, 2) end
-  return code, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), per_call
+  return code, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3] + 0, per_call
 end

@@ -29,13 +29,13 @@ local function sc_read(key, cw)
     local sep = string.find(v, ':', 1, true)
     if sep then
       local sep2 = string.find(v, ':', sep + 1, true)
-      c = tonumber(string.sub(v, 1, sep - 1))
-      p = tonumber(string.sub(v, sep + 1, sep2 - 1))
-      d = cw - tonumber(string.sub(v, sep2 + 1))
+      c = string.sub(v, 1, sep - 1) + 0
+      p = string.sub(v, sep + 1, sep2 - 1) + 0
+      d = cw - string.sub(v, sep2 + 1)
       if d < -4 then d = -4 elseif d > 5 then d = 5 end
       d = d % 10
     else
-      local x = tonumber(v)
+      local x = v + 0
       local pc = math.floor(x / 10)
       c, p, d = pc % PACK, math.floor(pc / PACK), (cw - x) % 10
       inplace = d == 0
@@ -60,6 +60,15 @@ local function sc_value(cur, prev, w)
   return string.format('%d:%d:%d', cur, prev, w)
 end
 
+-- sc_reset_after returns the time until the counts of window w, c in it
+-- and prev in the one before, have left the sliding interval. (Not a
+-- closure in S.sc: making one per call costs Redis more than passing these.)
+local function sc_reset_after(c, prev, w, period)
+  if c > 0 then return (w + 2) * period - now end
+  if prev > 0 then return (w + 1) * period - now end
+  return 0
+end
+
 S.sc = function(key, rate, period, burst)
   local cw = math.floor(now / period)
   local cur, prev, w, inplace = sc_read(key, cw)
@@ -68,16 +77,10 @@ S.sc = function(key, rate, period, burst)
   if elapsed < 0 then elapsed = 0 end
   local avail = rate - cur - ceil_div(prev * (period - elapsed), period)
 
-  local function reset_after(c)
-    if c > 0 then return (w + 2) * period - now end
-    if prev > 0 then return (w + 1) * period - now end
-    return 0
-  end
-
   if n > avail then
     local retry
     if n > rate then
-      retry = reset_after(cur)
+      retry = sc_reset_after(cur, prev, w, period)
     elseif cur + n <= rate then
       -- The previous window's weight falls far enough within this window.
       retry = period - floor_div((rate - cur - n) * period, prev) - elapsed
@@ -85,7 +88,8 @@ S.sc = function(key, rate, period, burst)
       -- Wait for the next window, where this window's count is the weighted one.
       retry = (period - elapsed) + period - floor_div((rate - n) * period, cur)
     end
-    return false, avail, retry, reset_after(cur), reset_after(cur)
+    local reset = sc_reset_after(cur, prev, w, period)
+    return false, avail, retry, reset, reset
   end
   if n > 0 then
     if inplace and cur + n < PACK then
@@ -101,5 +105,5 @@ S.sc = function(key, rate, period, burst)
       write('SET', key, sc_value(cur + n, prev, w), 'PX', ms((w + 2) * period - now))
     end
   end
-  return true, avail, 0, reset_after(cur), reset_after(cur + n), w
+  return true, avail, 0, sc_reset_after(cur, prev, w, period), sc_reset_after(cur + n, prev, w, period), w
 end

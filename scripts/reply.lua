@@ -1,0 +1,45 @@
+-- reply.lua ends every decision script, after the rules' checks: a denial
+-- replies without writing; else the queued writes are made, a reservation
+-- is recorded, and the reply says what the rules found (see common.lua).
+
+n = n0
+if denied and n > 0 then
+  -- n = 0 only reports: it is never denied (a lowered limit can leave a
+  -- rule over its allowance) and never writes.
+  -- A lease's denial (lease.go: its id starts with 'lease:') is not a
+  -- call's: it sets no block.
+  if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
+    redis.call('SET', KEYS[nkeys], now + block, 'PX', ms(block))
+    if retry < block then retry = block end
+    if reset_denied < block then reset_denied = block end
+    min_now = 0
+  end
+  if min_now < 0 then min_now = 0 end
+  return {code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest}
+end
+if n == 0 then
+  if min_now < 0 then min_now = 0 end
+  return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest}
+end
+
+if writes then
+  local i, last = 1, nw
+  while i < last do
+    local c = writes[i]
+    redis.call(unpack(writes, i + 1, i + c))
+    i = i + c + 1
+  end
+end
+if min_after < 0 then min_after = 0 end
+local reply = {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
+if rid ~= '' then
+  -- The reservation: a member of a sorted set scored by when it lapses,
+  -- so that settle.lua finds it once, and lapsed ones are dropped here.
+  local rkey = KEYS[nkeys + 1]
+  local life = (ARGV[7] or 0) + 0
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now)
+  redis.call('ZADD', rkey, now + life * 1000, rid)
+  redis.call('PEXPIRE', rkey, life)
+  for i = 1, nrules do reply[5 + i] = tags[i] end
+end
+return reply

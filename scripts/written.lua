@@ -1,0 +1,24 @@
+-- written.lua: in a script with several rules written in (see
+-- writtenChecks in scripts.go), a rule's first write waits in locals of
+-- its own, not in the queue: the rules' checks are nested blocks, each
+-- taking its rule's write from wc, wk, wa, wb, wx into its locals (and
+-- clearing wc) and, on the way out, making it if every rule allowed.
+-- Further writes of a rule (the sliding log's) queue behind it as in
+-- common.lua, and reply.lua makes them after the held ones. This costs
+-- Redis less than queueing every write and reading the queue back (and
+-- the taking and making are written out, not functions: a call costs
+-- more).
+
+local wc, wk, wa, wb, wx -- the checked rule's first write; wc false: it queued
+write = function(cmd, key, a, b, c)
+  if wc == nil then
+    wc, wk, wa, wb, wx = cmd, key, a, b, c
+  else
+    queue(cmd, key, a, b, c)
+  end
+end
+local queue_args = write_args
+write_args = function(args)
+  if wc == nil then wc = false end -- the rule's later writes queue behind it
+  queue_args(args)
+end
