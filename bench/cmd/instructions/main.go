@@ -1,0 +1,258 @@
+// Command instructions counts the CPU instructions redis-server executes
+// per decision for each contender, under valgrind's callgrind: a count that,
+// unlike time, does not move when other jobs share the machine, so that a
+// change to a script shows as a figure, not as noise.
+//
+//	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md]
+//
+// It starts its own redis-server under callgrind on a free loopback port
+// (valgrind and redis-server on the PATH) and stops it when done. For each
+// contender it makes 50 decisions to load its script, then zeroes the
+// counters, makes -n decisions one after the other, and reads the total
+// (callgrind_control); the same wait with no decisions is measured and
+// subtracted, so that the server's own timers do not count. A figure is
+// the whole request in redis-server's user space: reading and parsing the
+// command, the script or command, and the reply (not the kernel's work).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "instructions:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	n := flag.Int("n", 2000, "decisions per contender")
+	workload := flag.String("workload", "one", "workload: one or keys")
+	only := flag.String("only", "", "regexp: count only the contenders whose name matches")
+	out := flag.String("out", "", "also write the Markdown table to this file")
+	flag.Parse()
+	var match *regexp.Regexp
+	if *only != "" {
+		var err error
+		if match, err = regexp.Compile(*only); err != nil {
+			return err
+		}
+	}
+	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is not on the PATH", tool)
+		}
+	}
+	w, err := bench.MakeWorkload(*workload, 10_000, 1_000_000)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "redlimit-callgrind")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := startServer(dir)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+
+	opts := &redis.Options{PoolSize: 4, DialTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, PoolTimeout: time.Minute}
+	env, err := bench.NewEnv(srv.addr, opts, false)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
+	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
+	ctx := context.Background()
+	for _, c := range bench.Contenders() {
+		if match != nil && !match.MatchString(c.Name) && c.Name != "INCR" {
+			continue
+		}
+		per, err := srv.count(ctx, env, c, w, *n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		fmt.Fprintf(os.Stderr, "%s: %.0f\n", c.Name, per)
+		fmt.Fprintf(&sb, "| %s | %.0f |\n", c.Name, per)
+	}
+	fmt.Print(sb.String())
+	if *out != "" {
+		return os.WriteFile(*out, []byte(sb.String()), 0o644)
+	}
+	return nil
+}
+
+// server is a redis-server running under callgrind.
+type server struct {
+	cmd  *exec.Cmd
+	addr string
+	dir  string // where callgrind writes its dumps
+}
+
+func startServer(dir string) (*server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	cmd := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+filepath.Join(dir, "callgrind.out"),
+		"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{cmd: cmd, addr: "127.0.0.1:" + port, dir: dir}
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer rdb.Close()
+	for deadline := time.Now().Add(time.Minute); ; {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, errors.New("redis-server under valgrind did not answer within a minute")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// stop ends the server by its PID.
+func (s *server) stop() {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// count returns the instructions per decision of contender c.
+func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w *bench.Workload, n int) (float64, error) {
+	if err := env.Admin.FlushAll(ctx).Err(); err != nil {
+		return 0, err
+	}
+	dec, release, err := c.Setup(env, w)
+	if err != nil {
+		return 0, err
+	}
+	if release != nil {
+		defer release()
+	}
+	decide := func(k int) error {
+		for i := range k {
+			if _, err := dec(ctx, i%len(w.Keys)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := decide(50); err != nil { // loads the script
+		return 0, err
+	}
+	if err := s.control("-z"); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := decide(n); err != nil {
+		return 0, err
+	}
+	elapsed := time.Since(start)
+	busy, err := s.total()
+	if err != nil {
+		return 0, err
+	}
+	if err := s.control("-z"); err != nil { // the same wait, idle
+		return 0, err
+	}
+	time.Sleep(elapsed)
+	idle, err := s.total()
+	if err != nil {
+		return 0, err
+	}
+	return float64(busy-idle) / float64(n), nil
+}
+
+func (s *server) control(arg string) error {
+	out, err := exec.Command("callgrind_control", arg, strconv.Itoa(s.cmd.Process.Pid)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("callgrind_control %s: %v: %s", arg, err, out)
+	}
+	return nil
+}
+
+// total dumps the counters and returns the instructions since they were
+// last zeroed.
+func (s *server) total() (uint64, error) {
+	before, _ := filepath.Glob(filepath.Join(s.dir, "callgrind.out.*"))
+	if err := s.control("-d"); err != nil {
+		return 0, err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		files, _ := filepath.Glob(filepath.Join(s.dir, "callgrind.out.*"))
+		if len(files) <= len(before) {
+			continue
+		}
+		newest := files[0]
+		for _, f := range files {
+			if dumpNumber(f) > dumpNumber(newest) {
+				newest = f
+			}
+		}
+		if v, ok := readTotals(newest); ok {
+			return v, nil
+		}
+	}
+	return 0, errors.New("no callgrind dump with totals appeared")
+}
+
+// dumpNumber is the sequence number callgrind puts at the end of a dump's name.
+func dumpNumber(name string) int {
+	i := strings.LastIndex(name, ".")
+	v, _ := strconv.Atoi(name[i+1:])
+	return v
+}
+
+// readTotals reads the "totals:" line of a callgrind dump, once it is
+// complete.
+func readTotals(name string) (uint64, bool) {
+	f, err := os.Open(name)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "totals: "); ok {
+			n, err := strconv.ParseUint(strings.Fields(v)[0], 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
