@@ -27,7 +27,7 @@
 --          'lb'; with a leading '*' the rule counts each call as one event,
 --          whatever n), rate (events per period, >= 1), period (µs, >= 1000),
 --          burst (bucket or queue capacity, >= 1); absent when the rules
---          are written into the script (see rules.lua)
+--          are written into the script (see writtenChecks in scripts.go)
 --
 -- Reply: an array of five integers (Redis truncates Lua floats, so every
 -- value is rounded here, times up):

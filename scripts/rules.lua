@@ -1,8 +1,8 @@
--- rules.lua: where decide.lua and settle.lua find the rules, here in the
--- arguments (ARGV[8 ..], see common.lua). A limiter whose rules are fixed
--- runs a script with its rules written in instead of this part (see
--- bakedRules in scripts.go): Redis then converts no rule number per call
--- and the client sends none. Either part defines
+-- rules.lua: where the checks (check.lua, in a loop over the rules) and
+-- settle.lua find the rules, here in the arguments (ARGV[8 ..], see
+-- common.lua). A limiter whose rules are fixed runs a script with its
+-- rules written in instead (see writtenChecks in scripts.go): Redis then
+-- converts no rule number per call and the client sends none. This defines
 --   rule(i)   rule i's strategy code, rate, period and burst (numbers), and
 --             whether it counts each call as one event (a leading '*' in
 --             the argument)

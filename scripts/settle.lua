@@ -1,5 +1,5 @@
 -- settle.lua ends the settle script (common.lua, the strategies' parts,
--- rules.lua, this): it settles a reservation that decide.lua recorded, once.
+-- rules.lua, this): it settles a reservation that reply.lua recorded, once.
 --
 -- KEYS and ARGV as in common.lua, with n = 0, no block, ARGV[6] the
 -- reservation id and ARGV[7] the events really used; then, after the
@@ -121,7 +121,7 @@ local min_now, reset, fewest = nil, 0, 1
 for i = 1, nrules do
   local strat, rate, period, burst, per_call = rule(i)
   local ok, avail, w, reset_now = S[strat](KEYS[i], rate, period, burst, strat)
-  if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see decide.lua
+  if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end
 end
