@@ -108,7 +108,7 @@ end
 // check.lua once per rule, its rule's numbers as Lua constants (integers
 // below 2^53, in decimal: Lua reads them exactly), instead of rules.lua's
 // loop over the arguments. Redis then converts no rule number per call,
-// the client sends none, and no loop or call per rule runs. With several
+// the client sends none, and no loop or rule(i) call runs. With several
 // rules, the checks nest, each holding its rule's first write until every
 // rule has allowed (written.lua), instead of queueing it.
 func writtenChecks(rs *ruleSet) string {

@@ -14,12 +14,15 @@ import (
 
 // randomRules returns count rules of distinct strategy and period (from
 // periods), with limits from the smallest to MaxRate, some of them per
-// call.
+// call; with count of 5 or more, every strategy at least once.
 func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 	seen := map[[2]int64]bool{}
 	var rules []Rule
 	for len(rules) < count {
 		s := Strategies()[rng.IntN(5)]
+		if count >= len(Strategies()) && len(rules) < len(Strategies()) {
+			s = Strategies()[len(rules)] // every strategy's file in the script
+		}
 		p := periods[rng.IntN(len(periods))]
 		if seen[[2]int64{int64(s), int64(p)}] {
 			continue
