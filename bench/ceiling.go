@@ -186,15 +186,16 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		if c.Name == tokenBucketName {
 			// The same decisions by the token bucket written out without
 			// the engine: its key, taken from the library's own command
-			// (see scripts/common.lua for its layout), and its limit, the
+			// (which carries no argument: n = 1 and the others are their
+			// defaults, see scripts/common.lua), and its limit, the
 			// workload's (Burst = Rate), passed as arguments.
 			jobs = append(jobs, job{"token bucket inlined (no engine)", func(w string) ([]any, error) {
 				args, err := captureScript(ctx, env, c, w)
 				if err != nil {
 					return nil, err
 				}
-				if len(args) != 11 || fmt.Sprint(args[2]) != "1" || fmt.Sprint(args[5]) != "1" {
-					return nil, fmt.Errorf("captured %v, want one key, one rule and its limit written into the script", args)
+				if len(args) != 4 || fmt.Sprint(args[2]) != "1" {
+					return nil, fmt.Errorf("captured %v, want one key and no argument (the rule written into the script)", args)
 				}
 				wl, err := ceilingWorkload(w)
 				if err != nil {
@@ -204,7 +205,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 					return nil, err
 				}
 				// evalsha sha 1 key | n | rate period burst
-				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], args[4],
+				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], "1",
 					wl.Rate, wl.Period.Microseconds(), wl.Rate}, nil
 			}, allowed})
 		}
