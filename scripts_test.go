@@ -68,15 +68,22 @@ func TestBakedScriptDecidesAsArguments(t *testing.T) {
 }
 
 func TestBakedScriptDecidesAsArgumentsRedis(t *testing.T) {
+	rdb, advance, opts := simulatedRedis(t)
+	periods := []time.Duration{time.Minute, 5 * time.Minute, time.Hour}
+	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 8, 0, opts...)
+}
+
+// simulatedRedis returns a client of a real Redis whose time, for the
+// limiters made with opts, is a simulated clock that advance moves: the
+// client clock, and TIME answered from it (see timeHook).
+func simulatedRedis(t *testing.T) (redis.UniversalClient, func(time.Duration), []Option) {
 	clock := &simClock{}
 	clock.us.Store(t0.UnixMicro())
 	rdb := redis.NewClient(steadyOptions(realServer(t).Addr))
 	t.Cleanup(func() { rdb.Close() })
 	rdb.AddHook(timeHook{clock: clock})
 	advance := func(d time.Duration) { clock.us.Add(d.Microseconds()) }
-	periods := []time.Duration{time.Minute, 5 * time.Minute, time.Hour}
-	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 8, 0,
-		WithClientClock(), withClock(clock.now))
+	return rdb, advance, []Option{WithClientClock(), withClock(clock.now)}
 }
 
 // A policy of MaxRules rules, its checks nested in its script (see
@@ -90,15 +97,9 @@ func TestBakedScriptMaxRules(t *testing.T) {
 }
 
 func TestBakedScriptMaxRulesRedis(t *testing.T) {
-	clock := &simClock{}
-	clock.us.Store(t0.UnixMicro())
-	rdb := redis.NewClient(steadyOptions(realServer(t).Addr))
-	t.Cleanup(func() { rdb.Close() })
-	rdb.AddHook(timeHook{clock: clock})
-	advance := func(d time.Duration) { clock.us.Add(d.Microseconds()) }
+	rdb, advance, opts := simulatedRedis(t)
 	periods := []time.Duration{time.Minute, 5 * time.Minute, 10 * time.Minute, time.Hour}
-	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 2, MaxRules,
-		WithClientClock(), withClock(clock.now))
+	compareBakedAndArgs(t, rdb, periods, advance, 100*time.Millisecond, 2, MaxRules, opts...)
 }
 
 // timeHook answers TIME from a simulated clock.

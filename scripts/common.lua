@@ -67,22 +67,12 @@
 -- a string and a table slot): an absent one is its default.
 local n, nrules, now, max_delay, block, rid = 1, 1, 0, -1, 0, ''
 local nargs = #ARGV
-if nargs > 0 then
-  if ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-  if nargs > 1 then
-    if ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end
-    if nargs > 2 then
-      if ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-      if nargs > 3 then
-        if ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
-        if nargs > 4 then
-          if ARGV[5] ~= '0' then block = ARGV[5] + 0 end
-          if nargs > 5 then rid = ARGV[6] end
-        end
-      end
-    end
-  end
-end
+if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
+if nargs > 1 and ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end
+if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
+if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
+if nargs > 4 and ARGV[5] ~= '0' then block = ARGV[5] + 0 end
+if nargs > 5 then rid = ARGV[6] end
 
 if now <= 0 then
   local t = redis.call('TIME')
