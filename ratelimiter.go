@@ -112,7 +112,7 @@ var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcou
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {
-		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, argumentChecks())
+		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, argumentChecks([]string{strategyFiles[s]}))
 	})
 	return scripts.byStrat[s]
 }
@@ -120,7 +120,7 @@ func strategyScript(s Strategy) *redis.Script {
 // policyScript returns the script that decides rules of every strategy.
 func policyScript() *redis.Script {
 	scripts.allOnce.Do(func() {
-		scripts.all = decisionScript(allStrategyFiles, argumentChecks())
+		scripts.all = decisionScript(allStrategyFiles, argumentChecks(allStrategyFiles))
 	})
 	return scripts.all
 }

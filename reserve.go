@@ -167,7 +167,8 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = loadScript(slices.Concat([]string{"common.lua"}, allStrategyFiles, []string{"rules.lua", "settle.lua"})...)
+var settleScript = newScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles)...) +
+	strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs

@@ -15,11 +15,19 @@ var scriptFS embed.FS
 
 // loadScript returns the named parts, concatenated, as one script.
 func loadScript(parts ...string) *redis.Script {
+	return redis.NewScript(readScripts(parts...))
+}
+
+// newScript returns src as a script.
+func newScript(src string) *redis.Script { return redis.NewScript(src) }
+
+// readScripts returns the named parts, concatenated.
+func readScripts(parts ...string) string {
 	var src strings.Builder
 	for _, p := range parts {
 		src.WriteString(mustRead(p))
 	}
-	return redis.NewScript(src.String())
+	return src.String()
 }
 
 // decisionScript returns a decision script: common.lua, the strategies'
@@ -27,26 +35,39 @@ func loadScript(parts ...string) *redis.Script {
 // is one EVALSHA of one self-contained script. checks is argumentChecks or
 // the rules written in (writtenChecks).
 func decisionScript(files []string, checks string) *redis.Script {
-	var src strings.Builder
-	src.WriteString(mustRead("common.lua"))
-	for _, f := range files {
-		src.WriteString(mustRead(f))
-	}
-	src.WriteString(mustRead("decide.lua"))
-	src.WriteString(checks)
-	src.WriteString(mustRead("reply.lua"))
-	return redis.NewScript(src.String())
+	return redis.NewScript(readScripts("common.lua") + readScripts(files...) +
+		readScripts("decide.lua") + checks + readScripts("reply.lua"))
 }
 
-// argumentChecks checks rules passed as arguments: rules.lua, then
+// argumentChecks checks rules passed as arguments, of the strategies whose
+// files are in files: their table S (strategyTable), rules.lua, then
 // check.lua in a loop over them.
-var argumentChecks = sync.OnceValue(func() string {
-	return mustRead("rules.lua") +
+func argumentChecks(files []string) string {
+	return strategyTable(files) + mustRead("rules.lua") +
 		"for i = 1, nrules do\n" +
 		"local strat, rate, period, burst, per_call = rule(i)\n" +
+		"local check = S[strat]\n" +
 		mustRead("check.lua") +
 		"end\n"
-})
+}
+
+// strategyTable returns the Lua line that makes S, the table from a
+// strategy's code to its check function (check_<code>, see common.lua),
+// for the strategies whose files are in files: where rules passed as
+// arguments find their functions. (A script with its rules written in
+// names each rule's function and makes no table.)
+func strategyTable(files []string) string {
+	var b strings.Builder
+	b.WriteString("local S = {")
+	for s, f := range strategyFiles {
+		if slices.Contains(files, f) {
+			code := algorithms[s].code
+			b.WriteString(code + " = check_" + code + ", ")
+		}
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
 
 func mustRead(name string) string {
 	b, err := scriptFS.ReadFile("scripts/" + name)
@@ -124,7 +145,7 @@ func writtenChecks(rs *ruleSet) string {
 		if several {
 			b.WriteString("do local hc, hk, ha, hb, hx\n")
 		}
-		b.WriteString("do local i, strat, rate, period, burst, per_call = " + strconv.Itoa(i+1) + ", '" + r.alg.code + "'")
+		b.WriteString("do local i, strat, check, rate, period, burst, per_call = " + strconv.Itoa(i+1) + ", '" + r.alg.code + "', check_" + r.alg.code)
 		for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
 			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 		}

@@ -82,10 +82,10 @@ local function bucket_write(used, rate, period)
   return value, ms(ttl), life
 end
 
--- bucket is the check function of both (see S in common.lua): code 'lb'
--- is the leaky bucket.
-local function bucket(key, rate, period, burst, code)
-  local queue = code == 'lb'
+-- check_tb is the check function of both (see common.lua): code 'lb' is
+-- the leaky bucket.
+local function check_tb(key, rate, period, burst, code)
+  local leaky = code == 'lb'
   local used = bucket_read(key, rate)
   local cap = burst * period
   local avail = floor_div(cap - used, period)
@@ -95,7 +95,7 @@ local function bucket(key, rate, period, burst, code)
     return false, avail, ceil_div(over, rate), reset_now, reset_now
   end
   local delay = 0
-  if queue then
+  if leaky then
     delay = reset_now
     if max_delay >= 0 and delay > max_delay then
       return false, avail, delay - max_delay, reset_now, reset_now, 0, 3
@@ -109,5 +109,4 @@ local function bucket(key, rate, period, burst, code)
   return true, avail, delay, reset_now, life, 0
 end
 
-S.tb = bucket
-S.lb = bucket
+local check_lb = check_tb

@@ -98,53 +98,48 @@ local function ms(d)
 end
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
--- rule, at once (no other rule can deny, so the call is allowed); with
--- several, queued, and reply.lua makes the queue's writes only if every
--- rule allows. The queue is one flat table of commands, each its argument
--- count and then its arguments (a table per command cost a policy's
--- decision more than its commands did), and nw its length (cheaper than
--- #writes). write_args does the same for a command already in a table.
+-- rule, at once (no other rule can deny, so the call is allowed): write is
+-- redis.call itself; with several, queued, and reply.lua makes the queue's
+-- writes only if every rule allows. The queue is one flat table of
+-- commands, each its argument count and then its arguments (a table per
+-- command cost a policy's decision more than its commands did), and nw its
+-- length (cheaper than #writes). write_args queues a command already in a
+-- table (queue_args; with one rule it is nil: redis.call(unpack(args))
+-- instead).
 -- (With several rules written in, written.lua holds a rule's first write
--- out of the queue.)
+-- out of the queue.) The functions are made only for several rules: Redis
+-- makes every function of a script anew on every call, and one costs it
+-- about as much as a rule's arithmetic.
+local write = redis.call
+local write_args, queue, queue_args
 local writes, nw -- the queue, made on the first queued write
-local function queue(cmd, key, a, b, c)
-  if not writes then writes, nw = {}, 0 end
-  local w = nw
-  if b == nil then
-    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = 3, cmd, key, a
-    nw = w + 4
-  elseif c == nil then
-    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 4, cmd, key, a, b
-    nw = w + 5
-  else
-    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5], writes[w + 6] = 5, cmd, key, a, b, c
-    nw = w + 6
+if nrules > 1 then
+  queue = function(cmd, key, a, b, c)
+    if not writes then writes, nw = {}, 0 end
+    local w = nw
+    if b == nil then
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = 3, cmd, key, a
+      nw = w + 4
+    elseif c == nil then
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 4, cmd, key, a, b
+      nw = w + 5
+    else
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5], writes[w + 6] = 5, cmd, key, a, b, c
+      nw = w + 6
+    end
   end
-end
-local function write(cmd, key, a, b, c)
-  if nrules > 1 then
-    queue(cmd, key, a, b, c)
-  elseif b == nil then
-    redis.call(cmd, key, a)
-  elseif c == nil then
-    redis.call(cmd, key, a, b)
-  else
-    redis.call(cmd, key, a, b, c)
+  queue_args = function(args)
+    if not writes then writes, nw = {}, 0 end
+    local w = nw
+    writes[w + 1] = #args
+    for i = 1, #args do writes[w + 1 + i] = args[i] end
+    nw = w + 1 + #args
   end
-end
-local function write_args(args)
-  if nrules == 1 then
-    redis.call(unpack(args))
-    return
-  end
-  if not writes then writes, nw = {}, 0 end
-  local w = nw
-  writes[w + 1] = #args
-  for i = 1, #args do writes[w + 1 + i] = args[i] end
-  nw = w + 1 + #args
+  write, write_args = queue, queue_args
 end
 
--- S maps a strategy code to its check function. A check function is called
+-- Each strategy's file defines its check function, check_<code> (check_fw,
+-- check_sl, check_sc, check_tb and check_lb). A check function is called
 -- with the rule's key, rate, period, burst and code (the strategy's, so
 -- that two strategies can share a function); it reads the rule's state and
 -- returns
@@ -154,4 +149,7 @@ end
 -- after; reset_now: until full with no more traffic; reset_next: the same
 -- after the n events; tag: what a reservation must remember to settle
 -- (see settle.lua). When ok and n > 0 it writes with write().
-local S = {}
+-- Where the rules come from the arguments, the table S maps a code to its
+-- check function (strategyTable in scripts.go writes it after the
+-- strategies' files); with the rules written in, each rule's check calls
+-- its function by name, and no table is made.

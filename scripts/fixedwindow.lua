@@ -28,7 +28,7 @@ local function fw_read(key, cw)
   return 0, cw
 end
 
-S.fw = function(key, rate, period, burst)
+local function check_fw(key, rate, period, burst)
   local cw = math.floor(now / period)
   local count, w = fw_read(key, cw)
   local left = (w + 1) * period - now

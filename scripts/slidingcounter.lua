@@ -62,14 +62,14 @@ end
 
 -- sc_reset_after returns the time until the counts of window w, c in it
 -- and prev in the one before, have left the sliding interval. (Not a
--- closure in S.sc: making one per call costs Redis more than passing these.)
+-- closure in check_sc: making one per call costs Redis more than passing these.)
 local function sc_reset_after(c, prev, w, period)
   if c > 0 then return (w + 2) * period - now end
   if prev > 0 then return (w + 1) * period - now end
   return 0
 end
 
-S.sc = function(key, rate, period, burst)
+local function check_sc(key, rate, period, burst)
   local cw = math.floor(now / period)
   local cur, prev, w, inplace = sc_read(key, cw)
 

@@ -55,7 +55,7 @@ local function next_index(m)
   return 1
 end
 
-S.sl = function(key, rate, period, burst)
+local function check_sl(key, rate, period, burst)
   local from = now - period
   local lower = string.format('(%d', from)
   local count = redis.call('ZCOUNT', key, lower, '+inf')
@@ -104,7 +104,7 @@ S.sl = function(key, rate, period, burst)
         args[#args + 1] = member(nowstr, i)
         i = i + 1
         if #args >= 1002 or k == n then
-          write_args(args)
+          if write_args then write_args(args) else redis.call(unpack(args)) end
           args = {'ZADD', key}
         end
       end

@@ -17,7 +17,6 @@ write = function(cmd, key, a, b, c)
     queue(cmd, key, a, b, c)
   end
 end
-local queue_args = write_args
 write_args = function(args)
   if wc == nil then wc = false end -- the rule's later writes queue behind it
   queue_args(args)

@@ -3,7 +3,11 @@
 // unlike time, does not move when other jobs share the machine, so that a
 // change to a script shows as a figure, not as noise.
 //
-//	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md]
+//	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir]
+//
+// With -keep, each contender's callgrind dump is kept in dir (named after
+// the contender) for callgrind_annotate, which shows where its
+// instructions went, function by function.
 //
 // It starts its own redis-server under callgrind on a free loopback port
 // (valgrind and redis-server on the PATH) and stops it when done. For each
@@ -47,6 +51,7 @@ func run() error {
 	workload := flag.String("workload", "one", "workload: one or keys")
 	only := flag.String("only", "", "regexp: count only the contenders whose name matches")
 	out := flag.String("out", "", "also write the Markdown table to this file")
+	keep := flag.String("keep", "", "keep each contender's callgrind dump in this directory")
 	flag.Parse()
 	var match *regexp.Regexp
 	if *only != "" {
@@ -90,9 +95,14 @@ func run() error {
 		if match != nil && !match.MatchString(c.Name) && c.Name != "INCR" {
 			continue
 		}
-		per, err := srv.count(ctx, env, c, w, *n)
+		per, dump, err := srv.count(ctx, env, c, w, *n)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		if *keep != "" {
+			if err := keepDump(dump, *keep, c.Name); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(os.Stderr, "%s: %.0f\n", c.Name, per)
 		fmt.Fprintf(&sb, "| %s | %.0f |\n", c.Name, per)
@@ -152,14 +162,15 @@ func (s *server) stop() {
 	}
 }
 
-// count returns the instructions per decision of contender c.
-func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w *bench.Workload, n int) (float64, error) {
+// count returns the instructions per decision of contender c and the
+// callgrind dump they were read from.
+func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w *bench.Workload, n int) (float64, string, error) {
 	if err := env.Admin.FlushAll(ctx).Err(); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	dec, release, err := c.Setup(env, w)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if release != nil {
 		defer release()
@@ -173,29 +184,29 @@ func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w
 		return nil
 	}
 	if err := decide(50); err != nil { // loads the script
-		return 0, err
+		return 0, "", err
 	}
 	if err := s.control("-z"); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	start := time.Now()
 	if err := decide(n); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	elapsed := time.Since(start)
-	busy, err := s.total()
+	busy, dump, err := s.total()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if err := s.control("-z"); err != nil { // the same wait, idle
-		return 0, err
+		return 0, "", err
 	}
 	time.Sleep(elapsed)
-	idle, err := s.total()
+	idle, _, err := s.total()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	return float64(busy-idle) / float64(n), nil
+	return float64(busy-idle) / float64(n), dump, nil
 }
 
 func (s *server) control(arg string) error {
@@ -207,11 +218,11 @@ func (s *server) control(arg string) error {
 }
 
 // total dumps the counters and returns the instructions since they were
-// last zeroed.
-func (s *server) total() (uint64, error) {
+// last zeroed, and the dump's file.
+func (s *server) total() (uint64, string, error) {
 	before, _ := filepath.Glob(filepath.Join(s.dir, "callgrind.out.*"))
 	if err := s.control("-d"); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		files, _ := filepath.Glob(filepath.Join(s.dir, "callgrind.out.*"))
@@ -225,10 +236,28 @@ func (s *server) total() (uint64, error) {
 			}
 		}
 		if v, ok := readTotals(newest); ok {
-			return v, nil
+			return v, newest, nil
 		}
 	}
-	return 0, errors.New("no callgrind dump with totals appeared")
+	return 0, "", errors.New("no callgrind dump with totals appeared")
+}
+
+// keepDump copies a contender's dump into dir, named after the contender.
+func keepDump(dump, dir, name string) error {
+	data, err := os.ReadFile(dump)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	file := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, name)
+	return os.WriteFile(filepath.Join(dir, file+".callgrind"), data, 0o644)
 }
 
 // dumpNumber is the sequence number callgrind puts at the end of a dump's name.
