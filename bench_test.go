@@ -54,6 +54,18 @@ func BenchmarkParseReply(b *testing.B) {
 	}
 }
 
+// BenchmarkParsePackedReply decodes the reply real Redis sends: one string.
+func BenchmarkParsePackedReply(b *testing.B) {
+	b.ReportAllocs()
+	l := benchLimiter(b)
+	var reply any = packed([5]int64{0, 9, 0, 100000, 1})
+	for b.Loop() {
+		if _, _, err := l.parse(reply, l.own, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkFallback is a decision while Redis is marked down, for an
 // existing key; BenchmarkRateAllow is the bare x/time/rate call it wraps.
 func BenchmarkFallback(b *testing.B) {

@@ -525,35 +525,58 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 			a.args = a.args[:len(a.args)-1]
 		}
 	}
-	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Slice()
+	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Result()
 	if err != nil {
 		return Result{}, 0, err
 	}
 	return e.parse(reply, rs, rc)
 }
 
+// le64 reads a little-endian int64 from the start of s.
+func le64(s string) int64 {
+	_ = s[7] // one bounds check
+	return int64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
+}
+
+// packedReply is the length of a reply packed in one string (see
+// scripts/common.lua): code, remaining, delay or retry after, reset
+// after, deciding rule, as a byte, three little-endian int64 and a byte.
+const packedReply = 26
+
 // parse decodes a script reply (see scripts/common.lua): code, remaining,
-// delay or retry after, reset after, deciding rule; and for an admitted
-// reservation (rc not nil), each rule's tag.
-func (e *engine) parse(reply []any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
-	want := 5
-	if rc != nil && len(reply) > 0 && reply[0] == int64(reasonAllowed) {
-		want += len(rs.rules)
-	}
-	if len(reply) != want {
-		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want %d", e.kind, len(reply), want)
-	}
+// delay or retry after, reset after, deciding rule, as an array or packed
+// in one string; and for an admitted reservation (rc not nil, an array),
+// each rule's tag.
+func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	var v [5]int64
-	for i, x := range reply {
-		n, ok := x.(int64)
-		if !ok {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
+	switch r := reply.(type) {
+	case string:
+		if len(r) != packedReply || rc != nil && r[0] == byte(reasonAllowed) {
+			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want an array or %d bytes", e.kind, len(r), packedReply)
 		}
-		if i < 5 {
-			v[i] = n
-		} else {
-			rc.tags = append(rc.tags, n)
+		v = [5]int64{int64(r[0]), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
+	case []any:
+		want := 5
+		if rc != nil && len(r) > 0 && r[0] == int64(reasonAllowed) {
+			want += len(rs.rules)
 		}
+		if len(r) != want {
+			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want %d", e.kind, len(r), want)
+		}
+		for i, x := range r {
+			n, ok := x.(int64)
+			if !ok {
+				return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
+			}
+			if i < 5 {
+				v[i] = n
+			} else {
+				rc.tags = append(rc.tags, n)
+			}
+		}
+	default:
+		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %T, want an array or a string", e.kind, reply)
 	}
 	why := reason(v[0])
 	idx := int(v[4]) - 1

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -298,4 +299,105 @@ func TestBakedScriptHoldsNoNames(t *testing.T) {
 	v, err := b.rdb.Get(context.Background(), "other").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "kept", v)
+}
+
+// packed returns the reply v packed as scripts/reply.lua packs it where
+// Redis has its struct library.
+func packed(v [5]int64) string {
+	b := make([]byte, 0, packedReply)
+	b = append(b, byte(v[0]))
+	for _, x := range v[1:4] {
+		b = binary.LittleEndian.AppendUint64(b, uint64(x))
+	}
+	return string(append(b, byte(v[4])))
+}
+
+// A reply packed in one string (real Redis) decodes as the same reply as an
+// array (miniredis) does; a malformed reply is an error, not a panic.
+func TestParsePackedReply(t *testing.T) {
+	p, err := NewPolicy(newStubClient(), []Rule{
+		{Name: "second", Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Name: "minute", Strategy: FixedWindow, Limit: PerMinute(100)},
+	})
+	require.NoError(t, err)
+	defer p.Close()
+	for _, v := range [][5]int64{
+		{0, 9, 0, 100_000, 1},
+		{0, 1<<53 - 1, 12, 1<<53 - 1, 2},
+		{1, 0, 250_000, 1_000_000, 2},
+		{2, 0, 10_000_000, 10_000_000, 0}, // a block: no rule
+		{3, 4, 30, 70, 1},
+	} {
+		want, wantWhy, err := p.parse([]any{v[0], v[1], v[2], v[3], v[4]}, p.own, nil)
+		require.NoError(t, err)
+		got, why, err := p.parse(packed(v), p.own, nil)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, "%v", v)
+		assert.Equal(t, wantWhy, why, "%v", v)
+	}
+	for name, reply := range map[string]any{
+		"short":   packed([5]int64{0, 9, 0, 1, 1})[:packedReply-1],
+		"long":    packed([5]int64{0, 9, 0, 1, 1}) + "x",
+		"integer": int64(1),
+		"nil":     nil,
+	} {
+		_, _, err := p.parse(reply, p.own, nil)
+		assert.Error(t, err, name)
+	}
+	// An admitted reservation needs its tags: never packed.
+	_, _, err = p.parse(packed([5]int64{0, 9, 0, 1, 1}), p.own, &reserveCall{})
+	assert.Error(t, err)
+}
+
+// replyKinds records the Go type of every script reply.
+type replyKinds struct {
+	passHooks
+	kinds []string
+}
+
+func (h *replyKinds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.Cmd); ok && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil {
+			kind := fmt.Sprintf("%T", c.Val())
+			if s, ok := c.Val().(string); ok {
+				kind += fmt.Sprintf("(%d)", len(s))
+			}
+			h.kinds = append(h.kinds, kind)
+		}
+		return err
+	}
+}
+
+// Redis replies to a decision with one packed string, except for an
+// admitted reservation; miniredis, whose Lua has no struct library, with
+// arrays. Both decide the same (TestEngineParity).
+func TestPackedReplyRedis(t *testing.T) {
+	ctx := context.Background()
+	for name, rdb := range map[string]redis.UniversalClient{
+		"redis":     redis.NewClient(steadyOptions(realServer(t).Addr)),
+		"miniredis": func() redis.UniversalClient { b, _ := miniBackend(t); return b.rdb }(),
+	} {
+		h := &replyKinds{}
+		rdb.(*redis.Client).AddHook(h)
+		lim := newLimiter(t, rdb, TokenBucket, Limit{Rate: 2, Period: time.Minute}, WithBlock(time.Second))
+		key := "packed:" + name
+		_, err := lim.Allow(ctx, key)
+		require.NoError(t, err)
+		_, err = lim.Reserve(ctx, key, 1)
+		require.NoError(t, err)
+		res, err := lim.Allow(ctx, key) // denied: the bucket of 2 is used
+		require.NoError(t, err)
+		require.False(t, res.Allowed)
+		res, err = lim.Allow(ctx, key) // denied by the block
+		require.NoError(t, err)
+		require.False(t, res.Allowed)
+		if name == "redis" {
+			assert.Equal(t, []string{"string(26)", "[]interface {}", "string(26)", "[]interface {}"}, h.kinds,
+				"allowed, reservation, denied, blocked")
+		} else {
+			assert.Equal(t, []string{"[]interface {}", "[]interface {}", "[]interface {}", "[]interface {}"}, h.kinds)
+		}
+		rdb.Close()
+	}
 }

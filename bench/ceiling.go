@@ -136,7 +136,10 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		a, ok := v.([]any)
 		return ok && len(a) > 0 && a[0] == int64(1)
 	}
-	firstIsZero := func(_ string, v any) bool { // redlimit: code 0 first when allowed
+	firstIsZero := func(_ string, v any) bool { // redlimit: code 0 first when allowed (an array, or packed in a string)
+		if s, ok := v.(string); ok {
+			return len(s) > 0 && s[0] == 0
+		}
 		a, ok := v.([]any)
 		return ok && len(a) > 0 && a[0] == int64(0)
 	}

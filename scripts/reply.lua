@@ -2,6 +2,13 @@
 -- replies without writing; else the queued writes are made, a reservation
 -- is recorded, and the reply says what the rules found (see common.lua).
 
+-- pack makes the reply's five integers one string (see common.lua); nil
+-- where Redis's struct library is missing: a table then. (rawget: reading
+-- a missing global is an error in miniredis.)
+local pack = rawget(_G, 'struct')
+if pack then pack = pack.pack end
+local PACKED = '<Bi8i8i8B'
+
 n = n0
 if denied and n > 0 then
   -- n = 0 only reports: it is never denied (a lowered limit can leave a
@@ -15,10 +22,16 @@ if denied and n > 0 then
     min_now = 0
   end
   if min_now < 0 then min_now = 0 end
+  if pack then
+    return pack(PACKED, code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest)
+  end
   return {code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest}
 end
 if n == 0 then
   if min_now < 0 then min_now = 0 end
+  if pack then
+    return pack(PACKED, 0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest)
+  end
   return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest}
 end
 
@@ -31,6 +44,9 @@ if writes then
   end
 end
 if min_after < 0 then min_after = 0 end
+if rid == '' and pack then
+  return pack(PACKED, 0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest)
+end
 local reply = {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
 if rid ~= '' then
   -- The reservation: a member of a sorted set scored by when it lapses,
