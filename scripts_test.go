@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -399,5 +400,58 @@ func TestPackedReplyRedis(t *testing.T) {
 			assert.Equal(t, []string{"[]interface {}", "[]interface {}", "[]interface {}", "[]interface {}"}, h.kinds)
 		}
 		rdb.Close()
+	}
+}
+
+// floor_div and ceil_div (common.lua) divide exactly wherever the
+// floating-point quotient rounds, on miniredis's Lua and on Redis's.
+func TestScriptDivisionExact(t *testing.T) {
+	script := redis.NewScript(readScripts("common.lua") + `
+local out = {}
+for i = 1, #KEYS, 2 do
+  local a, b = tonumber(KEYS[i]), tonumber(KEYS[i + 1])
+  out[#out + 1] = floor_div(a, b)
+  out[#out + 1] = ceil_div(a, b)
+end
+return out`)
+	rng := rand.New(rand.NewPCG(3, 4))
+	var pairs [][2]int64
+	for _, b := range []int64{1, 3, 7, 1000, 999_983, 1 << 26, 1_000_000_007} {
+		for _, q := range []int64{0, 1, 5, 1 << 20, (1 << 53) / b / 2, (1<<53)/b - 1} {
+			for _, d := range []int64{-1, 0, 1} {
+				a := q*b + d
+				pairs = append(pairs, [2]int64{a, b}, [2]int64{-a, b})
+			}
+		}
+	}
+	for range 500 {
+		b := 1 + rng.Int64N(1<<30)
+		a := rng.Int64N(1<<53) - 1<<52
+		pairs = append(pairs, [2]int64{a, b})
+	}
+	keys := make([]string, 0, 2*len(pairs))
+	for _, p := range pairs {
+		keys = append(keys, strconv.FormatInt(p[0], 10), strconv.FormatInt(p[1], 10))
+	}
+	mini, _ := miniBackend(t)
+	real := redis.NewClient(steadyOptions(realServer(t).Addr))
+	defer real.Close()
+	for name, rdb := range map[string]redis.UniversalClient{"miniredis": mini.rdb, "redis": real} {
+		got, err := script.Run(context.Background(), rdb, keys).Int64Slice()
+		require.NoError(t, err, name)
+		require.Len(t, got, 2*len(pairs), name)
+		for i, p := range pairs {
+			a, b := p[0], p[1]
+			floor := a / b
+			if a%b != 0 && a < 0 {
+				floor--
+			}
+			ceil := floor
+			if a%b != 0 {
+				ceil++
+			}
+			assert.Equal(t, floor, got[2*i], "%s: floor_div(%d, %d)", name, a, b)
+			assert.Equal(t, ceil, got[2*i+1], "%s: ceil_div(%d, %d)", name, a, b)
+		}
 	}
 }

@@ -87,14 +87,18 @@ if now <= 0 then
 end
 
 -- floor_div and ceil_div divide integers exactly (as long as they are below
--- 2^53), correcting the rounding of the floating-point quotient.
+-- 2^53, and b > 0), correcting the rounding of the floating-point
+-- quotient. (ceil_div does not call floor_div: a call costs Redis more
+-- than the two lines.)
 local function floor_div(a, b)
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
 local function ceil_div(a, b)
-  return -floor_div(-a, b)
+  local q = math.ceil(a / b)
+  if q * b < a then q = q + 1 elseif (q - 1) * b >= a then q = q - 1 end
+  return q
 end
 
 -- ms returns a PX lifetime for d µs: rounded up, never 0.
