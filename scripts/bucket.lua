@@ -75,7 +75,8 @@ local function bucket_write(used, rate, period)
     end
     local m = at_ms
     if e > 0 then m = ceil_div(at_ms, p) end
-    value = string.format('%d%d%09d', m, e, math.floor(now / 1000) % TMOD)
+    -- m * 10 + e printed is m's digits then e's (one conversion fewer).
+    value = string.format('%d%09d', m * 10 + e, math.floor(now / 1000) % TMOD)
   else
     value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
   end
