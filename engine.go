@@ -552,8 +552,11 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	var v [5]int64
 	switch r := reply.(type) {
 	case string:
-		if len(r) != packedReply || rc != nil && r[0] == byte(reasonAllowed) {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want an array or %d bytes", e.kind, len(r), packedReply)
+		if len(r) != packedReply {
+			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
+		}
+		if rc != nil && r[0] == byte(reasonAllowed) {
+			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied an admitted reservation without its tags", e.kind)
 		}
 		v = [5]int64{int64(r[0]), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
 	case []any:

@@ -13,11 +13,6 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// loadScript returns the named parts, concatenated, as one script.
-func loadScript(parts ...string) *redis.Script {
-	return redis.NewScript(readScripts(parts...))
-}
-
 // newScript returns src as a script.
 func newScript(src string) *redis.Script { return redis.NewScript(src) }
 
@@ -35,7 +30,7 @@ func readScripts(parts ...string) string {
 // is one EVALSHA of one self-contained script. checks is argumentChecks or
 // the rules written in (writtenChecks).
 func decisionScript(files []string, checks string) *redis.Script {
-	return redis.NewScript(readScripts("common.lua") + readScripts(files...) +
+	return newScript(readScripts("common.lua") + readScripts(files...) +
 		readScripts("decide.lua") + checks + readScripts("reply.lua"))
 }
 

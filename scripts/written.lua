@@ -17,6 +17,8 @@ write = function(cmd, key, a, b, c)
     queue(cmd, key, a, b, c)
   end
 end
+-- (queue_args is common.lua's: a local here holding the write_args it
+-- replaces was nil inside this function in miniredis's Lua, with 16 rules.)
 write_args = function(args)
   if wc == nil then wc = false end -- the rule's later writes queue behind it
   queue_args(args)
