@@ -35,10 +35,10 @@ func decisionScript(files []string, checks string) *redis.Script {
 }
 
 // argumentChecks checks rules passed as arguments, of the strategies whose
-// files are in files: their table S (strategyTable), rules.lua, then
-// check.lua in a loop over them.
+// files are in files: their table S (strategyTable), the queue of writes
+// (queue.lua), rules.lua, then check.lua in a loop over them.
 func argumentChecks(files []string) string {
-	return strategyTable(files) + mustRead("rules.lua") +
+	return strategyTable(files) + readScripts("queue.lua", "rules.lua") +
 		"for i = 1, nrules do\n" +
 		"local strat, rate, period, burst, per_call = rule(i)\n" +
 		"local check = S[strat]\n" +
@@ -133,6 +133,11 @@ func writtenChecks(rs *ruleSet) string {
 	b.WriteString("-- The rules, written in by redlimit (see scripts.go).\n")
 	b.WriteString("local counting = " + strconv.FormatBool(rs.counting) + "\n")
 	if several {
+		// The sliding log is the one strategy that writes more than once:
+		// a rule's first write is held, its others queue.
+		if slices.ContainsFunc(rs.rules, func(r rule) bool { return r.alg.strategy == SlidingLog }) {
+			b.WriteString(mustRead("queue.lua"))
+		}
 		b.WriteString(mustRead("written.lua"))
 	}
 	for i := range rs.rules {

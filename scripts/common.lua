@@ -110,44 +110,13 @@ end
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
 -- rule, at once (no other rule can deny, so the call is allowed): write is
--- redis.call itself; with several, queued, and reply.lua makes the queue's
--- writes only if every rule allows. The queue is one flat table of
--- commands, each its argument count and then its arguments (a table per
--- command cost a policy's decision more than its commands did), and nw its
--- length (cheaper than #writes). write_args queues a command already in a
--- table (queue_args; with one rule it is nil: redis.call(unpack(args))
--- instead).
--- (With several rules written in, written.lua holds a rule's first write
--- out of the queue.) The functions are made only for several rules: Redis
--- makes every function of a script anew on every call, and one costs it
--- about as much as a rule's arithmetic.
+-- redis.call itself; with several, queued (queue.lua) or held
+-- (written.lua), and made only if every rule allows. write_args writes a
+-- command already in a table (with one rule it is nil:
+-- redis.call(unpack(args)) instead).
 local write = redis.call
 local write_args, queue, queue_args
 local writes, nw -- the queue, made on the first queued write
-if nrules > 1 then
-  queue = function(cmd, key, a, b, c)
-    if not writes then writes, nw = {}, 0 end
-    local w = nw
-    if b == nil then
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = 3, cmd, key, a
-      nw = w + 4
-    elseif c == nil then
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 4, cmd, key, a, b
-      nw = w + 5
-    else
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5], writes[w + 6] = 5, cmd, key, a, b, c
-      nw = w + 6
-    end
-  end
-  queue_args = function(args)
-    if not writes then writes, nw = {}, 0 end
-    local w = nw
-    writes[w + 1] = #args
-    for i = 1, #args do writes[w + 1 + i] = args[i] end
-    nw = w + 1 + #args
-  end
-  write, write_args = queue, queue_args
-end
 
 -- Each strategy's file defines its check function, check_<code> (check_fw,
 -- check_sl, check_sc, check_tb and check_lb). A check function is called

@@ -3,8 +3,8 @@
 -- its own, not in the queue: the rules' checks are nested blocks, each
 -- taking its rule's write from wc, wk, wa, wb, wx into its locals (and
 -- clearing wc) and, on the way out, making it if every rule allowed.
--- Further writes of a rule (the sliding log's) queue behind it as in
--- common.lua, and reply.lua makes them after the held ones. This costs
+-- Further writes of a rule (the sliding log's) queue behind it
+-- (queue.lua), and reply.lua makes them after the held ones. This costs
 -- Redis less than queueing every write and reading the queue back (and
 -- the taking and making are written out, not functions: a call costs
 -- more).
@@ -17,9 +17,12 @@ write = function(cmd, key, a, b, c)
     queue(cmd, key, a, b, c)
   end
 end
--- (queue_args is common.lua's: a local here holding the write_args it
--- replaces was nil inside this function in miniredis's Lua, with 16 rules.)
-write_args = function(args)
-  if wc == nil then wc = false end -- the rule's later writes queue behind it
-  queue_args(args)
+-- (queue_args is queue.lua's: a local here holding the write_args it
+-- replaces was nil inside this function in miniredis's Lua, with 16 rules.
+-- Without the sliding log no rule writes twice, and there is no queue.)
+if queue_args then
+  write_args = function(args)
+    if wc == nil then wc = false end -- the rule's later writes queue behind it
+    queue_args(args)
+  end
 end
