@@ -405,7 +405,7 @@ func TestPackedReplyRedis(t *testing.T) {
 
 // floor_div and ceil_div (common.lua) divide exactly wherever the
 // floating-point quotient rounds, on miniredis's Lua and on Redis's.
-func TestScriptDivisionExact(t *testing.T) {
+func TestScriptDivisionExactRedis(t *testing.T) {
 	script := redis.NewScript(readScripts("common.lua") + `
 local out = {}
 for i = 1, #KEYS, 2 do
