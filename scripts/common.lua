@@ -44,13 +44,13 @@
 --       0 for a block
 --   [6..5+k] a reservation only: each rule's tag, what settling needs
 --       (the window, or the time of the events)
--- Except for a reservation or a block, where Redis has its struct library
--- (miniredis has not), reply.lua sends the five as one string instead,
--- struct.pack('<Bi8i8i8B', ...): 26 bytes, code and rule one byte each,
--- the others signed 64-bit little-endian. A table reply costs Redis about
--- 5,000 instructions more (it probes the table for err, ok, double, map
--- and more before reading it as an array), and go-redis allocations for
--- the array and its numbers.
+-- Except for an admitted reservation or a block, where Redis has its
+-- struct library (miniredis has not), reply.lua sends the five as one
+-- string, struct.pack('<Bi8i8i8B', ...): 26 bytes, code and rule one byte
+-- each, the others signed 64-bit little-endian. A table reply costs Redis
+-- about 5,000 instructions more (it probes the table for err, ok, double,
+-- map and more before reading it as an array), and go-redis allocations
+-- for the array and its numbers.
 --
 -- Numbers: Lua numbers are doubles, exact for integers below 2^53. Times are
 -- integer µs. Numbers are never turned into strings with tostring or '..'
@@ -111,9 +111,9 @@ end
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
 -- rule, at once (no other rule can deny, so the call is allowed): write is
 -- redis.call itself; with several, queued (queue.lua) or held
--- (written.lua), and made only if every rule allows. write_args writes a
--- command already in a table (with one rule it is nil:
--- redis.call(unpack(args)) instead).
+-- (written.lua), and made only if every rule allows. write_args queues a
+-- command already in a table (queue.lua); it is nil where nothing queues,
+-- and with one rule the caller makes the command itself.
 local write = redis.call
 local write_args, queue, queue_args
 local writes, nw -- the queue, made on the first queued write
