@@ -102,7 +102,7 @@ type Concurrency struct {
 // transitions.
 var concurrencyAlg = &algorithm{code: "cc", maxRate: MaxConcurrency}
 
-var concurrencyScript = sync.OnceValue(func() *redis.Script { return newScript(readScripts("concurrency.lua")) })
+var concurrencyScript = sync.OnceValue(func() *redis.Script { return redis.NewScript(readScripts("concurrency.lua")) })
 
 // The operations of concurrency.lua, and its reply codes.
 const (

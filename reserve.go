@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // ErrSettled is returned by Settle and Cancel for a reservation that is
@@ -167,7 +169,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = newScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles)...) +
+var settleScript = redis.NewScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles)...) +
 	strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {

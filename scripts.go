@@ -13,9 +13,6 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// newScript returns src as a script.
-func newScript(src string) *redis.Script { return redis.NewScript(src) }
-
 // readScripts returns the named parts, concatenated.
 func readScripts(parts ...string) string {
 	var src strings.Builder
@@ -30,7 +27,7 @@ func readScripts(parts ...string) string {
 // is one EVALSHA of one self-contained script. checks is argumentChecks or
 // the rules written in (writtenChecks).
 func decisionScript(files []string, checks string) *redis.Script {
-	return newScript(readScripts("common.lua") + readScripts(files...) +
+	return redis.NewScript(readScripts("common.lua") + readScripts(files...) +
 		readScripts("decide.lua") + checks + readScripts("reply.lua"))
 }
 
