@@ -109,8 +109,10 @@ type ruleSet struct {
 	// limit Remaining only when they have no call left.
 	counting bool
 	// script, when not nil, decides these rules with them written in (see
-	// bakedScript): the call passes no rule arguments.
+	// bake): the call passes no rule arguments; fn is the same as a Redis
+	// Function (WithRedisFunctions).
 	script *redis.Script
+	fn     *redisFunction
 }
 
 func newRuleSet(rules []rule) *ruleSet {
@@ -156,6 +158,9 @@ type engine struct {
 	leases *leases    // WithLease; nil when off
 	limits limitCache // WithLimitFunc's limits, validated
 	closed atomic.Bool
+	// noFunctions: the server cannot run the rules' Redis Function
+	// (WithRedisFunctions); the script decides instead.
+	noFunctions atomic.Bool
 }
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
@@ -523,6 +528,14 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		// that are their defaults (see scripts/common.lua).
 		for len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
 			a.args = a.args[:len(a.args)-1]
+		}
+	}
+	if rs.fn != nil && e.cfg.functions && !e.noFunctions.Load() {
+		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {
+			if err != nil {
+				return Result{}, 0, err
+			}
+			return e.parse(reply, rs, rc)
 		}
 	}
 	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Result()

@@ -273,6 +273,7 @@ type config struct {
 	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
 	reserveTTL   time.Duration
 	lease        leaseConfig // WithLease (lease.go)
+	functions    bool        // WithRedisFunctions (functions.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -289,6 +290,7 @@ func defaultConfig() config {
 		denyCache:    0,
 		now:          time.Now,
 		reserveTTL:   time.Hour,
+		functions:    functionsByDefault,
 	}
 }
 

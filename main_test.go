@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	// rules written in (the default); TestBakedScriptsBounded checks the
 	// bound itself.
 	maxBakedScripts = 1 << 20
+	// REDLIMIT_TEST_FUNCTIONS=1 (test.sh) runs the suite with every
+	// limiter on Redis Functions (WithRedisFunctions).
+	functionsByDefault = os.Getenv("REDLIMIT_TEST_FUNCTIONS") == "1"
 	code := m.Run()
 	if sharedServer != nil {
 		sharedServer.Close()

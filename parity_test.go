@@ -749,7 +749,7 @@ type realEval struct {
 }
 
 // parityHook makes real Redis follow the simulated clock: it answers TIME
-// with that clock, and runs each script in MULTI/EXEC followed by PERSIST of
+// with that clock, and runs each script (or function) in MULTI/EXEC followed by PERSIST of
 // its keys (their expiry is then the test's to apply), reading in the same
 // EXEC what the test compares.
 type parityHook struct {
@@ -769,7 +769,7 @@ func (h *parityHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				tc.SetVal(h.clock.now())
 				return nil
 			}
-		case "evalsha", "eval":
+		case "evalsha", "eval", "fcall":
 			return h.eval(ctx, cmd)
 		case "del":
 			for _, a := range cmd.Args()[1:] {

@@ -34,7 +34,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 	if e.cfg.rulesFunc != nil {
 		return nil, fmt.Errorf("redlimit: %v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidLimit)
 	}
-	e.own.script = bakedScript(e.own)
+	bake(e.own)
 	return &RateLimiter{engine: e, limit: r.limit}, nil
 }
 
@@ -88,8 +88,8 @@ func (l *RateLimiter) stateKey(key string) string {
 }
 
 // scripts holds the decision script of each strategy, made on first use:
-// common.lua, the strategy's part, decide.lua, the checks of rules passed
-// as arguments and reply.lua (see decisionScript).
+// common.lua, the strategy's part, args.lua, decide.lua, the checks of
+// rules passed as arguments and reply.lua (see decisionScript).
 var scripts struct {
 	once    [LeakyBucket + 1]sync.Once
 	byStrat [LeakyBucket + 1]*redis.Script

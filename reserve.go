@@ -169,7 +169,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = redis.NewScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles)...) +
+var settleScript = redis.NewScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles, []string{"args.lua"})...) +
 	strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {

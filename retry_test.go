@@ -52,7 +52,8 @@ func TestRetriedScriptCounts(t *testing.T) {
 				l := limits[s]
 				prefix := "retry" + t.Name()
 				check := newLimiter(t, direct, s, l, WithPrefix(prefix))
-				// Load the script, so that the call below is one EVALSHA.
+				// Load the script (or library), so that the call below is one
+				// EVALSHA (or FCALL).
 				_, err := check.AllowN(ctx, "warm-up", 0)
 				require.NoError(t, err)
 
@@ -99,8 +100,8 @@ func TestRetriedScriptCounts(t *testing.T) {
 	}
 }
 
-// replyDropper is a TCP proxy that lets the first drops scripts (EVALSHA or
-// EVAL) reach Redis, then swallows the reply and closes the connection:
+// replyDropper is a TCP proxy that lets the first drops scripts (EVALSHA,
+// EVAL or FCALL) reach Redis, then swallows the reply and closes the connection:
 // the client sees EOF after Redis ran the script. It counts the scripts it
 // forwards.
 type replyDropper struct {
@@ -179,7 +180,7 @@ func (d *replyDropper) forward(c, s net.Conn) {
 		n, err := c.Read(buf)
 		if n > 0 {
 			cmd := bytes.ToLower(buf[:n])
-			if bytes.Contains(cmd, []byte("\r\nevalsha\r\n")) || bytes.Contains(cmd, []byte("\r\neval\r\n")) {
+			if bytes.Contains(cmd, []byte("\r\nevalsha\r\n")) || bytes.Contains(cmd, []byte("\r\neval\r\n")) || bytes.Contains(cmd, []byte("\r\nfcall\r\n")) {
 				d.scripts.Add(1)
 				if d.drops.Add(-1) >= 0 {
 					armed <- struct{}{}

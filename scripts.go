@@ -23,12 +23,23 @@ func readScripts(parts ...string) string {
 }
 
 // decisionScript returns a decision script: common.lua, the strategies'
-// files, decide.lua, the rules' checks and reply.lua, so that a decision
-// is one EVALSHA of one self-contained script. checks is argumentChecks or
-// the rules written in (writtenChecks).
+// files, args.lua, decide.lua, the rules' checks and reply.lua, so that a
+// decision is one EVALSHA of one self-contained script. checks is
+// argumentChecks or the rules written in (writtenChecks).
 func decisionScript(files []string, checks string) *redis.Script {
-	return redis.NewScript(readScripts("common.lua") + readScripts(files...) +
-		readScripts("decide.lua") + checks + readScripts("reply.lua"))
+	return redis.NewScript(decisionHead(files) + decisionCall(checks))
+}
+
+// decisionHead is the part of a decision script that defines (common.lua
+// and the strategies' files), and decisionCall the part that decides, from
+// args.lua on: a Redis Function (functions.go) runs the first once, when
+// its library is loaded, and the second on every call.
+func decisionHead(files []string) string {
+	return readScripts("common.lua") + readScripts(files...)
+}
+
+func decisionCall(checks string) string {
+	return readScripts("args.lua", "decide.lua") + checks + readScripts("reply.lua")
 }
 
 // argumentChecks checks rules passed as arguments, of the strategies whose
@@ -79,28 +90,30 @@ var maxBakedScripts = 128
 // baked holds the scripts with rules written in, by their rules' part.
 var baked struct {
 	sync.Mutex
-	m map[string]*redis.Script
+	m map[string]*ruleSet
 }
 
-// bakedScript returns the decision script with the rules of rs written in
-// (see writtenChecks), or nil when maxBakedScripts are made already.
-// Limiters with the same rules share one.
-func bakedScript(rs *ruleSet) *redis.Script {
+// bake sets rs.script to the decision script with the rules of rs written
+// in (see writtenChecks), and rs.fn to the same as a Redis Function; it
+// leaves them nil when maxBakedScripts are made already. Limiters with the
+// same rules share them.
+func bake(rs *ruleSet) {
 	checks := writtenChecks(rs)
 	baked.Lock()
 	defer baked.Unlock()
-	if s, ok := baked.m[checks]; ok {
-		return s
+	if b, ok := baked.m[checks]; ok {
+		rs.script, rs.fn = b.script, b.fn
+		return
 	}
 	if len(baked.m) >= maxBakedScripts {
-		return nil
+		return
 	}
-	s := decisionScript(strategyFilesOf(rs.rules), checks)
+	files := strategyFilesOf(rs.rules)
+	rs.script, rs.fn = decisionScript(files, checks), newRedisFunction(files, checks)
 	if baked.m == nil {
-		baked.m = make(map[string]*redis.Script)
+		baked.m = make(map[string]*ruleSet)
 	}
-	baked.m[checks] = s
-	return s
+	baked.m[checks] = &ruleSet{script: rs.script, fn: rs.fn}
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

@@ -359,7 +359,7 @@ type replyKinds struct {
 func (h *replyKinds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if c, ok := cmd.(*redis.Cmd); ok && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil {
+		if c, ok := cmd.(*redis.Cmd); ok && (cmd.Name() == "evalsha" || cmd.Name() == "eval" || cmd.Name() == "fcall") && err == nil {
 			kind := fmt.Sprintf("%T", c.Val())
 			if s, ok := c.Val().(string); ok {
 				kind += fmt.Sprintf("(%d)", len(s))

@@ -1,6 +1,7 @@
--- common.lua is the head of every decision script (see scripts.go): it reads
--- the arguments, takes the time and defines the helpers the strategies
--- share. The strategies' files follow it, then decide.lua, the rules'
+-- common.lua is the head of every decision script (see scripts.go): it
+-- declares the call's numbers and defines the helpers the strategies share.
+-- The strategies' files follow it, then args.lua (which reads the
+-- arguments and takes the time), decide.lua, the rules'
 -- checks (rules.lua and check.lua in a loop, or check.lua once per rule
 -- with the rules written in) and reply.lua, which writes only if every rule
 -- allows.
@@ -61,30 +62,9 @@
 -- relative (PX), computed from the same clock as now, so a client clock
 -- (ARGV[3]) that is offset from the server's still gives the right lifetime.
 
--- Numbers: the usual values are compared as strings (Lua interns them: a
--- pointer comparison) before any conversion, whose strtod is a good part
--- of a decision's time in Redis. A string known to hold a number (an
--- argument, a reply, a value these scripts wrote) is converted by
--- arithmetic (x + 0: one strtod), not by tonumber, which in Lua 5.1 runs
--- strtod twice (to check, then to convert); tonumber is kept where a
--- string may not be a number, or may start with a 0 (which miniredis's Lua
--- reads as octal in arithmetic).
--- A script with its rules written in gets the arguments only up to the
--- last that is not its default (every argument Redis puts in ARGV costs it
--- a string and a table slot): an absent one is its default.
-local n, nrules, now, max_delay, block, rid = 1, 1, 0, -1, 0, ''
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 1 and ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
-if nargs > 4 and ARGV[5] ~= '0' then block = ARGV[5] + 0 end
-if nargs > 5 then rid = ARGV[6] end
-
-if now <= 0 then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+-- The call's numbers, set by args.lua on every call (which comes after the
+-- strategies' files: they read these as upvalues).
+local n, nrules, now, max_delay, block, rid
 
 -- floor_div and ceil_div divide integers exactly (as long as they are below
 -- 2^53, and b > 0), correcting the rounding of the floating-point
@@ -114,7 +94,7 @@ end
 -- (written.lua), and made only if every rule allows. write_args queues a
 -- command already in a table (queue.lua); it is nil where nothing queues,
 -- and with one rule the caller makes the command itself.
-local write = redis.call
+local write
 local write_args, queue, queue_args
 local writes, nw -- the queue, made on the first queued write
 
