@@ -41,6 +41,10 @@ func Contenders() []Contender {
 		cs = append(cs, Redlimit(s, Direct))
 	}
 	cs = append(cs, Policy())
+	for _, s := range redlimit.Strategies() {
+		cs = append(cs, RedlimitFunctions(s))
+	}
+	cs = append(cs, PolicyFunctions())
 	cs = append(cs, RedisRate(), GoZeroToken(), GoZeroPeriod(), Ulule())
 	cs = append(cs, Incr(Direct), EvalReturn1(Direct))
 	return cs
@@ -78,8 +82,22 @@ func (v Via) suffix() string {
 // FallbackError, so that a Redis failure shows as an error instead of a fast
 // in-process answer.
 func Redlimit(s redlimit.Strategy, via Via) Contender {
+	return redlimitWith(s, via, "")
+}
+
+// functionsSuffix ends the names of the contenders with
+// redlimit.WithRedisFunctions.
+const functionsSuffix = " (functions)"
+
+// RedlimitFunctions measures one redlimit strategy deciding with a Redis
+// Function (redlimit.WithRedisFunctions) instead of a script.
+func RedlimitFunctions(s redlimit.Strategy) Contender {
+	return redlimitWith(s, Direct, functionsSuffix, redlimit.WithRedisFunctions())
+}
+
+func redlimitWith(s redlimit.Strategy, via Via, suffix string, opts ...redlimit.Option) Contender {
 	return Contender{
-		Name:     "redlimit " + s.String() + via.suffix(),
+		Name:     "redlimit " + s.String() + via.suffix() + suffix,
 		Kind:     "redlimit",
 		Scripted: true,
 		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
@@ -95,7 +113,7 @@ func Redlimit(s redlimit.Strategy, via Via) Contender {
 				// would deny after 100,000 events, a few seconds here.)
 				lim = redlimit.Limit{Rate: redlimit.MaxSlidingLogRate, Period: time.Second}
 			}
-			l, err := redlimit.New(rdb, s, lim, redlimit.WithFallback(redlimit.FallbackError))
+			l, err := redlimit.New(rdb, s, lim, append(opts, redlimit.WithFallback(redlimit.FallbackError))...)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -113,6 +131,13 @@ func Redlimit(s redlimit.Strategy, via Via) Contender {
 // the policy's ratio.
 var tokenBucketName = Redlimit(redlimit.TokenBucket, Direct).Name
 
+// policyBases maps each policy contender to the single token bucket it is
+// compared with: the one that decides the same way (script or function).
+var policyBases = map[string]string{
+	PolicyName:                   tokenBucketName,
+	PolicyName + functionsSuffix: tokenBucketName + functionsSuffix,
+}
+
 // PolicyName is the name of the Policy contender.
 const PolicyName = "redlimit policy (3 rules)"
 
@@ -124,8 +149,18 @@ const PolicyName = "redlimit policy (3 rules)"
 // to the single token bucket is the cost of the two extra rules. Its keys
 // have a prefix of their own, so that its bucket is not the single one's.
 func Policy() Contender {
+	return policyWith(PolicyName)
+}
+
+// PolicyFunctions measures the Policy contender's rules deciding with a
+// Redis Function (redlimit.WithRedisFunctions).
+func PolicyFunctions() Contender {
+	return policyWith(PolicyName+functionsSuffix, redlimit.WithRedisFunctions())
+}
+
+func policyWith(name string, opts ...redlimit.Option) Contender {
 	return Contender{
-		Name:     PolicyName,
+		Name:     name,
 		Kind:     "redlimit",
 		Scripted: true,
 		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
@@ -137,7 +172,7 @@ func Policy() Contender {
 				{Strategy: redlimit.TokenBucket, Limit: redlimit.Limit{Rate: w.Rate, Period: w.Period}},
 				{Strategy: redlimit.SlidingCounter, Limit: scaled(100, time.Minute)},
 				{Strategy: redlimit.FixedWindow, Limit: scaled(10_000, time.Hour)},
-			}, redlimit.WithFallback(redlimit.FallbackError), redlimit.WithPrefix("redlimit-policy"))
+			}, append(opts, redlimit.WithFallback(redlimit.FallbackError), redlimit.WithPrefix("redlimit-policy"))...)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -429,7 +429,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 						}
 					}
 				}
-				for _, base := range []string{cfg.Floor, cfg.Peer, tokenBucketName} {
+				for _, base := range []string{cfg.Floor, cfg.Peer, tokenBucketName, tokenBucketName + functionsSuffix} {
 					b, ok := got[base]
 					if !ok || b.OpsPerSec() <= 0 {
 						continue
@@ -618,14 +618,18 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// decisionUsec returns usec_per_call of EVALSHA, or of INCR when no script
-// ran: what one decision cost inside Redis.
+// decisionUsec returns usec_per_call of EVALSHA, or of FCALL when no
+// script ran, or of INCR when neither did: what one decision cost inside
+// Redis.
 func decisionUsec(ctx context.Context, env *Env) (float64, error) {
-	u, err := usecPerCall(ctx, env, "evalsha")
-	if err != nil {
-		u, err = usecPerCall(ctx, env, "incr")
+	var err error
+	for _, cmd := range []string{"evalsha", "fcall", "incr"} {
+		var u float64
+		if u, err = usecPerCall(ctx, env, cmd); err == nil {
+			return u, nil
+		}
 	}
-	return u, err
+	return 0, err
 }
 
 // Markdown writes the report as Markdown tables, one per workload.
@@ -707,10 +711,10 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 		for _, row := range rows {
-			if row.Contender == PolicyName {
-				if x := row.RatioTo(tokenBucketName); x >= 0 {
+			if base, ok := policyBases[row.Contender]; ok {
+				if x := row.RatioTo(base); x >= 0 {
 					fmt.Fprintf(w, "%s @%d / %s: **%.2f** (median of per-round ratios: %s).\n\n",
-						row.Contender, row.Concurrency, tokenBucketName, x, fmtRatios(row.RatiosTo[tokenBucketName]))
+						row.Contender, row.Concurrency, base, x, fmtRatios(row.RatiosTo[base]))
 				}
 			}
 		}
