@@ -237,3 +237,30 @@ func TestFunctionErrors(t *testing.T) {
 	assert.False(t, isServerError(context.DeadlineExceeded))
 	assert.False(t, isServerError(redis.Nil))
 }
+
+// Past maxmemory, Redis refuses a function that may write, but a script
+// only when it writes: a denial is still answered, as without the option.
+func TestRedisFunctionsOutOfMemoryRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(steadyOptions(srv.Addr))
+	defer rdb.Close()
+	ctx := context.Background()
+	lim := newLimiter(t, rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour}, WithRedisFunctions(), WithFallback(FallbackError))
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "1").Err())
+	defer rdb.ConfigSet(ctx, "maxmemory", "0")
+	for i := range 3 {
+		res, err = lim.Allow(ctx, "k")
+		require.NoError(t, err, "denial %d past maxmemory", i)
+		assert.False(t, res.Allowed, "denial %d past maxmemory", i)
+		assert.False(t, res.Degraded, "denial %d past maxmemory", i)
+		assert.Positive(t, res.RetryAfter, "denial %d past maxmemory", i)
+	}
+	_, err = lim.Allow(ctx, "other") // would write: refused, as a script is
+	require.ErrorContains(t, err, "OOM")
+	// (Redis 6 has no functions: the limiter stopped trying at once.)
+	assert.Equal(t, !serverVersion(t).AtLeast(7, 0), lim.noFunctions.Load(), "memory is no reason to stop trying functions")
+}
