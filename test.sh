@@ -46,6 +46,14 @@ echo "== release check"
 echo "== micro-benchmarks, once each"
 bench_out=$(GOWORK=off go test -run '^$' -bench . -benchtime=1x ./... 2>&1) || { echo "$bench_out" >&2; exit 1; }
 
+# The root package's tests that start a redis-server (standalone or a
+# cluster), which test.sh reruns on each engine of REDLIMIT_ENGINES; the
+# others run on miniredis and would only repeat themselves (about 3 of the
+# 5 minutes the package takes). The names say which they are;
+# TestEngineTestsNamed (redis_test.go) checks that every test that starts a
+# server matches.
+engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestLeaseHangNoQueue$'
+
 echo "== tests"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
@@ -54,13 +62,11 @@ for m in "${modules[@]}"; do
   (cd "$m" && GOWORK=$(gowork "$m") go test -race -count=1 -p 1 -timeout 20m ./...)
 done
 
-# The root package's tests that start a redis-server (standalone or a
-# cluster), which test.sh reruns on each engine of REDLIMIT_ENGINES; the
-# others run on miniredis and would only repeat themselves (about 3 of the
-# 5 minutes the package takes). The names say which they are;
-# TestEngineTestsNamed (redis_test.go) checks that every test that starts a
-# server matches.
-engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestLeaseHangNoQueue$'
+# The same real-Redis tests once more with every limiter deciding with a
+# Redis Function (WithRedisFunctions, which a script-only run would leave
+# untested but for its own tests, which run on every engine below).
+echo "== the root package's real-Redis tests with Redis Functions"
+GOWORK=off REDLIMIT_TEST_FUNCTIONS=1 go test -race -count=1 -p 1 -timeout 20m -run "$engine_tests" .
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # On each engine: the root package's real-Redis and cluster tests, and
