@@ -14,25 +14,34 @@ import (
 // (FCALL) instead of a script (EVALSHA), where the server has them (Redis
 // 7.0 and later, Valkey): Redis then makes the script's Lua functions once,
 // when it loads the library, instead of on every call, and executes 8 to
-// 14% fewer instructions per decision (see BENCHMARKS.md). It applies to the limiter's own rules; limits from
-// WithLimitFunc or WithRulesFunc, and settling a reservation, stay scripts.
+// 14% fewer instructions per decision (see BENCHMARKS.md). It applies to
+// the limiter's own rules, with the same decisions; limits from
+// WithLimitFunc or WithRulesFunc, limiters made after a process has made
+// its most scripts with rules written in (128), and settling a
+// reservation stay scripts.
 //
 // The library is loaded on the first call that finds it missing, on the
 // node that serves the key (FUNCTION LOAD), and again after a FUNCTION
-// FLUSH, a failover to a node without it, or a new cluster node. Where
-// functions are missing (Redis 6, miniredis), or the user may not load or
-// call them, the limiter uses scripts, as without this option.
+// FLUSH, a failover to a node without it, or a new cluster node. (Through
+// an AutoPipeliner over a cluster or ring, FUNCTION LOAD has no key to be
+// routed by: the library reaches every node after a few tries, the calls
+// in between running the script.) Where functions are missing (Redis 6,
+// miniredis, a proxy without FCALL), or the user may not call or load
+// them, the limiter uses the script, as without this option, and stops
+// trying.
 //
 // Unlike a script, a library stays in Redis: it is saved with the data,
 // replicated, and never evicted. There is one per set of rules (its name,
 // "redlimit_" and 16 hex digits, is a hash of its code), so a program that
 // changes its limits on every deploy leaves one behind each time; they
 // take 46 KB (one rule, a token bucket) to 118 KB (four rules of four
-// strategies) each, measured on Redis 7.0, and FUNCTION DELETE
-// removes one (a limiter that still uses it loads it again). Past
-// maxmemory, Redis refuses every call of a function that may write, where
-// it refuses a script only when it writes: such a call runs the script,
-// so that a denial is still answered, as without this option.
+// strategies) each, measured on Redis 7.0, and FUNCTION DELETE removes
+// one (a limiter that still uses it loads it again).
+//
+// Past maxmemory, with too few replicas for min-replicas-to-write, or
+// after a failed save, Redis refuses every call of a function that may
+// write, where it refuses a script only when it writes: such a call runs
+// the script, so that a denial is still answered, as without this option.
 func WithRedisFunctions() Option {
 	return optionFunc(func(c *config) { c.functions = true })
 }
@@ -62,40 +71,45 @@ func newRedisFunction(files []string, checks string) *redisFunction {
 }
 
 // fcall runs fn with keys and args, loading its library where it is
-// missing. ok is false when the server could not run it: the caller then
-// runs the script; and where the server has no functions or the user may
-// not call or load them, the engine runs the script from then on.
+// missing. ok is false when the server did not run it: the caller then
+// runs the script; and where the server has no functions, or the user may
+// not call or load them, the engine runs the script from then on. (Every
+// path to the script follows an FCALL that Redis refused before running
+// it: no decision is made twice.)
 func (e *engine) fcall(ctx context.Context, fn *redisFunction, keys []string, args []any) (reply any, err error, ok bool) {
 	reply, err = e.rdb.FCall(ctx, fn.name, keys, args...).Result()
-	switch {
-	case err == nil || !isServerError(err):
+	if err == nil || !isServerError(err) {
 		return reply, err, true
-	case functionMissing(err):
+	}
+	if functionMissing(err) {
 		if err := e.loadFunction(ctx, fn, keys[0]); err != nil {
 			if !isServerError(err) {
 				return nil, err, true
 			}
 			// Not loaded: this call runs the script; and so do the
-			// next ones unless the server may load it later.
-			if !transient(err) {
+			// next ones where the server will never load it.
+			if loadRefused(err) {
 				e.noFunctions.Store(true)
 			}
 			return nil, nil, false
 		}
 		reply, err = e.rdb.FCall(ctx, fn.name, keys, args...).Result()
-		if err != nil && functionMissing(err) {
-			// The key moved to another node meanwhile: this call
-			// runs the script, and the next loads the library there.
+		if err == nil || !isServerError(err) {
+			return reply, err, true
+		}
+		if functionMissing(err) {
+			// The key moved to another node meanwhile (or, through
+			// an AutoPipeliner over a cluster, the library went to
+			// another node): this call runs the script, and the next
+			// loads the library again.
 			return nil, nil, false
 		}
-		return reply, err, true
+	}
+	switch {
 	case functionsRefused(err):
 		e.noFunctions.Store(true)
 		return nil, nil, false
-	case strings.HasPrefix(err.Error(), "OOM "):
-		// Past maxmemory, Redis refuses a function that may write,
-		// where a script is refused only when it writes: the script
-		// then answers a denial.
+	case refusedBeforeRunning(err):
 		return nil, nil, false
 	}
 	return reply, err, true
@@ -141,22 +155,31 @@ func functionMissing(err error) bool {
 }
 
 // functionsRefused reports whether err says that the server has no
-// functions (Redis 6, miniredis, a proxy) or that the user may not call
-// them.
+// FCALL (Redis 6 and miniredis: unknown command; a proxy: unsupported) or
+// that the user may not call it: an error about the command itself, which
+// names it (an error of the function's own code, or about a key, does
+// not).
 func functionsRefused(err error) bool {
-	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "unknown command") || strings.HasPrefix(msg, "noperm")
+	return strings.Contains(strings.ToLower(err.Error()), "fcall")
 }
 
-// transient reports whether a server's error says that a command may
-// succeed later: the server is busy, loading, full or failing over, or the
-// key is moving.
-func transient(err error) bool {
-	msg := err.Error()
-	for _, p := range [...]string{"BUSY", "LOADING", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK"} {
-		if strings.HasPrefix(msg, p+" ") {
+// loadRefused reports whether an error of FUNCTION LOAD says that the
+// server will never load the library: it has no such command, the user may
+// not run it, or the code does not load there.
+func loadRefused(err error) bool {
+	msg := strings.ToLower(err.Error())
+	for _, s := range [...]string{"unknown command", "unknown subcommand", "unsupported", "not supported", "noperm", "error registering", "error compiling"} {
+		if strings.Contains(msg, s) {
 			return true
 		}
 	}
 	return false
+}
+
+// refusedBeforeRunning reports whether Redis refused to start a function
+// that may write, where it runs a script until the script writes: past
+// maxmemory (OOM), with too few replicas (NOREPLICAS) or after a failed
+// save (MISCONF). The script then still answers a denial.
+func refusedBeforeRunning(err error) bool {
+	return redis.IsOOMError(err) || redis.HasErrorPrefix(err, "NOREPLICAS") || redis.HasErrorPrefix(err, "MISCONF")
 }

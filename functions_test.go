@@ -2,6 +2,9 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,27 +21,33 @@ import (
 // script does (REDLIMIT_TEST_FUNCTIONS=1 turns it on for every limiter).
 func withoutFunctions() Option { return optionFunc(func(c *config) { c.functions = false }) }
 
-// fcalls returns how many FCALLs the server has answered without an
-// error (calls less failed_calls, from INFO commandstats).
-func fcalls(t *testing.T, rdb *redis.Client) int {
+// fcallStats returns INFO commandstats' fields for FCALL (calls,
+// failed_calls, rejected_calls...), empty where none ran.
+func fcallStats(t *testing.T, rdb *redis.Client) map[string]int {
 	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	require.NoError(t, err)
+	fields := map[string]int{}
 	for line := range strings.SplitSeq(info, "\n") {
 		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:")
 		if !ok {
 			continue
 		}
-		fields := map[string]int{}
 		for f := range strings.SplitSeq(stats, ",") {
 			name, value, _ := strings.Cut(f, "=")
 			if n, err := strconv.Atoi(value); err == nil {
 				fields[name] = n
 			}
 		}
-		return fields["calls"] - fields["failed_calls"]
 	}
-	return 0
+	return fields
+}
+
+// fcalls returns how many FCALLs the server has answered without an
+// error.
+func fcalls(t *testing.T, rdb *redis.Client) int {
+	st := fcallStats(t, rdb)
+	return st["calls"] - st["failed_calls"]
 }
 
 // A limiter with WithRedisFunctions decides as one without it, sharing its
@@ -149,10 +158,23 @@ func TestRedisFunctionsCluster(t *testing.T) {
 	lim := newLimiter(t, rdb, FixedWindow, Limit{Rate: 3, Period: time.Hour}, WithRedisFunctions())
 	fn := lim.own.fn
 	require.NotNil(t, fn)
+	// FCALLs answered, over every node of the cluster.
+	answered := func() int {
+		sum := 0
+		for _, addr := range c.Addrs() {
+			node := redis.NewClient(&redis.Options{Addr: addr})
+			sum += fcalls(t, node)
+			node.Close()
+		}
+		return sum
+	}
+	before := answered()
 	masters := map[string]bool{}
+	decisions := 0
 	for i := 0; len(masters) < 3 && i < 1000; i++ {
 		key := "fn-cluster-" + strconv.Itoa(i)
 		for j := range 4 {
+			decisions++
 			res, err := lim.Allow(ctx, key)
 			require.NoError(t, err)
 			require.Equal(t, j < 3, res.Allowed, "key %s call %d", key, j)
@@ -167,13 +189,41 @@ func TestRedisFunctionsCluster(t *testing.T) {
 		return
 	}
 	require.False(t, lim.noFunctions.Load())
-	for addr := range masters {
-		node := redis.NewClient(&redis.Options{Addr: addr})
-		libs, err := node.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: fn.name}).Result()
-		node.Close()
-		require.NoError(t, err)
-		assert.Len(t, libs, 1, "library on master %s", addr)
+	assert.Equal(t, decisions, answered()-before, "decisions made by FCALL")
+	loadedEverywhere := func(fn *redisFunction) bool {
+		for addr := range masters {
+			node := redis.NewClient(&redis.Options{Addr: addr})
+			libs, err := node.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: fn.name}).Result()
+			node.Close()
+			require.NoError(t, err)
+			if len(libs) != 1 {
+				return false
+			}
+		}
+		return true
 	}
+	assert.True(t, loadedEverywhere(fn), "library on every master")
+
+	// Through an AutoPipeliner, FUNCTION LOAD goes to any node: the
+	// library reaches every master after a few tries, and every call in
+	// between is decided by the script.
+	ap, err := rdb.AutoPipeline()
+	require.NoError(t, err)
+	defer ap.Close()
+	lim = newLimiter(t, ap, FixedWindow, Limit{Rate: 2, Period: time.Hour}, WithRedisFunctions())
+	before = answered()
+	for i := range 200 {
+		key := "fn-cluster-ap-" + strconv.Itoa(i)
+		for j := range 3 {
+			res, err := lim.Allow(ctx, key)
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+			require.Equal(t, j < 2, res.Allowed, "key %s call %d", key, j)
+		}
+	}
+	require.False(t, lim.noFunctions.Load())
+	assert.True(t, loadedEverywhere(lim.own.fn), "library on every master through the AutoPipeliner")
+	assert.Greater(t, answered()-before, 500, "of 600 decisions through the AutoPipeliner, FCALLs")
 }
 
 // A user who may not load or call functions gets the script, with no
@@ -212,55 +262,222 @@ func (e serverError) Error() string { return string(e) }
 func (serverError) RedisError()     {}
 
 // The errors that tell a server without functions, or a user without the
-// right, from one that may load the library later.
+// right, from one that may run or load the library later.
 func TestFunctionErrors(t *testing.T) {
 	for _, c := range []struct {
-		msg                string
-		missing, refused   bool
-		transient, fromSrv bool
+		msg                          string
+		missing, refused, notRunning bool
+		loadRefused                  bool
 	}{
-		{msg: "ERR Function not found", missing: true, fromSrv: true},
-		{msg: "ERR unknown command 'FCALL', with args beginning with: ", refused: true, fromSrv: true},
-		{msg: "ERR unknown command `fcall`, with args beginning with: `x` ", refused: true, fromSrv: true},
-		{msg: "NOPERM User limited has no permissions to run the 'fcall' command", refused: true, fromSrv: true},
-		{msg: "BUSY Redis is busy running a script.", transient: true, fromSrv: true},
-		{msg: "LOADING Redis is loading the dataset in memory", transient: true, fromSrv: true},
-		{msg: "OOM command not allowed when used memory > 'maxmemory'.", transient: true, fromSrv: true},
-		{msg: "ERR Error registering functions: bad", fromSrv: true},
+		{msg: "ERR Function not found", missing: true},
+		{msg: "ERR unknown command 'FCALL', with args beginning with: ", refused: true, loadRefused: true},
+		{msg: "ERR unknown command `fcall`, with args beginning with: `x` ", refused: true, loadRefused: true},
+		{msg: "NOPERM User limited has no permissions to run the 'fcall' command", refused: true, loadRefused: true},
+		{msg: "unsupported command 'fcall'", refused: true, loadRefused: true}, // Envoy's proxy
+		{msg: "NOPERM User limited has no permissions to run the 'function|load' command", loadRefused: true},
+		{msg: "ERR Error registering functions: bad", loadRefused: true},
+		{msg: "NOPERM No permissions to access a key", loadRefused: true}, // from FCALL: a key's ACL, which the script meets too
+		{msg: "BUSY Redis is busy running a script."},
+		{msg: "LOADING Redis is loading the dataset in memory"},
+		{msg: "READONLY You can't write against a read only replica."},
+		{msg: "OOM command not allowed when used memory > 'maxmemory'.", notRunning: true},
+		{msg: "NOREPLICAS Not enough good replicas to write.", notRunning: true},
+		{msg: "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", notRunning: true},
+		{msg: "ERR user_function:12: Script attempted to access nonexistent global variable 'x' script: redlimit_0123456789abcdef, on @user_function:12."},
 	} {
 		err := error(serverError(c.msg))
+		assert.True(t, isServerError(err), c.msg)
 		assert.Equal(t, c.missing, functionMissing(err), c.msg)
 		assert.Equal(t, c.refused, functionsRefused(err), c.msg)
-		assert.Equal(t, c.transient, transient(err), c.msg)
-		assert.Equal(t, c.fromSrv, isServerError(err), c.msg)
+		assert.Equal(t, c.notRunning, refusedBeforeRunning(err), c.msg)
+		assert.Equal(t, c.loadRefused, loadRefused(err), c.msg)
 	}
 	assert.False(t, isServerError(context.DeadlineExceeded))
 	assert.False(t, isServerError(redis.Nil))
 }
 
-// Past maxmemory, Redis refuses a function that may write, but a script
+// Past maxmemory, or with too few replicas for min-replicas-to-write,
+// Redis refuses a function that may write before running it, but a script
 // only when it writes: a denial is still answered, as without the option.
-func TestRedisFunctionsOutOfMemoryRedis(t *testing.T) {
+func TestRedisFunctionsRefusedWritesRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(steadyOptions(srv.Addr))
 	defer rdb.Close()
 	ctx := context.Background()
-	lim := newLimiter(t, rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour}, WithRedisFunctions(), WithFallback(FallbackError))
-	res, err := lim.Allow(ctx, "k")
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
+	hasFunctions := serverVersion(t).AtLeast(7, 0)
 	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer rdb.ConfigSet(ctx, "maxmemory", "0")
-	for i := range 3 {
-		res, err = lim.Allow(ctx, "k")
-		require.NoError(t, err, "denial %d past maxmemory", i)
-		assert.False(t, res.Allowed, "denial %d past maxmemory", i)
-		assert.False(t, res.Degraded, "denial %d past maxmemory", i)
-		assert.Positive(t, res.RetryAfter, "denial %d past maxmemory", i)
+	for _, c := range []struct{ param, value, want string }{
+		{"maxmemory", "1", "OOM"},
+		{"min-replicas-to-write", "1", "NOREPLICAS"},
+	} {
+		lim := newLimiter(t, rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour}, WithRedisFunctions(), WithFallback(FallbackError))
+		res, err := lim.Allow(ctx, c.param)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		old, err := rdb.ConfigGet(ctx, c.param).Result()
+		require.NoError(t, err)
+		require.NoError(t, rdb.ConfigSet(ctx, c.param, c.value).Err())
+		rejected := fcallStats(t, rdb)["rejected_calls"]
+		for i := range 3 {
+			res, err = lim.Allow(ctx, c.param)
+			require.NoError(t, err, "%s: denial %d", c.param, i)
+			assert.False(t, res.Allowed, "%s: denial %d", c.param, i)
+			assert.Positive(t, res.RetryAfter, "%s: denial %d", c.param, i)
+		}
+		if hasFunctions {
+			// Each denial was first refused as an FCALL.
+			assert.Equal(t, 3, fcallStats(t, rdb)["rejected_calls"]-rejected, "%s: FCALLs refused", c.param)
+		}
+		_, err = lim.Allow(ctx, c.param+"-other") // would write: refused, as a script is
+		if hasFunctions || c.want == "OOM" {
+			require.ErrorContains(t, err, c.want)
+		} else {
+			require.NoError(t, err, "Redis 6 lets a script write without the replicas")
+		}
+		// (Redis 6 has no functions: the limiter stopped trying at once.)
+		assert.Equal(t, !hasFunctions, lim.noFunctions.Load(), "%s is no reason to stop trying functions", c.want)
+		require.NoError(t, rdb.ConfigSet(ctx, c.param, old[c.param]).Err())
 	}
-	_, err = lim.Allow(ctx, "other") // would write: refused, as a script is
-	require.ErrorContains(t, err, "OOM")
-	// (Redis 6 has no functions: the limiter stopped trying at once.)
-	assert.Equal(t, !serverVersion(t).AtLeast(7, 0), lim.noFunctions.Load(), "memory is no reason to stop trying functions")
+}
+
+// A library decides exactly as its script, call after call on one loaded
+// library: random n (0 too), reservations, blocks, max delays, a clock
+// that jumps (back too) and calls that fail in the middle (a corrupted
+// state), on each strategy alone, a policy of five and one of MaxRules
+// rules. The clock comes as an argument, so the two replies and states must
+// be equal, byte for byte. (Redis 6 has no functions: there it checks that
+// FUNCTION LOAD is refused, which is what turns the option off.)
+func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(steadyOptions(srv.Addr))
+	defer rdb.Close()
+	ctx := context.Background()
+	var sets [][]Rule
+	for _, s := range Strategies() {
+		sets = append(sets, []Rule{{Strategy: s, Limit: Limit{Rate: 4, Period: 20 * time.Millisecond, Burst: 6}}})
+	}
+	var five, most []Rule
+	for i, s := range Strategies() {
+		five = append(five, Rule{Strategy: s, Limit: Limit{Rate: 3 + i, Period: time.Duration(10*(i+1)) * time.Millisecond}, PerCall: i == 2})
+	}
+	for i := range MaxRules {
+		s := Strategies()[i%len(Strategies())]
+		most = append(most, Rule{Strategy: s, Limit: Limit{Rate: 5 + i%7, Period: time.Duration(5*(i+1)) * time.Millisecond}, PerCall: i%6 == 5})
+	}
+	sets = append(sets, five, most)
+
+	rng := rand.New(rand.NewPCG(11, 12))
+	for si, rules := range sets {
+		rs, err := policyRules(rules)
+		require.NoError(t, err)
+		bake(rs)
+		require.NotNil(t, rs.fn, "set %d", si)
+		if err := rdb.FunctionLoad(ctx, rs.fn.code).Err(); !serverVersion(t).AtLeast(7, 0) {
+			require.Error(t, err, "FUNCTION LOAD on %v", serverVersion(t))
+			assert.True(t, loadRefused(err), "%v: %v", serverVersion(t), err)
+			continue
+		} else {
+			require.NoError(t, err, "set %d: FUNCTION LOAD", si)
+		}
+		require.NoError(t, rs.script.Load(ctx, rdb).Err())
+		keysOf := func(side string) []string {
+			var ks []string
+			for i := range rs.rules {
+				ks = append(ks, ruleKey("{"+side+"}"+rs.rules[0].suffix, rs, i))
+			}
+			return ks
+		}
+		ruleKeysA, ruleKeysB := keysOf(fmt.Sprint("fa", si)), keysOf(fmt.Sprint("fb", si))
+		now := int64(1_700_000_000_000_000)
+		failed := 0 // calls that failed in their middle
+		for step := range 400 {
+			now += rng.Int64N(8000)
+			if rng.IntN(50) == 0 {
+				now -= rng.Int64N(30000) // the clock steps back
+			}
+			n := []int{0, 1, 1, 1, 2, 3, 9}[rng.IntN(7)]
+			maxDelay, block, rid, life := int64(-1), int64(0), "", int64(0)
+			if rng.IntN(4) == 0 {
+				maxDelay = rng.Int64N(40000)
+			}
+			if rng.IntN(5) == 0 {
+				block = 15000
+			}
+			if rng.IntN(5) == 0 {
+				rid, life = fmt.Sprint("r", step), 60000
+			}
+			keysA, keysB := slices.Clone(ruleKeysA), slices.Clone(ruleKeysB)
+			for _, p := range []*[]string{&keysA, &keysB} {
+				first := (*p)[0]
+				if block > 0 {
+					*p = append(*p, first+blockSuffix)
+				}
+				if rid != "" {
+					*p = append(*p, first+reserveSuffix)
+				}
+			}
+			corrupt := rng.IntN(40) == 0
+			if corrupt { // the call fails in its middle, on both sides
+				k := rng.IntN(len(rs.rules))
+				require.NoError(t, rdb.Del(ctx, ruleKeysA[k], ruleKeysB[k]).Err())
+				require.NoError(t, rdb.SAdd(ctx, ruleKeysA[k], "x").Err())
+				require.NoError(t, rdb.SAdd(ctx, ruleKeysB[k], "x").Err())
+			}
+			// Both in one transaction, which then takes away every
+			// expiry: Redis's own clock, which the keys' expiries
+			// follow, must not expire a key on one side only.
+			args := []any{n, len(rs.rules), now, maxDelay, block, rid, life}
+			var script, fn *redis.Cmd
+			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				script = p.EvalSha(ctx, rs.script.Hash(), keysA, args...)
+				fn = p.FCall(ctx, rs.fn.name, keysB, args...)
+				for _, k := range slices.Concat(keysA, keysB) {
+					p.Persist(ctx, k)
+				}
+				return nil
+			})
+			if err != nil && script.Err() == nil && fn.Err() == nil {
+				require.NoError(t, err)
+			}
+			want, errScript := script.Result()
+			got, errFn := fn.Result()
+			where := fmt.Sprintf("set %d step %d: n %d, max delay %d, block %d, rid %q, corrupt %v", si, step, n, maxDelay, block, rid, corrupt)
+			require.Equal(t, errScript != nil, errFn != nil, "%s: script %v, function %v", where, errScript, errFn)
+			require.Equal(t, want, got, where)
+			if corrupt {
+				if errScript != nil {
+					failed++
+				}
+				for _, ks := range [][]string{ruleKeysA, ruleKeysB} {
+					require.NoError(t, rdb.Del(ctx, ks...).Err())
+				}
+				continue
+			}
+			for i := range ruleKeysA {
+				a, b := dumpState(t, rdb, ruleKeysA[i]), dumpState(t, rdb, ruleKeysB[i])
+				require.Equal(t, a, b, "%s: rule %d's state", where, i)
+			}
+		}
+		assert.Positive(t, failed, "set %d: no call failed in its middle", si)
+	}
+}
+
+// dumpState returns a key's type and value (a sorted set's members with
+// their scores), for comparing two keys' states.
+func dumpState(t *testing.T, rdb *redis.Client, key string) string {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := rdb.Type(ctx, key).Result()
+	require.NoError(t, err)
+	switch typ {
+	case "none":
+		return typ
+	case "zset":
+		zs, err := rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		require.NoError(t, err)
+		return fmt.Sprint(typ, zs)
+	}
+	v, err := rdb.Get(ctx, key).Result()
+	require.NoError(t, err)
+	return typ + " " + v
 }
