@@ -90,7 +90,13 @@ var maxBakedScripts = 128
 // baked holds the scripts with rules written in, by their rules' part.
 var baked struct {
 	sync.Mutex
-	m map[string]*ruleSet
+	m map[string]bakedRules
+}
+
+// bakedRules is what bake makes for one set of rules.
+type bakedRules struct {
+	script *redis.Script
+	fn     *redisFunction
 }
 
 // bake sets rs.script to the decision script with the rules of rs written
@@ -111,9 +117,9 @@ func bake(rs *ruleSet) {
 	files := strategyFilesOf(rs.rules)
 	rs.script, rs.fn = decisionScript(files, checks), newRedisFunction(files, checks)
 	if baked.m == nil {
-		baked.m = make(map[string]*ruleSet)
+		baked.m = make(map[string]bakedRules)
 	}
-	baked.m[checks] = &ruleSet{script: rs.script, fn: rs.fn}
+	baked.m[checks] = bakedRules{rs.script, rs.fn}
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

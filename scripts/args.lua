@@ -5,6 +5,7 @@
 -- loaded, and everything from it on runs on every call, which is why it
 -- also sets write (with one rule, redis.call itself; queue.lua and
 -- written.lua replace it with several) and clears the queue of writes.
+
 -- Numbers: the usual values are compared as strings (Lua interns them: a
 -- pointer comparison) before any conversion, whose strtod is a good part
 -- of a decision's time in Redis. A string known to hold a number (an
@@ -30,4 +31,3 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
-

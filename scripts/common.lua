@@ -90,7 +90,7 @@ end
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
 -- rule, at once (no other rule can deny, so the call is allowed): write is
--- redis.call itself; with several, queued (queue.lua) or held
+-- redis.call itself (args.lua sets it on every call); with several, queued (queue.lua) or held
 -- (written.lua), and made only if every rule allows. write_args queues a
 -- command already in a table (queue.lua); it is nil where nothing queues,
 -- and with one rule the caller makes the command itself.
