@@ -13,7 +13,7 @@ import (
 // WithRedisFunctions makes the limiter decide with a Redis Function
 // (FCALL) instead of a script (EVALSHA), where the server has them (Redis
 // 7.0 and later, Valkey): Redis then makes the script's Lua functions once,
-// when it loads the library, instead of on every call, and executes 8 to
+// when it loads the library, instead of on every call, and executes 7 to
 // 14% fewer instructions per decision (see BENCHMARKS.md). It applies to
 // the limiter's own rules, with the same decisions; limits from
 // WithLimitFunc or WithRulesFunc, limiters made after a process has made
