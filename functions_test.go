@@ -226,6 +226,20 @@ func TestRedisFunctionsCluster(t *testing.T) {
 	assert.Greater(t, answered()-before, 500, "of 600 decisions through the AutoPipeliner, FCALLs")
 }
 
+// A limiter without the option makes no library code; one with it, on the
+// same rules, gets a library beside the shared script.
+func TestFunctionMadeOnlyWhenAsked(t *testing.T) {
+	b, _ := miniBackend(t)
+	l := Limit{Rate: 7, Period: 7 * time.Second}
+	plain := newLimiter(t, b.rdb, FixedWindow, l, withoutFunctions())
+	require.NotNil(t, plain.own.script)
+	assert.Nil(t, plain.own.fn, "library code made without the option")
+	withFn := newLimiter(t, b.rdb, FixedWindow, l, WithRedisFunctions())
+	assert.Same(t, plain.own.script, withFn.own.script, "one script for the same rules")
+	require.NotNil(t, withFn.own.fn)
+	assert.Contains(t, withFn.own.fn.code, "redis.register_function('"+withFn.own.fn.name+"'")
+}
+
 // A user who may not load or call functions gets the script, with no
 // error: the limiter stops trying after the first refusal.
 func TestRedisFunctionsNotAllowedRedis(t *testing.T) {
@@ -370,7 +384,7 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 	for si, rules := range sets {
 		rs, err := policyRules(rules)
 		require.NoError(t, err)
-		bake(rs)
+		bake(rs, true)
 		require.NotNil(t, rs.fn, "set %d", si)
 		if err := rdb.FunctionLoad(ctx, rs.fn.code).Err(); !serverVersion(t).AtLeast(7, 0) {
 			require.Error(t, err, "FUNCTION LOAD on %v", serverVersion(t))

@@ -77,7 +77,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 	if e.cfg.limitFunc != nil {
 		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidLimit)
 	}
-	bake(e.own)
+	bake(e.own, e.cfg.functions)
 	return &Policy{engine: e}, nil
 }
 

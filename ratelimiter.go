@@ -34,7 +34,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 	if e.cfg.rulesFunc != nil {
 		return nil, fmt.Errorf("redlimit: %v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidLimit)
 	}
-	bake(e.own)
+	bake(e.own, e.cfg.functions)
 	return &RateLimiter{engine: e, limit: r.limit}, nil
 }
 

@@ -100,26 +100,29 @@ type bakedRules struct {
 }
 
 // bake sets rs.script to the decision script with the rules of rs written
-// in (see writtenChecks), and rs.fn to the same as a Redis Function; it
-// leaves them nil when maxBakedScripts are made already. Limiters with the
-// same rules share them.
-func bake(rs *ruleSet) {
+// in (see writtenChecks) and, with functions (WithRedisFunctions), rs.fn
+// to the same as a Redis Function, made only then; it leaves them nil when
+// maxBakedScripts are made already. Limiters with the same rules share
+// them.
+func bake(rs *ruleSet, functions bool) {
 	checks := writtenChecks(rs)
 	baked.Lock()
 	defer baked.Unlock()
-	if b, ok := baked.m[checks]; ok {
-		rs.script, rs.fn = b.script, b.fn
-		return
+	b, ok := baked.m[checks]
+	if !ok {
+		if len(baked.m) >= maxBakedScripts {
+			return
+		}
+		b.script = decisionScript(strategyFilesOf(rs.rules), checks)
 	}
-	if len(baked.m) >= maxBakedScripts {
-		return
+	if functions && b.fn == nil {
+		b.fn = newRedisFunction(strategyFilesOf(rs.rules), checks)
 	}
-	files := strategyFilesOf(rs.rules)
-	rs.script, rs.fn = decisionScript(files, checks), newRedisFunction(files, checks)
 	if baked.m == nil {
 		baked.m = make(map[string]bakedRules)
 	}
-	baked.m[checks] = bakedRules{rs.script, rs.fn}
+	baked.m[checks] = b
+	rs.script, rs.fn = b.script, b.fn
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:
