@@ -151,6 +151,7 @@ func BenchmarkDecisionMiniredis(b *testing.B) {
 type stubClient struct {
 	redis.UniversalClient // nil: calling anything else panics
 	cmd                   *redis.Cmd
+	fcalls                int
 }
 
 func newStubClient() *stubClient {
@@ -160,6 +161,10 @@ func newStubClient() *stubClient {
 
 func (s *stubClient) EvalSha(context.Context, string, []string, ...any) *redis.Cmd { return s.cmd }
 func (s *stubClient) Eval(context.Context, string, []string, ...any) *redis.Cmd    { return s.cmd }
+func (s *stubClient) FCall(context.Context, string, []string, ...any) *redis.Cmd {
+	s.fcalls++
+	return s.cmd
+}
 
 // BenchmarkDecisionOverhead is a whole decision without the round trip:
 // key name, arguments, script call, reply decoding.
@@ -178,15 +183,21 @@ func BenchmarkDecisionOverhead(b *testing.B) {
 // The library allocates at most 2 times per decision, round trip excluded.
 func TestDecisionAllocs(t *testing.T) {
 	ctx := context.Background()
-	for _, opts := range [][]Option{nil, {WithBlock(time.Second)}} {
-		lim, err := NewTokenBucket(newStubClient(), PerSecond(10), opts...)
+	for name, opts := range map[string][]Option{
+		"no options":         nil,
+		"WithBlock":          {WithBlock(time.Second)},
+		"WithRedisFunctions": {WithRedisFunctions()},
+	} {
+		stub := newStubClient()
+		lim, err := NewTokenBucket(stub, PerSecond(10), opts...)
 		require.NoError(t, err)
 		allocs := testing.AllocsPerRun(1000, func() {
 			if _, err := lim.Allow(ctx, "user:12345"); err != nil {
 				t.Fatal(err)
 			}
 		})
-		t.Logf("%d options: %.0f allocations per decision", len(opts), allocs)
-		assert.LessOrEqual(t, allocs, 2.0, "%.0f allocations per decision, want at most 2", allocs)
+		t.Logf("%s: %.0f allocations per decision", name, allocs)
+		assert.LessOrEqual(t, allocs, 2.0, "%s: %.0f allocations per decision, want at most 2", name, allocs)
+		assert.Equal(t, name == "WithRedisFunctions" || functionsByDefault, stub.fcalls > 0, "%s: %d FCALLs", name, stub.fcalls)
 	}
 }
