@@ -112,3 +112,36 @@ func ExampleWithShadow() {
 	// would deny tenant-7 (by limit)
 	// allowed: true
 }
+
+// A policy that Redis decides with a Redis Function where it has them
+// (Redis 7.0 and later, Valkey): the library is loaded by the first call.
+// miniredis, used here, has none, so the limiter runs its script, with the
+// same decisions.
+func ExampleWithRedisFunctions() {
+	m, _ := miniredis.Run()
+	defer m.Close()
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	p, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "burst", Strategy: redlimit.TokenBucket, Limit: redlimit.Limit{Rate: 10, Period: time.Second, Burst: 2}},
+		{Name: "hourly", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(1000)},
+	}, redlimit.WithRedisFunctions())
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+
+	for range 3 {
+		res, err := p.Allow(context.Background(), "user:42")
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v remaining=%d rule=%s\n", res.Allowed, res.Remaining, res.Rule)
+	}
+	// Output:
+	// allowed=true remaining=1 rule=burst
+	// allowed=true remaining=0 rule=burst
+	// allowed=false remaining=0 rule=burst
+}

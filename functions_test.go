@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -20,6 +21,18 @@ import (
 // withoutFunctions turns WithRedisFunctions off, for the tests of what a
 // script does (REDLIMIT_TEST_FUNCTIONS=1 turns it on for every limiter).
 func withoutFunctions() Option { return optionFunc(func(c *config) { c.functions = false }) }
+
+// ownServer starts a redis-server for one test (whose functions, ACL users
+// and configuration it may change) and returns it, a client closed at the
+// end of the test, and whether the engine has functions (Redis 7.0 and
+// later, Valkey).
+func ownServer(t *testing.T) (*redistest.Server, *redis.Client, bool) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(steadyOptions(srv.Addr))
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb, serverVersion(t).AtLeast(7, 0)
+}
 
 // fcallStats returns INFO commandstats' fields for FCALL (calls,
 // failed_calls, rejected_calls...), empty where none ran.
@@ -55,11 +68,8 @@ func fcalls(t *testing.T, rdb *redis.Client) int {
 // server has functions (Redis 7, Valkey), again after FUNCTION FLUSH, and
 // runs the script where it has none (Redis 6).
 func TestRedisFunctionsRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(steadyOptions(srv.Addr))
-	defer rdb.Close()
+	_, rdb, hasFunctions := ownServer(t)
 	ctx := context.Background()
-	hasFunctions := serverVersion(t).AtLeast(7, 0)
 	limit := Limit{Rate: 6, Period: time.Hour, Burst: 6}
 
 	type limiters struct {
@@ -243,11 +253,8 @@ func TestFunctionMadeOnlyWhenAsked(t *testing.T) {
 // A user who may not load or call functions gets the script, with no
 // error: the limiter stops trying after the first refusal.
 func TestRedisFunctionsNotAllowedRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	admin := redis.NewClient(steadyOptions(srv.Addr))
-	defer admin.Close()
+	srv, admin, hasFunctions := ownServer(t)
 	ctx := context.Background()
-	hasFunctions := serverVersion(t).AtLeast(7, 0)
 	for _, deny := range []string{"-function", "-fcall"} {
 		opts := steadyOptions(srv.Addr)
 		if hasFunctions {
@@ -314,11 +321,8 @@ func TestFunctionErrors(t *testing.T) {
 // Redis refuses a function that may write before running it, but a script
 // only when it writes: a denial is still answered, as without the option.
 func TestRedisFunctionsRefusedWritesRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(steadyOptions(srv.Addr))
-	defer rdb.Close()
+	_, rdb, hasFunctions := ownServer(t)
 	ctx := context.Background()
-	hasFunctions := serverVersion(t).AtLeast(7, 0)
 	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
 	for _, c := range []struct{ param, value, want string }{
 		{"maxmemory", "1", "OOM"},
@@ -362,9 +366,7 @@ func TestRedisFunctionsRefusedWritesRedis(t *testing.T) {
 // be equal, byte for byte. (Redis 6 has no functions: there it checks that
 // FUNCTION LOAD is refused, which is what turns the option off.)
 func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(steadyOptions(srv.Addr))
-	defer rdb.Close()
+	_, rdb, hasFunctions := ownServer(t)
 	ctx := context.Background()
 	var sets [][]Rule
 	for _, s := range Strategies() {
@@ -386,7 +388,7 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 		require.NoError(t, err)
 		bake(rs, true)
 		require.NotNil(t, rs.fn, "set %d", si)
-		if err := rdb.FunctionLoad(ctx, rs.fn.code).Err(); !serverVersion(t).AtLeast(7, 0) {
+		if err := rdb.FunctionLoad(ctx, rs.fn.code).Err(); !hasFunctions {
 			require.Error(t, err, "FUNCTION LOAD on %v", serverVersion(t))
 			assert.True(t, loadRefused(err), "%v: %v", serverVersion(t), err)
 			continue
@@ -494,4 +496,69 @@ func dumpState(t *testing.T, rdb *redis.Client, key string) string {
 	v, err := rdb.Get(ctx, key).Result()
 	require.NoError(t, err)
 	return typ + " " + v
+}
+
+// Keys, n and rule names come from clients and configuration: through a
+// library they are arguments, never code, and bad ones are refused before
+// Redis is asked, as with scripts.
+func TestRedisFunctionsHostileInputRedis(t *testing.T) {
+	_, rdb, hasFunctions := ownServer(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.Set(ctx, "other", "kept", 0).Err())
+	lim := newLimiter(t, rdb, TokenBucket, Limit{Rate: 3, Period: time.Hour}, WithRedisFunctions())
+	inject := "x') redis.call('FLUSHALL') --"
+	keys := []string{"{", "}", "%7B", "{a}b", "%h" + strings.Repeat("0", 64), "\x00\n\r", inject,
+		"a\r\n*1\r\n$8\r\nFLUSHALL\r\n", strings.Repeat("k", 10_000), strings.Repeat("k", 10_001)}
+	for _, key := range keys {
+		for i := range 4 {
+			res, err := lim.Allow(ctx, key)
+			require.NoError(t, err, "key %.40q call %d", key, i)
+			assert.False(t, res.Degraded, "key %.40q call %d", key, i)
+			assert.Equal(t, i < 3, res.Allowed, "key %.40q call %d: its own state, shared with no other key", key, i)
+		}
+	}
+	size, err := rdb.DBSize(ctx).Result()
+	require.NoError(t, err)
+	for _, c := range []struct {
+		key  string
+		n    int
+		want error
+	}{
+		{"", 1, ErrInvalidArgument},
+		{"k", -1, ErrInvalidArgument},
+		{"k", 4, ErrExceedsLimit},
+		{"k", math.MaxInt, ErrExceedsLimit},
+	} {
+		_, err := lim.AllowN(ctx, c.key, c.n)
+		require.ErrorIs(t, err, c.want, "key %q n %d", c.key, c.n)
+	}
+	after, err := rdb.DBSize(ctx).Result()
+	require.NoError(t, err)
+	assert.Equal(t, size, after, "a refused call wrote to Redis")
+
+	p, err := NewPolicy(rdb, []Rule{
+		{Name: inject, Strategy: FixedWindow, Limit: PerSecond(2)},
+		{Name: "]] ' \" \\ end) QZX", Strategy: SlidingCounter, Limit: PerMinute(100)},
+	}, WithRedisFunctions())
+	require.NoError(t, err)
+	defer p.Close()
+	require.NotNil(t, p.own.fn)
+	for _, name := range []string{"FLUSHALL", "QZX"} {
+		assert.False(t, strings.Contains(p.own.fn.code, name), "a rule's name (%s) in the library's code", name)
+	}
+	for i := range 3 {
+		res, err := p.Allow(ctx, inject)
+		require.NoError(t, err)
+		assert.Equal(t, i < 2, res.Allowed, "policy call %d", i)
+		if !res.Allowed {
+			assert.Equal(t, inject, res.Rule, "the denying rule keeps its name")
+		}
+	}
+	v, err := rdb.Get(ctx, "other").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "kept", v)
+	if hasFunctions {
+		assert.Positive(t, fcalls(t, rdb), "decisions made by FCALL")
+		assert.False(t, lim.noFunctions.Load())
+	}
 }
