@@ -109,8 +109,8 @@ type ruleSet struct {
 	// limit Remaining only when they have no call left.
 	counting bool
 	// script, when not nil, decides these rules with them written in (see
-	// bake): the call passes no rule arguments; fn is the same as a Redis
-	// Function (WithRedisFunctions).
+	// bake): the call passes no rule arguments; fn, set only with
+	// WithRedisFunctions, is the same as a Redis Function.
 	script *redis.Script
 	fn     *redisFunction
 }
@@ -530,7 +530,7 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 			a.args = a.args[:len(a.args)-1]
 		}
 	}
-	if rs.fn != nil && e.cfg.functions && !e.noFunctions.Load() {
+	if rs.fn != nil && !e.noFunctions.Load() {
 		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {
 			if err != nil {
 				return Result{}, 0, err

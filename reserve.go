@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -169,8 +168,8 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = redis.NewScript(readScripts(slices.Concat([]string{"common.lua"}, allStrategyFiles, []string{"args.lua"})...) +
-	strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
+var settleScript = redis.NewScript(decisionHead(allStrategyFiles) +
+	readScripts("args.lua") + strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs

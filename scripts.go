@@ -100,8 +100,8 @@ type bakedRules struct {
 }
 
 // bake sets rs.script to the decision script with the rules of rs written
-// in (see writtenChecks) and, with functions (WithRedisFunctions), rs.fn
-// to the same as a Redis Function, made only then; it leaves them nil when
+// in (see writtenChecks) and, with functions (WithRedisFunctions) only,
+// rs.fn to the same as a Redis Function; it leaves them nil when
 // maxBakedScripts are made already. Limiters with the same rules share
 // them.
 func bake(rs *ruleSet, functions bool) {
@@ -109,20 +109,24 @@ func bake(rs *ruleSet, functions bool) {
 	baked.Lock()
 	defer baked.Unlock()
 	b, ok := baked.m[checks]
+	if !ok && len(baked.m) >= maxBakedScripts {
+		return
+	}
+	files := strategyFilesOf(rs.rules)
 	if !ok {
-		if len(baked.m) >= maxBakedScripts {
-			return
-		}
-		b.script = decisionScript(strategyFilesOf(rs.rules), checks)
+		b.script = decisionScript(files, checks)
 	}
 	if functions && b.fn == nil {
-		b.fn = newRedisFunction(strategyFilesOf(rs.rules), checks)
+		b.fn = newRedisFunction(files, checks)
 	}
 	if baked.m == nil {
 		baked.m = make(map[string]bakedRules)
 	}
 	baked.m[checks] = b
-	rs.script, rs.fn = b.script, b.fn
+	rs.script = b.script
+	if functions {
+		rs.fn = b.fn
+	}
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:
