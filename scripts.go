@@ -50,6 +50,7 @@ func argumentChecks(files []string) string {
 		"for i = 1, nrules do\n" +
 		"local strat, rate, period, burst, per_call = rule(i)\n" +
 		"local check = S[strat]\n" +
+		"local pxs\n" +
 		mustRead("check.lua") +
 		"end\n"
 }
@@ -173,6 +174,13 @@ func writtenChecks(rs *ruleSet) string {
 			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 		}
 		b.WriteString(", " + strconv.FormatBool(r.perCall) + "\n")
+		b.WriteString("local pxs")
+		if r.alg.bucket {
+			// The bucket's usual lifetime, one period, as PX: a string
+			// costs Redis no number conversion (see bucket_write).
+			b.WriteString(" = '" + strconv.FormatInt(pxMillis(r.args[2].(int64)), 10) + "'")
+		}
+		b.WriteString("\n")
 		b.WriteString(mustRead("check.lua"))
 		if several {
 			b.WriteString("hc, hk, ha, hb, hx = wc, wk, wa, wb, wx\nwc = nil\n")
@@ -197,4 +205,10 @@ func strategyFilesOf(rules []rule) []string {
 		}
 	}
 	return files
+}
+
+// pxMillis is common.lua's ms: a lifetime of d µs in ms for PX, rounded up,
+// never 0.
+func pxMillis(d int64) int64 {
+	return max((d+999)/1000, 1)
 }

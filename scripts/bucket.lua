@@ -48,7 +48,7 @@ local function bucket_read(key, rate)
     -- tonumber: T is zero-padded, which miniredis's Lua (gopher-lua)
     -- reads as octal in arithmetic on a string.
     local t_ms = tonumber(string.sub(v, len - 8))
-    local d = (math.floor(now / 1000) - t_ms) % TMOD
+    local d = ((now - now % 1000) / 1000 - t_ms) % TMOD
     if d > TMOD / 2 then d = d - TMOD end -- the clock went back
     elapsed = d * 1000 + now % 1000
   end
@@ -60,7 +60,10 @@ end
 
 -- bucket_write returns the value that stores D = used (> 0) at now, its
 -- lifetime in ms (for PX) and the time until the bucket is full again.
-local function bucket_write(used, rate, period)
+-- pxs, where the rule is written in, is the PX of one period as a string:
+-- the usual lifetime, passed without Redis converting a number (a
+-- '%.17g' in Redis 7.0).
+local function bucket_write(used, rate, period, pxs)
   local life = ceil_div(used, rate)
   local ttl = life
   if ttl < period then ttl = period end
@@ -76,16 +79,17 @@ local function bucket_write(used, rate, period)
     local m = at_ms
     if e > 0 then m = ceil_div(at_ms, p) end
     -- m * 10 + e printed is m's digits then e's (one conversion fewer).
-    value = string.format('%d%09d', m * 10 + e, math.floor(now / 1000) % TMOD)
+    value = string.format('%d%09d', m * 10 + e, (now - now % 1000) / 1000 % TMOD)
   else
     value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
   end
+  if pxs and ttl == period then return value, pxs, life end
   return value, ms(ttl), life
 end
 
 -- check_tb is the check function of both (see common.lua): code 'lb' is
 -- the leaky bucket.
-local function check_tb(key, rate, period, burst, code)
+local function check_tb(key, rate, period, burst, code, pxs)
   local leaky = code == 'lb'
   local used = bucket_read(key, rate)
   local cap = burst * period
@@ -105,7 +109,7 @@ local function check_tb(key, rate, period, burst, code)
   if n == 0 then
     return true, avail, delay, reset_now, reset_now
   end
-  local value, px, life = bucket_write(used + n * period, rate, period)
+  local value, px, life = bucket_write(used + n * period, rate, period, pxs)
   write('SET', key, value, 'PX', px)
   return true, avail, delay, reset_now, life, 0
 end

@@ -20,16 +20,16 @@ local function fw_read(key, cw)
     local x = v + 0
     local d = (cw - x) % 10 -- how many windows the key is behind now
     if d == 0 then
-      return math.floor(x / 10), cw
+      return (x - x % 10) / 10, cw
     elseif d >= 5 then -- ahead: the clock went back
-      return math.floor(x / 10), cw + 10 - d
+      return (x - x % 10) / 10, cw + 10 - d
     end
   end
   return 0, cw
 end
 
 local function check_fw(key, rate, period, burst)
-  local cw = math.floor(now / period)
+  local cw = (now - now % period) / period
   local count, w = fw_read(key, cw)
   local left = (w + 1) * period - now
   local avail = rate - count

@@ -22,17 +22,20 @@ if denied and n > 0 then
     min_now = 0
   end
   if min_now < 0 then min_now = 0 end
+  -- (Rounded by arithmetic, see common.lua.)
+  min_now, retry, reset_denied = min_now - min_now % 1, retry + (-retry) % 1, reset_denied + (-reset_denied) % 1
   if pack then
-    return pack(PACKED, code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest)
+    return pack(PACKED, code, min_now, retry, reset_denied, slowest)
   end
-  return {code, math.floor(min_now), math.ceil(retry), math.ceil(reset_denied), slowest}
+  return {code, min_now, retry, reset_denied, slowest}
 end
 if n == 0 then
   if min_now < 0 then min_now = 0 end
+  min_now, delay, reset_denied = min_now - min_now % 1, delay + (-delay) % 1, reset_denied + (-reset_denied) % 1
   if pack then
-    return pack(PACKED, 0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest)
+    return pack(PACKED, 0, min_now, delay, reset_denied, fewest)
   end
-  return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset_denied), fewest}
+  return {0, min_now, delay, reset_denied, fewest}
 end
 
 if writes then
@@ -44,10 +47,11 @@ if writes then
   end
 end
 if min_after < 0 then min_after = 0 end
+min_after, delay, reset_ok = min_after - min_after % 1, delay + (-delay) % 1, reset_ok + (-reset_ok) % 1
 if rid == '' and pack then
-  return pack(PACKED, 0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest)
+  return pack(PACKED, 0, min_after, delay, reset_ok, fewest)
 end
-local reply = {0, math.floor(min_after), math.ceil(delay), math.ceil(reset_ok), fewest}
+local reply = {0, min_after, delay, reset_ok, fewest}
 if rid ~= '' then
   -- The reservation: a member of a sorted set scored by when it lapses,
   -- so that settle.lua finds it once, and lapsed ones are dropped here.

@@ -36,8 +36,9 @@ local function sc_read(key, cw)
       d = d % 10
     else
       local x = v + 0
-      local pc = math.floor(x / 10)
-      c, p, d = pc % PACK, math.floor(pc / PACK), (cw - x) % 10
+      local pc = (x - x % 10) / 10
+      c = pc % PACK
+      p, d = (pc - c) / PACK, (cw - x) % 10
       inplace = d == 0
     end
     if d == 0 then
@@ -70,7 +71,7 @@ local function sc_reset_after(c, prev, w, period)
 end
 
 local function check_sc(key, rate, period, burst)
-  local cw = math.floor(now / period)
+  local cw = (now - now % period) / period
   local cur, prev, w, inplace = sc_read(key, cw)
 
   local elapsed = now - w * period

@@ -91,8 +91,8 @@ local function check_sl(key, rate, period, burst)
       end
       if m then i = next_index(m) end
     end
-    local cell = math.floor(period / 8)
-    if newest == nil or math.floor(newest / cell) ~= math.floor(now / cell) then
+    local cell = (period - period % 8) / 8
+    if newest == nil or newest - newest % cell ~= now - now % cell then
       write('ZREMRANGEBYSCORE', key, '-inf', string.sub(lower, 2))
     end
     if n == 1 then
@@ -111,12 +111,14 @@ local function check_sl(key, rate, period, burst)
     end
     local last = now
     if newest ~= nil and newest > now then last = newest end
-    if newest == nil or newest > now or math.floor(newest / 1000) ~= math.floor(now / 1000) then
+    if newest == nil or newest > now or newest - newest % 1000 ~= now - now % 1000 then
       -- At least 2 ms: Redis 7.0's PEXPIRE deletes the key at once when
       -- the expiry is not after its clock, which it reads twice, so
       -- PEXPIRE 1 can delete the log when a ms ticks in between (SET PX
       -- has no such check). Only a 1 ms Period asks for 1.
-      write('PEXPIRE', key, math.max(ms(last + period - now), 2))
+      local px = ms(last + period - now)
+      if px < 2 then px = 2 end
+      write('PEXPIRE', key, px)
     end
     return true, avail, 0, reset_now, last + period - now, now
   end
