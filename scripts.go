@@ -44,9 +44,12 @@ func decisionCall(checks string) string {
 
 // argumentChecks checks rules passed as arguments, of the strategies whose
 // files are in files: their table S (strategyTable), the queue of writes
-// (queue.lua), rules.lua, then check.lua in a loop over them.
+// (queue.lua, with several rules), rules.lua, then check.lua in a loop over
+// them.
 func argumentChecks(files []string) string {
-	return strategyTable(files) + readScripts("queue.lua", "rules.lua") +
+	return strategyTable(files) +
+		"if nrules > 1 then\n" + mustRead("queue.lua") + "write, write_args = queue, queue_args\nend\n" +
+		mustRead("rules.lua") +
 		"for i = 1, nrules do\n" +
 		"local strat, rate, period, burst, per_call = rule(i)\n" +
 		"local check = S[strat]\n" +
@@ -114,11 +117,17 @@ func bake(rs *ruleSet, functions bool) {
 		return
 	}
 	files := strategyFilesOf(rs.rules)
+	held := heldFiles(rs)
 	if !ok {
-		b.script = decisionScript(files, checks)
+		// In a script, written.lua's functions are made by the call's part,
+		// as the whole script runs on every call anyway: made before it,
+		// miniredis's Lua (gopher-lua 1.1.1) lost the value of n0, a local
+		// of the call's part, once a rule had held its write; Redis's Lua
+		// does not.
+		b.script = decisionScript(files, readScripts(held...)+checks)
 	}
 	if functions && b.fn == nil {
-		b.fn = newRedisFunction(files, checks)
+		b.fn = newRedisFunction(append(files, held...), checks)
 	}
 	if baked.m == nil {
 		baked.m = make(map[string]bakedRules)
@@ -134,11 +143,11 @@ func bake(rs *ruleSet, functions bool) {
 // it makes the rule's held write (see written.lua) if every rule allowed.
 const commitHeld = `if hc and not denied then
   if hb == nil then
-    redis.call(hc, hk, ha)
+    rcall(hc, hk, ha)
   elseif hx == nil then
-    redis.call(hc, hk, ha, hb)
+    rcall(hc, hk, ha, hb)
   else
-    redis.call(hc, hk, ha, hb, hx)
+    rcall(hc, hk, ha, hb, hx)
   end
 end
 end
@@ -157,12 +166,12 @@ func writtenChecks(rs *ruleSet) string {
 	b.WriteString("-- The rules, written in by redlimit (see scripts.go).\n")
 	b.WriteString("local counting = " + strconv.FormatBool(rs.counting) + "\n")
 	if several {
-		// The sliding log is the one strategy that writes more than once:
-		// a rule's first write is held, its others queue.
-		if slices.ContainsFunc(rs.rules, func(r rule) bool { return r.alg.strategy == SlidingLog }) {
-			b.WriteString(mustRead("queue.lua"))
+		// written.lua's functions, made by the part that defines (see
+		// heldFiles), hold each rule's first write.
+		b.WriteString("wc, write = nil, held\n")
+		if writesTwice(rs) {
+			b.WriteString("write_args = held_args\n")
 		}
-		b.WriteString(mustRead("written.lua"))
 	}
 	for i := range rs.rules {
 		r := &rs.rules[i]
@@ -193,6 +202,27 @@ func writtenChecks(rs *ruleSet) string {
 		}
 	}
 	return b.String()
+}
+
+// heldFiles returns the files that define how a script with several rules
+// written in holds their writes (see writtenChecks): queue.lua where a
+// rule may write more than once, and written.lua. A Redis Function makes
+// their functions once, in the part that defines (see bake).
+func heldFiles(rs *ruleSet) []string {
+	switch {
+	case len(rs.rules) < 2:
+		return nil
+	case writesTwice(rs):
+		return []string{"queue.lua", "written.lua"}
+	}
+	return []string{"written.lua"}
+}
+
+// writesTwice reports whether a rule of rs may write more than once in a
+// call: the sliding log, the one strategy that does, where a rule's first
+// write is held and its others queue.
+func writesTwice(rs *ruleSet) bool {
+	return slices.ContainsFunc(rs.rules, func(r rule) bool { return r.alg.strategy == SlidingLog })
 }
 
 // strategyFilesOf returns the strategies' files that the rules need, each

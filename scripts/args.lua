@@ -3,8 +3,8 @@
 -- files, so that it is the first of what a call runs: in a Redis Function
 -- (see functions.go) everything before it runs once, when the library is
 -- loaded, and everything from it on runs on every call, which is why it
--- also sets write (with one rule, redis.call itself; queue.lua and
--- written.lua replace it with several) and clears the queue of writes.
+-- also sets rcall and write (with one rule, redis.call itself; queue.lua
+-- and held.lua replace it with several) and clears the queue of writes.
 
 -- Numbers: the usual values are compared as strings (Lua interns them: a
 -- pointer comparison) before any conversion, whose strtod is a good part
@@ -18,7 +18,8 @@
 -- last that is not its default (every argument Redis puts in ARGV costs it
 -- a string and a table slot): an absent one is its default.
 n, nrules, now, max_delay, block, rid = 1, 1, 0, -1, 0, ''
-write, writes = redis.call, nil
+rcall = redis.call
+write, writes = rcall, nil
 local nargs = #ARGV
 if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
 if nargs > 1 and ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end
@@ -28,6 +29,6 @@ if nargs > 4 and ARGV[5] ~= '0' then block = ARGV[5] + 0 end
 if nargs > 5 then rid = ARGV[6] end
 
 if now <= 0 then
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
 end

@@ -33,7 +33,7 @@ local TMOD = 1000000000 -- 1e9 ms
 
 -- bucket_read returns D, what is used, at now.
 local function bucket_read(key, rate)
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return 0 end
   local d0, elapsed
   local sep = string.find(v, ':', 1, true)

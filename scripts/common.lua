@@ -99,12 +99,18 @@ local function ms(d)
   return v
 end
 
+-- rcall is redis.call, which args.lua sets on every call (a Redis Function
+-- cannot read it when its library loads): reading the global redis and
+-- its field call costs Redis about 200 instructions on every use.
+local rcall
+
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one
 -- rule, at once (no other rule can deny, so the call is allowed): write is
--- redis.call itself (args.lua sets it on every call); with several, queued (queue.lua) or held
--- (written.lua), and made only if every rule allows. write_args queues a
--- command already in a table (queue.lua); it is nil where nothing queues,
--- and with one rule the caller makes the command itself.
+-- redis.call itself (args.lua sets it on every call); with several, queued
+-- (queue.lua) or held (written.lua), and made only if every rule allows.
+-- write_args queues a command already in a table (queue.lua); it is nil
+-- where nothing queues, and with one rule the caller makes the command
+-- itself.
 local write
 local write_args, queue, queue_args
 local writes, nw -- the queue, made on the first queued write

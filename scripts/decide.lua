@@ -9,7 +9,7 @@
 local nkeys = nrules
 if block > 0 then
   nkeys = nkeys + 1
-  local b = redis.call('GET', KEYS[nkeys])
+  local b = rcall('GET', KEYS[nkeys])
   if b then
     local left = b - now
     if left > 0 then

@@ -15,7 +15,7 @@
 -- fw_read returns the count of the current window cw, and the window it
 -- belongs to (ahead of cw when the clock went back).
 local function fw_read(key, cw)
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if v then
     local x = v + 0
     local d = (cw - x) % 10 -- how many windows the key is behind now

@@ -16,7 +16,7 @@ if denied and n > 0 then
   -- A lease's denial (lease.go: its id starts with 'lease:') is not a
   -- call's: it sets no block.
   if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
-    redis.call('SET', KEYS[nkeys], now + block, 'PX', ms(block))
+    rcall('SET', KEYS[nkeys], now + block, 'PX', ms(block))
     if retry < block then retry = block end
     if reset_denied < block then reset_denied = block end
     min_now = 0
@@ -42,7 +42,7 @@ if writes then
   local i, last = 1, nw
   while i < last do
     local c = writes[i]
-    redis.call(unpack(writes, i + 1, i + c))
+    rcall(unpack(writes, i + 1, i + c))
     i = i + c + 1
   end
 end
@@ -57,9 +57,9 @@ if rid ~= '' then
   -- so that settle.lua finds it once, and lapsed ones are dropped here.
   local rkey = KEYS[nkeys + 1]
   local life = (ARGV[7] or 0) + 0
-  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now)
-  redis.call('ZADD', rkey, now + life * 1000, rid)
-  redis.call('PEXPIRE', rkey, life)
+  rcall('ZREMRANGEBYSCORE', rkey, '-inf', now)
+  rcall('ZADD', rkey, now + life * 1000, rid)
+  rcall('PEXPIRE', rkey, life)
   for i = 1, nrules do reply[5 + i] = tags[i] end
 end
 return reply

@@ -23,7 +23,7 @@ local PACK = 16777216 -- 2^24
 -- value is window cw's, packed (so that INCRBY n * 10 adds n to cur).
 local function sc_read(key, cw)
   local cur, prev, w, inplace = 0, 0, cw, false
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if v then
     local c, p, d
     local sep = string.find(v, ':', 1, true)

@@ -58,10 +58,10 @@ end
 local function check_sl(key, rate, period, burst)
   local from = now - period
   local lower = string.format('(%d', from)
-  local count = redis.call('ZCOUNT', key, lower, '+inf')
+  local count = rcall('ZCOUNT', key, lower, '+inf')
   local newest, newest_member = nil, nil
   if count > 0 then
-    newest_member = redis.call('ZRANGE', key, '-1', '-1')[1]
+    newest_member = rcall('ZRANGE', key, '-1', '-1')[1]
     newest = score(newest_member)
   end
   local reset_now = 0
@@ -73,7 +73,7 @@ local function check_sl(key, rate, period, burst)
     if n <= rate then
       local skip = count + n - rate - 1
       if skip == 0 then skip = '0' end -- the usual case; a string costs Redis less
-      local e = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'LIMIT', skip, '1')
+      local e = rcall('ZRANGEBYSCORE', key, lower, '+inf', 'LIMIT', skip, '1')
       retry = score(e[1]) + period - now
     end
     return false, avail, retry, reset_now, reset_now
@@ -87,7 +87,7 @@ local function check_sl(key, rate, period, burst)
       local m = newest_member
       if newest > now then
         -- The clock went back: find the newest member of this microsecond.
-        m = redis.call('ZREVRANGEBYSCORE', key, nowstr, nowstr, 'LIMIT', '0', '1')[1]
+        m = rcall('ZREVRANGEBYSCORE', key, nowstr, nowstr, 'LIMIT', '0', '1')[1]
       end
       if m then i = next_index(m) end
     end
@@ -104,7 +104,7 @@ local function check_sl(key, rate, period, burst)
         args[#args + 1] = member(nowstr, i)
         i = i + 1
         if #args >= 1002 or k == n then
-          if write_args then write_args(args) else redis.call(unpack(args)) end
+          if write_args then write_args(args) else rcall(unpack(args)) end
           args = {'ZADD', key}
         end
       end
