@@ -93,8 +93,11 @@ local function check_tb(key, rate, period, burst, code, pxs)
   local leaky = code == 'lb'
   local used = bucket_read(key, rate)
   local cap = burst * period
-  local avail = floor_div(cap - used, period)
-  local reset_now = ceil_div(used, rate)
+  local avail, reset_now = burst, 0 -- a full bucket (a key at rest): no division
+  if used > 0 then
+    avail = floor_div(cap - used, period)
+    reset_now = ceil_div(used, rate)
+  end
   local over = used + n * period - cap
   if over > 0 then
     return false, avail, ceil_div(over, rate), reset_now, reset_now
