@@ -71,8 +71,9 @@ local n, nrules, now, max_delay, block, rid
 -- x + (-x) % 1 is math.ceil(x), exactly (x % 1 is x - floor(x), which is
 -- exact), in Redis's Lua and in miniredis's. A call to math.floor costs
 -- Redis about 540 instructions (the lookups of math and floor, and a C
--- call), the arithmetic about 100. The quotient of integers a and b, where
--- b divides a exactly, is (a - a % b) / b.
+-- call), the arithmetic about 150 (bench/cmd/instructions/costs.lua).
+-- The quotient of integers a and b, where b divides a exactly, is
+-- (a - a % b) / b.
 
 -- floor_div and ceil_div divide integers exactly (as long as they are below
 -- 2^53, and b > 0), correcting the rounding of the floating-point
@@ -101,7 +102,7 @@ end
 
 -- rcall is redis.call, which args.lua sets on every call (a Redis Function
 -- cannot read it when its library loads): reading the global redis and
--- its field call costs Redis about 200 instructions on every use.
+-- its field call costs Redis about 260 instructions on every use.
 local rcall
 
 -- write(cmd, key, a[, b[, c]]) is how a rule that allows writes: with one

@@ -11,7 +11,7 @@
 -- In a Redis Function it follows the strategies' files, in the part that
 -- only defines, so that held and held_args are made once, when the library
 -- loads, not on every call (a function with five upvalues costs Redis
--- about 2,000 instructions to make); in a script it comes before the
+-- about 900 instructions to make); in a script it comes before the
 -- checks (see bake in scripts.go). The checks set write to held and clear
 -- wc on every call.
 

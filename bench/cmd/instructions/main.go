@@ -4,10 +4,17 @@
 // change to a script shows as a figure, not as noise.
 //
 //	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir]
+//	go run ./cmd/instructions -library costs.lua -functions f0,floor [-n 2000]
 //
 // With -keep, each contender's callgrind dump is kept in dir (named after
 // the contender) for callgrind_annotate, which shows where its
 // instructions went, function by function.
+//
+// With -library, it measures instead each function that -functions names
+// in that Redis Functions library (FCALL with the keys {k}1, {k}2 and
+// {k}3, no arguments, on an emptied database): what a piece of Lua or a
+// command costs Redis, as the difference from a function that returns at
+// once (costs.lua holds the ones BENCHMARKS.md quotes).
 //
 // It starts its own redis-server under callgrind on a free loopback port
 // (valgrind and redis-server on the PATH) and stops it when done. For each
@@ -52,6 +59,8 @@ func run() error {
 	only := flag.String("only", "", "regexp: count only the contenders whose name matches")
 	out := flag.String("out", "", "also write the Markdown table to this file")
 	keep := flag.String("keep", "", "keep each contender's callgrind dump in this directory")
+	library := flag.String("library", "", "instead of the contenders, measure the functions of this Redis Functions library (a file)")
+	functions := flag.String("functions", "", "with -library: comma-separated names of its functions to measure")
 	flag.Parse()
 	var match *regexp.Regexp
 	if *only != "" {
@@ -86,6 +95,9 @@ func run() error {
 		return err
 	}
 	defer env.Close()
+	if *library != "" {
+		return srv.library(env, *library, *functions, *n)
+	}
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
@@ -175,14 +187,51 @@ func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w
 	if release != nil {
 		defer release()
 	}
-	decide := func(k int) error {
+	return s.measure(func(k int) error {
 		for i := range k {
 			if _, err := dec(ctx, i%len(w.Keys)); err != nil {
 				return err
 			}
 		}
 		return nil
+	}, n)
+}
+
+// library loads the Redis Functions library in file and prints the
+// instructions per call of each of its functions that names lists.
+func (s *server) library(env *bench.Env, file, names string, n int) error {
+	ctx := context.Background()
+	code, err := os.ReadFile(file)
+	if err != nil {
+		return err
 	}
+	if err := env.Admin.FunctionLoad(ctx, string(code)).Err(); err != nil {
+		return err
+	}
+	keys := []string{"{k}1", "{k}2", "{k}3"}
+	for _, name := range strings.Split(names, ",") {
+		if err := env.Admin.FlushAll(ctx).Err(); err != nil { // keeps the library
+			return err
+		}
+		per, _, err := s.measure(func(k int) error {
+			for range k {
+				if err := env.Admin.FCall(ctx, name, keys).Err(); err != nil && !errors.Is(err, redis.Nil) {
+					return err
+				}
+			}
+			return nil
+		}, n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		fmt.Printf("%-12s %8.0f\n", name, per)
+	}
+	return nil
+}
+
+// measure returns the instructions per call of decide(1) (which makes k
+// calls in decide(k)) and the callgrind dump they were read from.
+func (s *server) measure(decide func(k int) error, n int) (float64, string, error) {
 	if err := decide(50); err != nil { // loads the script
 		return 0, "", err
 	}
