@@ -4,7 +4,7 @@
 -- (see functions.go) everything before it runs once, when the library is
 -- loaded, and everything from it on runs on every call, which is why it
 -- also sets rcall and write (with one rule, redis.call itself; queue.lua
--- and held.lua replace it with several) and clears the queue of writes.
+-- and written.lua replace it with several) and clears the queue of writes.
 
 -- Numbers: the usual values are compared as strings (Lua interns them: a
 -- pointer comparison) before any conversion, whose strtod is a good part

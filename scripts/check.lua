@@ -1,8 +1,8 @@
 -- check.lua checks one rule: i, its strategy code strat, its check
 -- function check, rate, period, burst, per_call and pxs (see common.lua)
--- are locals where it stands (set by the loop over the arguments or written in:
--- argumentChecks and writtenChecks in scripts.go), and what it finds is
--- gathered into decide.lua's locals.
+-- are locals where it stands (set by the loop over the arguments or
+-- written in: argumentChecks and writtenChecks in scripts.go), and what it
+-- finds is gathered into decide.lua's locals.
 n = n0
 if per_call and n > 1 then n = 1 end
 local ok, avail, w, reset_now, reset_next, tag, why = check(KEYS[i], rate, period, burst, strat, pxs)
