@@ -184,9 +184,9 @@ func writtenChecks(rs *ruleSet) string {
 		}
 		b.WriteString(", " + strconv.FormatBool(r.perCall) + "\n")
 		b.WriteString("local pxs")
-		if r.alg.bucket {
-			// The bucket's usual lifetime, one period, as PX: a string
-			// costs Redis no number conversion (see bucket_write).
+		if r.alg.bucket || r.alg.strategy == SlidingLog {
+			// The key's usual lifetime, one period, as PX: a string costs
+			// Redis no number conversion (see common.lua).
 			b.WriteString(" = '" + strconv.FormatInt(pxMillis(r.args[2].(int64)), 10) + "'")
 		}
 		b.WriteString("\n")

@@ -55,7 +55,7 @@ local function next_index(m)
   return 1
 end
 
-local function check_sl(key, rate, period, burst)
+local function check_sl(key, rate, period, burst, code, pxs)
   local from = now - period
   local lower = string.format('(%d', from)
   local count = rcall('ZCOUNT', key, lower, '+inf')
@@ -115,9 +115,13 @@ local function check_sl(key, rate, period, burst)
       -- At least 2 ms: Redis 7.0's PEXPIRE deletes the key at once when
       -- the expiry is not after its clock, which it reads twice, so
       -- PEXPIRE 1 can delete the log when a ms ticks in between (SET PX
-      -- has no such check). Only a 1 ms Period asks for 1.
-      local px = ms(last + period - now)
-      if px < 2 then px = 2 end
+      -- has no such check). Only a 1 ms Period asks for 1. pxs (see
+      -- common.lua) is the usual one, one period, as a string.
+      local px = pxs
+      if not px or last > now or period < 2000 then
+        px = ms(last + period - now)
+        if px < 2 then px = 2 end
+      end
       write('PEXPIRE', key, px)
     end
     return true, avail, 0, reset_now, last + period - now, now
