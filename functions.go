@@ -51,9 +51,10 @@ func WithRedisFunctions() Option {
 var functionsByDefault = false
 
 // redisFunction is a decision script with its rules written in, as a
-// library of Redis Functions: the script's head (common.lua and the
-// strategies' files) runs once, at FUNCTION LOAD, and the rest, from
-// args.lua on, is the body of the library's one function.
+// library of Redis Functions: the script's head (common.lua, the
+// strategies' files and, for several rules, queue.lua and written.lua)
+// runs once, at FUNCTION LOAD, and the rest, from args.lua on, is the body
+// of the library's one function.
 type redisFunction struct {
 	name string // the library's and its function's
 	code string // FUNCTION LOAD's argument

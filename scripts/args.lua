@@ -3,8 +3,9 @@
 -- files, so that it is the first of what a call runs: in a Redis Function
 -- (see functions.go) everything before it runs once, when the library is
 -- loaded, and everything from it on runs on every call, which is why it
--- also sets rcall and write (with one rule, redis.call itself; queue.lua
--- and written.lua replace it with several) and clears the queue of writes.
+-- also sets rcall and write (redis.call itself; with several rules the
+-- checks then set it to queue.lua's or written.lua's function) and clears
+-- the queue of writes.
 
 -- Numbers: the usual values are compared as strings (Lua interns them: a
 -- pointer comparison) before any conversion, whose strtod is a good part

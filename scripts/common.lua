@@ -66,14 +66,15 @@
 -- strategies' files: they read these as upvalues).
 local n, nrules, now, max_delay, block, rid
 
--- Rounding: these scripts round by arithmetic, not with math.floor and
--- math.ceil. For every double x, x - x % 1 is math.floor(x) and
--- x + (-x) % 1 is math.ceil(x), exactly (x % 1 is x - floor(x), which is
--- exact), in Redis's Lua and in miniredis's. A call to math.floor costs
--- Redis about 540 instructions (the lookups of math and floor, and a C
--- call), the arithmetic about 150 (bench/cmd/instructions/costs.lua).
--- The quotient of integers a and b, where b divides a exactly, is
--- (a - a % b) / b.
+-- Rounding: a decision rounds by arithmetic, not with math.floor and
+-- math.ceil (settle.lua and a block's reply, off the hot path, still call
+-- them). For every finite double x, x - x % 1 equals math.floor(x) and
+-- x + (-x) % 1 equals math.ceil(x) (up to the sign of a zero), in Redis's
+-- Lua and in miniredis's (checked on 200,000 random doubles and edge
+-- values). For integers a and b > 0 below 2^53, (a - a % b) / b is
+-- floor(a / b) exactly. A call to math.floor costs Redis about 540
+-- instructions (the lookups of math and floor, and a C call), the
+-- arithmetic about 150 (bench/cmd/instructions/costs.lua).
 
 -- floor_div and ceil_div divide integers exactly (as long as they are below
 -- 2^53, and b > 0), correcting the rounding of the floating-point

@@ -16,18 +16,21 @@
 -- wc on every call.
 
 local wc, wk, wa, wb, wx -- the checked rule's first write; wc false: it queued
-local held = function(cmd, key, a, b, c)
+local function held(cmd, key, a, b, c)
   if wc == nil then
     wc, wk, wa, wb, wx = cmd, key, a, b, c
   else
     queue(cmd, key, a, b, c)
   end
 end
--- held_args is write_args where a rule may write more than once (queue.lua
--- is then in the script). (It calls queue_args, queue.lua's: a local here
--- holding the write_args it replaces was nil inside this function in
--- miniredis's Lua, with 16 rules.)
-local held_args = function(args)
-  if wc == nil then wc = false end -- the rule's later writes queue behind it
-  queue_args(args)
+-- held_args is write_args where a rule may write more than once: made only
+-- where queue.lua came before (a sliding log among the rules). (It calls
+-- queue_args, queue.lua's upvalue: in an earlier layout a local copy of it
+-- was nil inside this function in miniredis's Lua, with 16 rules.)
+local held_args
+if queue_args then
+  held_args = function(args)
+    if wc == nil then wc = false end -- the rule's later writes queue behind it
+    queue_args(args)
+  end
 end
