@@ -4,7 +4,7 @@
 // change to a script shows as a figure, not as noise.
 //
 //	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir]
-//	go run ./cmd/instructions -library costs.lua -functions f0,floor [-n 2000]
+//	go run ./cmd/instructions -library cmd/instructions/costs.lua -functions ret,floor10,mod10 [-n 2000]
 //
 // With -keep, each contender's callgrind dump is kept in dir (named after
 // the contender) for callgrind_annotate, which shows where its
