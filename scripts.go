@@ -183,13 +183,7 @@ func writtenChecks(rs *ruleSet) string {
 			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 		}
 		b.WriteString(", " + strconv.FormatBool(r.perCall) + "\n")
-		b.WriteString("local pxs")
-		if r.alg.bucket || r.alg.strategy == SlidingLog {
-			// The key's usual lifetime, one period, as PX: a string costs
-			// Redis no number conversion (see common.lua).
-			b.WriteString(" = '" + strconv.FormatInt(pxMillis(r.args[2].(int64)), 10) + "'")
-		}
-		b.WriteString("\n")
+		b.WriteString("local pxs" + usualPX(r) + "\n")
 		b.WriteString(mustRead("check.lua"))
 		if several {
 			b.WriteString("hc, hk, ha, hb, hx = wc, wk, wa, wb, wx\nwc = nil\n")
@@ -237,8 +231,15 @@ func strategyFilesOf(rules []rule) []string {
 	return files
 }
 
-// pxMillis is common.lua's ms: a lifetime of d µs in ms for PX, rounded up,
-// never 0.
-func pxMillis(d int64) int64 {
-	return max((d+999)/1000, 1)
+// usualPX returns " = '<ms>'" to set pxs (see common.lua), the PX of one
+// period of rule r as a string, where r's check takes one: a bucket, and a
+// sliding log whose period is at least 2 ms (a shorter one computes its PX,
+// which slidinglog.lua keeps at 2 ms or more); else "". The ms are
+// common.lua's ms(period): rounded up.
+func usualPX(r *rule) string {
+	period := r.args[2].(int64) // µs, as the script's period
+	if !r.alg.bucket && (r.alg.strategy != SlidingLog || period < 2000) {
+		return ""
+	}
+	return " = '" + strconv.FormatInt((period+999)/1000, 10) + "'"
 }

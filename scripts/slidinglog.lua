@@ -116,9 +116,10 @@ local function check_sl(key, rate, period, burst, code, pxs)
       -- the expiry is not after its clock, which it reads twice, so
       -- PEXPIRE 1 can delete the log when a ms ticks in between (SET PX
       -- has no such check). Only a 1 ms Period asks for 1. pxs (see
-      -- common.lua) is the usual one, one period, as a string.
+      -- common.lua) is the usual one, one period, as a string; it is
+      -- given only for periods of 2 ms or more (usualPX in scripts.go).
       local px = pxs
-      if not px or last > now or period < 2000 then
+      if not px or last > now then
         px = ms(last + period - now)
         if px < 2 then px = 2 end
       end
