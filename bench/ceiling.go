@@ -90,12 +90,13 @@ type CeilingReport struct {
 }
 
 // Ceiling measures how many decisions per second Redis executes for each of
-// redlimit's scripts, and for INCR and EVALSHA of `return 1`, when the
-// client pipelines: a Go loop of Conns goroutines each sending pipelines of
-// Depth commands, and redis-benchmark -c 50 -P 16 when it is installed. The
-// scripts' SHA and arguments are taken from what the library sends (a
-// go-redis hook records one real decision), so they are exactly the ones in
-// use.
+// redlimit's scripts (and, where the server has Redis Functions, its
+// functions), its peers' and INCR, EVALSHA and FCALL of `return 1`, when
+// the client pipelines: a Go loop of Conns goroutines each sending
+// pipelines of Depth commands, and redis-benchmark -c 50 -P 16 when it is
+// installed. The scripts' SHA (a function's name) and arguments are taken
+// from what the library sends (a go-redis hook records one real decision),
+// so they are exactly the ones in use.
 func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, error) {
 	if cfg.Duration <= 0 {
 		cfg.Duration = time.Second
@@ -151,6 +152,13 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		}
 		return []any{"evalsha", return1.Hash(), "1", keyPlaceholder}, nil
 	}, always})
+	// Redis Functions, where the server has them (Redis 7.0 and later).
+	functions := env.Admin.FunctionLoadReplace(ctx, return1Library).Err() == nil
+	if functions {
+		jobs = append(jobs, job{"FCALL return 1", func(string) ([]any, error) {
+			return []any{"fcall", "redlimit_bench_return1", "1", keyPlaceholder}, nil
+		}, always})
+	}
 	jobs = append(jobs, job{"EVALSHA TIME+GET+SET", func(string) ([]any, error) {
 		if err := commandsOnly.Load(ctx, env.Admin).Err(); err != nil {
 			return nil, err
@@ -162,13 +170,23 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		scripted = append(scripted, Redlimit(s, Direct))
 	}
 	scripted = append(scripted, Policy())
+	if functions { // the same as Redis Functions (FCALL)
+		for _, s := range redlimit.Strategies() {
+			scripted = append(scripted, RedlimitFunctions(s))
+		}
+		scripted = append(scripted, PolicyFunctions())
+	}
 	// The peers that run on our go-redis client (go-zero makes its own).
 	scripted = append(scripted, RedisRate(), Ulule())
 	for _, c := range scripted {
 		allowed := firstIsOne
 		if c.Kind == "redlimit" {
 			allowed = firstIsZero
-			for _, dir := range cfg.Variants {
+			variants := cfg.Variants
+			if strings.HasSuffix(c.Name, functionsSuffix) {
+				variants = nil // a variant replaces a script's SHA
+			}
+			for _, dir := range variants {
 				jobs = append(jobs, job{fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir)), func(w string) ([]any, error) {
 					return variantScript(ctx, env, c, w, dir)
 				}, allowed})
@@ -356,16 +374,18 @@ func variantScript(ctx context.Context, env *Env, c Contender, w, dir string) ([
 const keyPlaceholder = "\x00KEY\x00"
 
 // captureScript makes one decision of contender c for workload w on a client
-// whose hook records the EVALSHA the contender sends, and returns it with the
-// limited key replaced by keyPlaceholder.
+// whose hook records the EVALSHA (or, with Redis Functions, the FCALL) the
+// contender sends, and returns it with the limited key replaced by
+// keyPlaceholder. (A function's library, loaded by that decision, stays
+// loaded: FLUSHALL keeps it.)
 func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
 	hook := &captureHook{}
 	if err := capture(ctx, env, c, w, hook); err != nil {
 		return nil, err
 	}
 	args := hook.get()
-	if len(args) < 4 || strings.ToLower(fmt.Sprint(args[0])) != "evalsha" {
-		return nil, fmt.Errorf("captured %v, want an EVALSHA", args)
+	if len(args) < 4 || !isScriptCall(fmt.Sprint(args[0])) {
+		return nil, fmt.Errorf("captured %v, want an EVALSHA or FCALL", args)
 	}
 	key := fmt.Sprint(args[3])
 	tmpl := strings.Replace(key, captureKey, keyPlaceholder, 1)
@@ -421,7 +441,18 @@ func capture(ctx context.Context, env *Env, c Contender, w string, hook *capture
 // offered far more.
 func ceilingWorkload(w string) (*Workload, error) { return MakeWorkload(w, 1, 100) }
 
-// captureHook records the first EVALSHA. With source set, it sends that
+// return1Library is the function floor: a Redis Function that returns 1,
+// what an FCALL costs Redis before the function does anything.
+const return1Library = "#!lua name=redlimit_bench_return1\n" +
+	"redis.register_function('redlimit_bench_return1', function() return 1 end)\n"
+
+// isScriptCall reports whether a command named name (any case) runs a
+// script or a function: EVALSHA or FCALL.
+func isScriptCall(name string) bool {
+	return strings.EqualFold(name, "evalsha") || strings.EqualFold(name, "fcall")
+}
+
+// captureHook records the first EVALSHA or FCALL. With source set, it sends that
 // EVALSHA with a SHA that no script has, so that go-redis sends the
 // script's source in an EVAL, and records the source.
 type captureHook struct {
@@ -443,9 +474,9 @@ func (h *captureHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		h.mu.Lock()
 		switch name := strings.ToLower(fmt.Sprint(a[0])); {
-		case name == "evalsha" && h.args == nil:
+		case isScriptCall(name) && h.args == nil:
 			h.args = append([]any(nil), a...)
-			if h.source {
+			if h.source && name == "evalsha" {
 				a[1] = noSuchSHA
 			}
 		case name == "eval" && h.source && h.src == "":

@@ -99,6 +99,19 @@ func TestRedisModes(t *testing.T) {
 
 	ceil, err := Ceiling(ctx, env, CeilingConfig{Duration: 30 * time.Millisecond})
 	require.NoError(t, err)
+	// Where the server has Redis Functions, the ceiling measures the
+	// library's too, and the FCALL floor.
+	functions := env.Admin.FunctionList(ctx, redis.FunctionListQuery{}).Err() == nil
+	fcalls, want := 0, 0
+	if functions {
+		want = 3 * (len(redlimit.Strategies()) + 2) // every strategy, the policy and FCALL return 1, in 3 workloads
+	}
+	for _, row := range ceil.Rows {
+		if row.Name == "FCALL return 1" || strings.HasSuffix(row.Name, functionsSuffix) {
+			fcalls++
+		}
+	}
+	assert.Equal(t, want, fcalls, "ceiling rows of Redis Functions")
 	for _, row := range ceil.Rows {
 		assert.Greater(t, row.GoOps, 0.0, "ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
 		assert.Zero(t, row.GoErrs, "ceiling %s %s: %.0f/s, %d errors (%s), %.2f µs/call", row.Workload, row.Name, row.GoOps, row.GoErrs, row.FirstErr, row.UsecPerCall)
@@ -124,7 +137,11 @@ func TestRedisModes(t *testing.T) {
 	}
 	vceil, err := Ceiling(ctx, env, CeilingConfig{Duration: 20 * time.Millisecond, Only: regexp.MustCompile("sliding-log"), Variants: []string{"../scripts"}})
 	require.NoError(t, err)
-	if got, want := len(vceil.Rows), 3*3; got != want { // INCR, the log, its variant; 3 workloads
+	want = 3 * 3 // INCR, the log and its variant, in 3 workloads
+	if functions {
+		want += 3 // the log as a function
+	}
+	if got := len(vceil.Rows); got != want {
 		t.Errorf("ceiling with a variant: %d rows, want %d", got, want)
 	}
 

@@ -42,7 +42,7 @@ func run() error {
 		numKeys    = flag.Int("keys", 10_000, "keys of the keys workload")
 		useMini    = flag.Bool("miniredis", false, "run against an embedded miniredis instead of redis-server (measures the library and client, not Redis)")
 		memory     = flag.Bool("memory", false, "measure the Redis memory each limiter keeps per key, instead of throughput")
-		ceiling    = flag.Bool("ceiling", false, "measure how many decisions/s Redis executes for each of our scripts when pipelined")
+		ceiling    = flag.Bool("ceiling", false, "measure how many decisions/s Redis executes for each of our scripts and functions when pipelined")
 		autopipe   = flag.Bool("autopipeline", false, "run the redlimit strategies through go-redis's AutoPipeliner (concurrency from -conc, default 64,512)")
 		depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
 		conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
