@@ -333,10 +333,10 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 		Allowed:    op == opAcquire && v[0] == leaseDone,
 		Limit:      c.limit,
 		Remaining:  int(max(v[1], 0)),
-		ResetAfter: time.Duration(max(v[3], 0)) * time.Microsecond,
+		ResetAfter: micros(v[3]),
 	}
 	if v[0] == leaseDenied {
-		res.RetryAfter = time.Duration(max(v[2], 0)) * time.Microsecond
+		res.RetryAfter = micros(v[2])
 	}
 	return res, v[0], nil
 }

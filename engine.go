@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -545,6 +546,19 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	return e.parse(reply, rs, rc)
 }
 
+// micros converts a script's µs (a wait or a reset) to a Duration: never
+// negative, and at most the longest Duration (about 292 years) rather than
+// wrapping around.
+func micros(v int64) time.Duration {
+	switch {
+	case v <= 0:
+		return 0
+	case v > math.MaxInt64/int64(time.Microsecond):
+		return math.MaxInt64
+	}
+	return time.Duration(v) * time.Microsecond
+}
+
 // le64 reads a little-endian int64 from the start of s.
 func le64(s string) int64 {
 	_ = s[7] // one bounds check
@@ -599,13 +613,13 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	if idx < 0 || idx >= len(rs.rules) {
 		idx = 0 // a block: no rule decided
 	}
-	wait := time.Duration(max(v[2], 0)) * time.Microsecond
+	wait := micros(v[2])
 	res := Result{
 		Allowed:    why == reasonAllowed,
 		Limit:      rs.rules[idx].limit,
 		Rule:       rs.rules[idx].name,
 		Remaining:  int(max(v[1], 0)),
-		ResetAfter: time.Duration(max(v[3], 0)) * time.Microsecond,
+		ResetAfter: micros(v[3]),
 	}
 	if res.Allowed {
 		res.Delay = wait

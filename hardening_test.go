@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -162,5 +163,24 @@ func TestSlidingCounterSmallRates(t *testing.T) {
 		assert.GreaterOrEqual(t, admitted, c.min, "rate %d", c.rate)
 		assert.LessOrEqual(t, admitted, c.max, "rate %d", c.rate)
 		assert.Equal(t, 10*c.rate, exact, "the sliding log is exact")
+	}
+}
+
+// A script's µs become a Duration that is never negative and saturates
+// instead of wrapping (a wait past 292 years read as negative, and Wait
+// then polled Redis every millisecond).
+func TestMicrosSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		us   int64
+		want time.Duration
+	}{
+		{-1, 0},
+		{0, 0},
+		{1, time.Microsecond},
+		{math.MaxInt64 / 1000, time.Duration(math.MaxInt64/1000) * time.Microsecond},
+		{math.MaxInt64/1000 + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		assert.Equal(t, tc.want, micros(tc.us), "micros(%d)", tc.us)
 	}
 }

@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
@@ -355,4 +357,56 @@ func TestCloseFromTransitionHook(t *testing.T) {
 	}
 	_, err = lim.Allow(context.Background(), "k")
 	require.ErrorIs(t, err, ErrClosed, "after Close: %v", err)
+}
+
+// The first event, then the other k-1 in one reservation (reserveAt), as
+// checkQueue takes them, leave the stand-in as k reservations of one would:
+// the same tokens at every later time and the same wait for the last
+// event, on stand-ins of any burst. On a queue's stand-in (burst 1),
+// cancelled as a denied policy cancels them (the last first), the two give
+// back every token they took (to a millionth): x/time/rate gave back only
+// about one of k reservations of one cancelled in turn (each restores a
+// little less than its token, from the rounding of their times to ns, and
+// the next then finds a later reservation in the way), which took the
+// rest of a denied call's events from the queue.
+func TestReserveAtMatchesOneByOne(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for trial := range 300 {
+		every, burst := rate.Limit(1+rng.IntN(1000)), 1+rng.IntN(4)
+		one, chunk := rate.NewLimiter(every, burst), rate.NewLimiter(every, burst)
+		cancels := trial%2 == 1 // else compared with one by one
+		if cancels {
+			burst = 1 // a queue's stand-in, the one that cancels
+			one, chunk = rate.NewLimiter(every, burst), rate.NewLimiter(every, burst)
+		}
+		now := t0
+		for step := range 20 {
+			now = now.Add(time.Duration(rng.IntN(5000)) * time.Microsecond)
+			k := 1 + rng.IntN(40)
+			where := fmt.Sprintf("trial %d step %d: %d events, rate %v, burst %d", trial, step, k, every, burst)
+			before := chunk.TokensAt(now)
+			first := chunk.ReserveN(now, 1)
+			rv := first
+			if k > 1 {
+				rv = reserveAt(chunk, now, k-1)
+			}
+			require.True(t, rv.OK(), where)
+			assert.Equal(t, burst, chunk.Burst(), "burst restored, %s", where)
+			if cancels {
+				if k > 1 {
+					rv.CancelAt(now)
+				}
+				first.CancelAt(now)
+				assert.InDelta(t, before, chunk.TokensAt(now), 1e-6, "every token given back, %s", where)
+				continue
+			}
+			var last *rate.Reservation
+			for range k {
+				last = one.ReserveN(now, 1)
+			}
+			assert.Equal(t, last.DelayFrom(now), rv.DelayFrom(now), "the last event's wait, %s", where)
+			later := now.Add(time.Duration(rng.IntN(10000)) * time.Microsecond)
+			assert.InDelta(t, one.TokensAt(later), chunk.TokensAt(later), 1e-9, "tokens, %s", where)
+		}
+	}
 }

@@ -101,10 +101,14 @@ func (r *Reservation) Result() Result { return r.res }
 // Settle records that used events really happened: used < n refunds the
 // difference, used > n charges the difference even past the limit (the key
 // owes it; later calls are denied until it is paid back by the refill or
-// the window). A reservation settles once: a second Settle returns
-// ErrSettled and changes nothing, also when the first one's reply was lost
-// and the caller retries. Settling a denied reservation is an error
-// wrapping ErrInvalidArgument.
+// the window). used is bounded as AllowN's n is: above the smallest
+// capacity of the limiter's rules it is an error wrapping ErrExceedsLimit,
+// and above MaxSlidingLogN with a sliding log one wrapping
+// ErrInvalidArgument; the reservation then stays unsettled, so that it can
+// be settled again with a smaller used. A reservation settles once: a
+// second Settle returns ErrSettled and changes nothing, also when the
+// first one's reply was lost and the caller retries. Settling a denied
+// reservation is an error wrapping ErrInvalidArgument.
 //
 // A refund never gives back more than was taken, never lifts a key above
 // its full allowance, and never re-credits refill or a window that has
@@ -126,6 +130,15 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	switch {
 	case used < 0 || used > MaxRate:
 		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d must be between 0 and %d: %w", r.key, used, MaxRate, ErrInvalidArgument)
+	case used > r.rs.maxN:
+		// As AllowN's n: a debt past what the limit holds would take the
+		// key out of service for longer than the limit describes.
+		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d, but %s allows at most %d at once: %w",
+			r.key, used, r.e.describe(r.rs), r.rs.maxN, ErrExceedsLimit)
+	case r.rs.logCap && used > MaxSlidingLogN:
+		// As AllowN's n: each event is an entry of the log.
+		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d: a sliding log takes at most %d events per call: %w",
+			r.key, used, MaxSlidingLogN, ErrInvalidArgument)
 	case !r.res.Allowed:
 		return Result{}, fmt.Errorf("redlimit: settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
 	}
@@ -239,10 +252,8 @@ func (r *Reservation) settleLocal(used int) Result {
 		if delta < 0 {
 			lr.lim.AllowN(now, delta)
 		}
-		for left := delta; left > 0; {
-			k := min(left, lr.burst)
-			lr.lim.ReserveN(now, k) // a debt when the tokens are not there
-			left -= k
+		if delta > 0 {
+			reserveAt(lr.lim, now, delta) // a debt when the tokens are not there
 		}
 		tokens := lr.lim.TokensAt(now)
 		if i == 0 || int(tokens) < res.Remaining {

@@ -350,3 +350,88 @@ func TestReserveFallback(t *testing.T) {
 	require.NoError(t, err, "settled once Redis is back")
 	assert.Equal(t, 9, res.Remaining)
 }
+
+// Settle's used is bounded as AllowN's n is, on Redis and in the fallback:
+// past the smallest capacity (or, with a sliding log, past MaxSlidingLogN)
+// it is refused, nothing changes, and the reservation stays pending, so
+// that a smaller used settles it. (Unbounded, a used of MaxRate on a bucket
+// of a long Period made Redis refuse the write after the reservation was
+// gone, and turned RetryAfter negative; on a sliding log it wrote 100,000
+// members in one call; in the fallback it looped once per event.)
+func TestSettleUsedBounded(t *testing.T) {
+	year := 365 * 24 * time.Hour
+	for _, tc := range []struct {
+		s    Strategy
+		l    Limit
+		used int // refused
+		want error
+	}{
+		{TokenBucket, Limit{Rate: 1000, Period: year}, MaxRate, ErrExceedsLimit},
+		{TokenBucket, Limit{Rate: 1000, Period: year}, 1001, ErrExceedsLimit},
+		{LeakyBucket, Limit{Rate: 10, Period: time.Hour, Burst: 50}, 51, ErrExceedsLimit},
+		{FixedWindow, Limit{Rate: 10, Period: time.Hour}, 11, ErrExceedsLimit},
+		{SlidingCounter, Limit{Rate: 10, Period: time.Hour}, 11, ErrExceedsLimit},
+		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxSlidingLogN + 1, ErrInvalidArgument},
+		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxRate, ErrExceedsLimit},
+	} {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			b, m := miniBackend(t)
+			lim := newLimiter(t, b.rdb, tc.s, tc.l, WithPingInterval(10*time.Millisecond))
+			ctx := t.Context()
+			rv, err := lim.Reserve(ctx, "k", 1)
+			require.NoError(t, err)
+			state := lim.stateKey("k")
+			before := []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}
+			_, err = rv.Settle(ctx, tc.used)
+			require.ErrorIs(t, err, tc.want, "used %d", tc.used)
+			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}, "a refused settle wrote nothing")
+			capacity := lim.own.maxN
+			if tc.s == SlidingLog {
+				capacity = MaxSlidingLogN
+			}
+			res, err := rv.Settle(ctx, capacity)
+			require.NoError(t, err, "the reservation stayed pending")
+			assert.GreaterOrEqual(t, res.RetryAfter, time.Duration(0))
+			assert.GreaterOrEqual(t, res.ResetAfter, time.Duration(0))
+			_, err = rv.Settle(ctx, 1)
+			require.ErrorIs(t, err, ErrSettled)
+
+			// In the fallback: refused the same, and a used of the whole
+			// capacity settles at once.
+			m.SetError("LOADING Redis is loading the dataset in memory")
+			defer m.SetError("")
+			local, err := lim.Reserve(ctx, "j", 1)
+			require.NoError(t, err)
+			require.True(t, local.Result().Degraded)
+			_, err = local.Settle(ctx, tc.used)
+			require.ErrorIs(t, err, tc.want, "used %d in the fallback", tc.used)
+			start := time.Now()
+			_, err = local.Settle(ctx, capacity)
+			require.NoError(t, err)
+			assert.Less(t, time.Since(start), 100*time.Millisecond, "a settle in the fallback takes constant time")
+		})
+	}
+}
+
+// A byte-rate leaky bucket in the fallback takes constant time and memory
+// for a call of many events (it made one x/time/rate reservation per
+// event: 2^21 events took 144 MB), and a settle's debt the same.
+func TestLeakyFallbackLargeN(t *testing.T) {
+	b, m := miniBackend(t)
+	lim := newLimiter(t, b.rdb, LeakyBucket, PerSecond(1<<30), WithPingInterval(time.Hour))
+	ctx := t.Context()
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	var allocs float64
+	allocs = testing.AllocsPerRun(3, func() {
+		res, err := lim.AllowN(ctx, "k", 1<<21)
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+	})
+	assert.Less(t, allocs, 100.0, "allocations for a call of 2^21 events")
+	rv, err := lim.Reserve(ctx, "j", 1)
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = rv.Settle(ctx, 1<<30)
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), 100*time.Millisecond, "a debt of 2^30 events settles in constant time")
+}
