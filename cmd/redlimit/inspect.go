@@ -32,7 +32,9 @@ live and value:
 
 where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
 sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
-token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000.`,
+token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
+KEY longer than 256 bytes (before that escaping) appears hashed: in its
+place is %h and the SHA-256 of KEY in hex, 66 bytes in all.`,
 	setup: setupInspect,
 }
 

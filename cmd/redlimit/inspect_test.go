@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +134,78 @@ func TestInspectStrategies(t *testing.T) {
 				assert.Equal(t, want, got, "%s = %q, want %q\n%s", name, got, want, stdout)
 			}
 		})
+	}
+}
+
+// TestKeyNamesMatchLibrary checks that inspect and reset name the same
+// Redis key as the library for keys around MaxKeyLen, keys whose escaping
+// grows them past it, and a huge key: the library writes real state, and
+// that state must be the one key stateKey names, found by inspect and
+// deleted by reset.
+func TestKeyNamesMatchLibrary(t *testing.T) {
+	t.Parallel()
+	const alnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var keys []string
+	for n := 1; n <= 300; n++ { // 0 is refused, below
+		keys = append(keys, strings.Repeat(alnum, n/len(alnum)+1)[:n])
+	}
+	// Escaping triples each '{', '}' and '%': from 86 bytes on, these grow
+	// past MaxKeyLen, yet only keys longer than MaxKeyLen before escaping
+	// are hashed.
+	for _, n := range []int{1, 85, 86, 128, 255, 256, 257, 300} {
+		for _, s := range []string{"{", "}", "%", "a{b}%"} {
+			keys = append(keys, strings.Repeat(s, n)[:n])
+		}
+	}
+	sum := sha256.Sum256([]byte(keys[299])) // the 300-byte key
+	keys = append(keys,
+		"%h"+hex.EncodeToString(sum[:]), // what that key is hashed to
+		strings.Repeat("é", 128),        // 256 bytes
+		strings.Repeat("é", 128)+"x",    // 257 bytes
+		strings.Repeat("\xff", 257),
+		strings.Repeat("x{", 1<<19), // 1 MiB
+	)
+
+	m, rdb := startRedis(t)
+	strategies := redlimit.Strategies()
+	for i, key := range keys {
+		s := strategies[i%len(strategies)]
+		state := stateKey("redlimit", s, time.Second, key)
+		hashed := len(key) > redlimit.MaxKeyLen
+		assert.Equal(t, hashed, strings.HasPrefix(state, "redlimit:{%h"),
+			"%s key of %d bytes: state key %.100q, hashed = %v", s, len(key), state, hashed)
+
+		allowT(t, rdb, s, redlimit.PerSecond(10), key, 1)
+		require.Equal(t, []string{state}, m.Keys(),
+			"%s key of %d bytes %.100q: the library wrote other keys than stateKey's", s, len(key), key)
+
+		code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", s.String(),
+			"-rate", "10", "-period", "1s", key)
+		require.Zero(t, code, "inspect %s key of %d bytes: exit %d, stderr %.300q", s, len(key), code, stderr)
+		row := rowOf(stdout, state)
+		require.NotEmpty(t, row, "inspect %s key of %d bytes: no row for %.100q", s, len(key), state)
+		assert.NotEqual(t, "(missing)", row[1], "inspect %s key of %d bytes: %.100q is missing", s, len(key), state)
+
+		code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", s.String(), "-period", "1s", key)
+		require.Zero(t, code, "reset %s key of %d bytes: exit %d, stderr %.300q", s, len(key), code, stderr)
+		want := "reset " + key + ": deleted " + state + "\n"
+		assert.Equal(t, want, stdout, "reset %s key of %d bytes: wrong output", s, len(key))
+		require.Empty(t, m.Keys(), "reset %s key of %d bytes: state left in Redis", s, len(key))
+	}
+
+	// The empty key has no state: both the library and the tool refuse it.
+	lim, err := redlimit.New(rdb, redlimit.TokenBucket, redlimit.PerSecond(10))
+	require.NoError(t, err)
+	defer lim.(*redlimit.RateLimiter).Close()
+	_, err = lim.AllowN(context.Background(), "", 1)
+	assert.ErrorIs(t, err, redlimit.ErrInvalidArgument, "library: AllowN of the empty key")
+	for _, args := range [][]string{
+		{"inspect", "-redis", m.Addr(), "-strategy", "token-bucket", "-rate", "10", "-period", "1s", ""},
+		{"reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", ""},
+	} {
+		code, _, stderr := runT(t, args...)
+		first, _, _ := strings.Cut(stderr, "\n")
+		assert.Equal(t, 2, code, "%s of the empty key: exit %d, stderr %q", args[0], code, stderr)
+		assert.Equal(t, "redlimit: "+args[0]+": empty KEY", first, "%s of the empty key: stderr %q", args[0], stderr)
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"strconv"
@@ -102,12 +104,29 @@ const blockSuffix = ":b"
 
 // stateKey returns the Redis key in which a limiter of strategy s, period
 // and prefix keeps the state of key, as the package names it:
-// "<prefix>:{<key>}:<code><period in µs>", with '%', '{' and '}' in key
-// percent-encoded. For example "redlimit:{user1}:tb1000000".
+// "<prefix>:{<tag>}:<code><period in µs>", with tag as tagKey gives it. For
+// example "redlimit:{user1}:tb1000000".
 func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key string) string {
-	r := strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
-	return prefix + ":{" + r.Replace(key) + "}:" + strategyCodes[s] +
+	return prefix + ":{" + tagKey(key) + "}:" + strategyCodes[s] +
 		strconv.FormatInt(int64(period/time.Microsecond), 10)
+}
+
+// keyEscaper percent-encodes the bytes that would end or open a hash tag,
+// and '%' itself.
+var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// tagKey returns key as the package writes it inside the hash tag (its
+// unexported escapeKey, which this must follow): a key longer than
+// redlimit.MaxKeyLen bytes, measured before any escaping, becomes "%h" and
+// the hex SHA-256 of the key; a shorter one keeps its bytes, with '%', '{'
+// and '}' written %25, %7B and %7D (so it may grow past MaxKeyLen). The
+// tests check this against the keys the library writes.
+func tagKey(key string) string {
+	if len(key) > redlimit.MaxKeyLen {
+		sum := sha256.Sum256([]byte(key))
+		return "%h" + hex.EncodeToString(sum[:])
+	}
+	return keyEscaper.Replace(key)
 }
 
 // strategyValue is a flag.Value holding a strategy name.
