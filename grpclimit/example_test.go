@@ -76,3 +76,68 @@ func Example() {
 	// OK, remaining [0]
 	// ResourceExhausted, remaining [0], retry in 750ms
 }
+
+// With WithPerMethod, each registered method has its own limit (here 1 call
+// a second per client), and calls to methods the server never registered,
+// which a proxy's grpc.UnknownServiceHandler takes under any name the
+// client sends, share one limit per client, under UnknownMethod: making up
+// names gets no fresh limit and adds no key to Redis.
+func ExampleWithPerMethod() {
+	m, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	m.SetTime(windowStart)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(1))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	perMethod := grpclimit.WithPerMethod()
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, perMethod)),
+		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, perMethod)),
+		// A proxy's handler: here it answers every call itself.
+		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+			var req healthpb.HealthCheckRequest
+			if err := ss.RecvMsg(&req); err != nil {
+				return err
+			}
+			return ss.SendMsg(&healthpb.HealthCheckResponse{})
+		}),
+	)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	lis := bufconn.Listen(1 << 16)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	ctx := context.Background()
+	for _, method := range []string{
+		healthpb.Health_Check_FullMethodName, healthpb.Health_Check_FullMethodName,
+		"/made.Up/Name1", "/made.Up/Name2", "/made.Up/Name3",
+	} {
+		err := conn.Invoke(ctx, method, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+		fmt.Println(method, status.Code(err))
+	}
+	fmt.Println(len(m.Keys()), "keys in Redis")
+	// Output:
+	// /grpc.health.v1.Health/Check OK
+	// /grpc.health.v1.Health/Check ResourceExhausted
+	// /made.Up/Name1 OK
+	// /made.Up/Name2 ResourceExhausted
+	// /made.Up/Name3 ResourceExhausted
+	// 2 keys in Redis
+}

@@ -6,8 +6,8 @@
 // [KeyFunc]: by default [PeerKey], the client's IP address; [IPKey] finds
 // that address behind proxies, from the one metadata entry they set;
 // [MetadataKey] reads the key from request metadata such as "x-api-key";
-// [WithKeyFunc] takes any function, and [WithPerMethod] gives every method
-// its own limit.
+// [WithKeyFunc] takes any function, and [WithPerMethod] gives every
+// registered method its own limit.
 //
 //	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(10))
 //	if err != nil {
@@ -18,6 +18,18 @@
 //		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim)),
 //		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim)),
 //	)
+//
+// # Method names
+//
+// A server with a grpc.UnknownServiceHandler, as gRPC proxies have, gets
+// calls to methods it did not register under whatever name the client
+// sends: grpc-go hands each of them, unary or not, to that handler as a
+// stream, and to the stream interceptor with the client's name as its full
+// method. [WithPerMethod] gives only the registered methods a limit each;
+// all the others share one limit per key, under [UnknownMethod], so made-up
+// names neither escape the limit nor fill Redis with keys. A [KeyFunc] or a
+// [WithSkip] function gets the name as sent: do not put it in a key, and
+// compare it with whole method names, not prefixes.
 //
 // # Status codes
 //
@@ -116,6 +128,13 @@ const (
 	HeaderRetryAfter = "retry-after"
 )
 
+// UnknownMethod is the method part of the keys that [WithPerMethod] gives
+// calls to methods the server did not register: "unknown 192.0.2.1" for
+// every call of client 192.0.2.1 that reaches the server's
+// grpc.UnknownServiceHandler. Full method names begin with "/", so it is
+// never a registered method's.
+const UnknownMethod = "unknown"
+
 // ErrNoKey is wrapped by the errors of the KeyFuncs of this package when a
 // call has no key: no peer address, or no metadata of the wanted name. Wrap
 // it in your own KeyFunc's errors for the same outcome: such calls fail
@@ -161,11 +180,23 @@ func WithKeyFunc(f KeyFunc) Option {
 	})
 }
 
-// WithPerMethod gives every method its own limit: the key passed to the
-// limiter becomes the full method name, a space and the KeyFunc's key, as
-// in "/grpc.health.v1.Health/Check 192.0.2.1". Without it (the default),
-// all methods guarded by the interceptor share one limit per key. Call
-// Limiter.Reset with the same combined key to clear it.
+// WithPerMethod gives every method the server registered its own limit:
+// the key passed to the limiter becomes the full method name, a space and
+// the KeyFunc's key, as in "/grpc.health.v1.Health/Check 192.0.2.1". Calls
+// to any other method, which reach a grpc.UnknownServiceHandler under a
+// name that the client chose, share one limit per key instead, with
+// [UnknownMethod] as the method part: "unknown 192.0.2.1". A client thus
+// gets no fresh limit, and makes no new Redis key, by making up names.
+// Without WithPerMethod (the default), all methods guarded by the
+// interceptor share one limit per key. Call Limiter.Reset with the same
+// combined key to clear it.
+//
+// The interceptors tell registered methods from the others by what
+// grpc-go gives them: a unary interceptor sees registered methods only,
+// and a stream interceptor gets the service implementation as srv for a
+// registered method and nil for the unknown service handler. The streams
+// of a service registered with a nil implementation therefore count as
+// unknown; they are still limited, only not apart from the unknown ones.
 func WithPerMethod() Option {
 	return optionFunc(func(c *config) { c.perMethod = true })
 }
@@ -182,8 +213,13 @@ func WithoutHeaders() Option {
 // is skipped. For example, to leave health checks alone:
 //
 //	grpclimit.WithSkip(func(_ context.Context, fullMethod string) bool {
-//		return strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/")
+//		return fullMethod == healthpb.Health_Check_FullMethodName ||
+//			fullMethod == healthpb.Health_Watch_FullMethodName
 //	})
+//
+// Compare whole names: on a server with a grpc.UnknownServiceHandler, a
+// client can send any name, such as "/grpc.health.v1.Health/Anything",
+// and a prefix would let it past the limit.
 func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
 	return optionFunc(func(c *config) { c.skip = skip })
 }
@@ -205,7 +241,8 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 	in := newInterceptor(l, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		setHeader := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
-		if err := in.limit(ctx, info.FullMethod, setHeader); err != nil {
+		// grpc-go calls unary interceptors for registered methods only.
+		if err := in.limit(ctx, info.FullMethod, true, setHeader); err != nil {
 			return nil, err
 		}
 		return handler(ctx, req)
@@ -219,7 +256,9 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
 	in := newInterceptor(l, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := in.limit(ss.Context(), info.FullMethod, ss.SetHeader); err != nil {
+		// grpc-go gives the unknown service handler's streams a nil srv,
+		// and those of registered methods their service implementation.
+		if err := in.limit(ss.Context(), info.FullMethod, srv != nil, ss.SetHeader); err != nil {
 			return err
 		}
 		return handler(srv, ss)
@@ -251,9 +290,10 @@ func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
 	return in
 }
 
-// limit decides one call. It returns nil when the handler may run, or the
+// limit decides one call to fullMethod, registered telling whether the
+// server registered it. It returns nil when the handler may run, or the
 // status error to fail the call with.
-func (in *interceptor) limit(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error) error {
+func (in *interceptor) limit(ctx context.Context, fullMethod string, registered bool, setHeader func(metadata.MD) error) error {
 	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
 		return nil
 	}
@@ -266,7 +306,12 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, setHeader f
 		return keyError(ctx, err)
 	}
 	if in.cfg.perMethod {
-		key = fullMethod + " " + key
+		// Only registered names: any other is the client's choice.
+		method := UnknownMethod
+		if registered {
+			method = fullMethod
+		}
+		key = method + " " + key
 	}
 	res, err := in.lim.Allow(ctx, key)
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // windowStart is a time 250ms into a one-second window, so a fixed window
@@ -35,27 +38,49 @@ var windowStart = time.Unix(1_700_000_000, 250*int64(time.Millisecond))
 // miniredis whose clock stands still at windowStart.
 func fixedWindow(t *testing.T) *redlimit.RateLimiter {
 	t.Helper()
+	_, lim := fixedWindowOf(t, redlimit.PerSecond(2))
+	return lim
+}
+
+// fixedWindowOf returns a FixedWindow limiter of limit on a fresh
+// miniredis whose clock stands still at windowStart, and the miniredis.
+func fixedWindowOf(t *testing.T, limit redlimit.Limit) (*miniredis.Miniredis, *redlimit.RateLimiter) {
+	t.Helper()
 	m := miniredis.RunT(t)
 	m.SetTime(windowStart)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerSecond(2), redlimit.WithFallback(redlimit.FallbackError))
+	lim, err := redlimit.NewFixedWindow(rdb, limit, redlimit.WithFallback(redlimit.FallbackError))
 	require.NoError(t, err)
 	t.Cleanup(func() { lim.Close() })
-	return lim
+	return m, lim
 }
 
 // server holds a health service behind the interceptors, on bufconn.
 type server struct {
+	conn   *grpc.ClientConn
 	client healthpb.HealthClient
 	calls  atomic.Int64 // calls that reached past the interceptors
+
+	mu    sync.Mutex
+	unary []string // the methods of the unary calls that reached past the interceptors
 }
 
 func newServer(t *testing.T, lim redlimit.Limiter, opts ...grpclimit.Option) *server {
 	t.Helper()
+	return newServerWith(t, lim, nil, opts...)
+}
+
+// newServerWith is newServer with more server options, such as
+// grpc.UnknownServiceHandler.
+func newServerWith(t *testing.T, lim redlimit.Limiter, srvOpts []grpc.ServerOption, opts ...grpclimit.Option) *server {
+	t.Helper()
 	s := &server{}
-	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	count := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		s.calls.Add(1)
+		s.mu.Lock()
+		s.unary = append(s.unary, info.FullMethod)
+		s.mu.Unlock()
 		return h(ctx, req)
 	}
 	countStream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -63,10 +88,10 @@ func newServer(t *testing.T, lim redlimit.Limiter, opts ...grpclimit.Option) *se
 		return h(srv, ss)
 	}
 	lis := bufconn.Listen(1 << 16)
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(lim, opts...), count),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(lim, opts...), countStream),
-	)
+	}, srvOpts...)...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	var wg sync.WaitGroup
 	wg.Go(func() { srv.Serve(lis) })
@@ -80,6 +105,7 @@ func newServer(t *testing.T, lim redlimit.Limiter, opts ...grpclimit.Option) *se
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
+	s.conn = conn
 	s.client = healthpb.NewHealthClient(conn)
 	return s
 }
@@ -107,6 +133,57 @@ func (s *server) watch(t *testing.T, md ...string) error {
 	}
 	_, err = stream.Recv()
 	return err
+}
+
+// stream opens a bidirectional stream to any method, closes its sending
+// side and returns the status it ends with.
+func (s *server) stream(t *testing.T, method string, md ...string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	stream, err := s.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method)
+	if err != nil {
+		return err
+	}
+	if err := stream.CloseSend(); err != nil {
+		return err
+	}
+	for {
+		if err := stream.RecvMsg(new(emptypb.Empty)); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// invoke makes one unary call to any method and returns its error.
+func (s *server) invoke(t *testing.T, method string, md ...string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	return s.conn.Invoke(ctx, method, &emptypb.Empty{}, new(emptypb.Empty))
+}
+
+// unaryMethods returns the methods of the unary calls that reached past
+// the interceptors.
+func (s *server) unaryMethods() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.unary)
+}
+
+// unknownHandler returns a grpc.UnknownServiceHandler that counts the
+// streams it gets in n and ends them at once, as the reproducer's proxy
+// does.
+func unknownHandler(n *atomic.Int64) grpc.ServerOption {
+	return grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		n.Add(1)
+		return nil
+	})
 }
 
 // wantCode fails the test unless err has the status code want.
@@ -189,6 +266,91 @@ func TestPerMethod(t *testing.T) {
 	_, err := s.check(t)
 	wantDenied(t, "Check 3", err, 750*time.Millisecond)
 	wantDenied(t, "Watch 3", s.watch(t), 750*time.Millisecond)
+}
+
+// TestPerMethodUnknownMethods is a gRPC proxy: its
+// grpc.UnknownServiceHandler gets every call to a method the server did
+// not register, under whatever name the client sends. With WithPerMethod,
+// a client making up method names is still limited, and makes no Redis key
+// per name; the registered methods keep a limit each.
+func TestPerMethodUnknownMethods(t *testing.T) {
+	t.Parallel()
+	m, lim := fixedWindowOf(t, redlimit.PerSecond(1))
+	var unknown atomic.Int64
+	s := newServerWith(t, lim, []grpc.ServerOption{unknownHandler(&unknown)}, grpclimit.WithPerMethod())
+	for i := range 50 {
+		method := fmt.Sprintf("/x.Y/Z%d", i)
+		err := s.stream(t, method)
+		if i == 0 {
+			require.NoError(t, err, method)
+		} else {
+			wantDenied(t, method, err, 750*time.Millisecond)
+		}
+	}
+	// A registered service with a method it does not have is no way out,
+	// nor is a unary call: grpc-go hands it to the unknown handler as a
+	// stream.
+	wantDenied(t, "unknown Health method", s.stream(t, "/grpc.health.v1.Health/Z"), 750*time.Millisecond)
+	wantDenied(t, "unary call to an unknown method", s.invoke(t, "/x.Y/Unary"), 750*time.Millisecond)
+	got := unknown.Load()
+	assert.Equal(t, int64(1), got, "got %d streams to the unknown handler, want 1", got)
+	keys := m.Keys()
+	assert.Len(t, keys, 1, "Redis keys after 52 calls to unknown methods: %q", keys)
+
+	_, err := s.check(t)
+	require.NoError(t, err, "Check 1")
+	require.NoError(t, s.watch(t), "Watch 1")
+	_, err = s.check(t)
+	wantDenied(t, "Check 2", err, 750*time.Millisecond)
+	wantDenied(t, "Watch 2", s.watch(t), 750*time.Millisecond)
+	keys = m.Keys()
+	assert.Len(t, keys, 3, "Redis keys after the registered methods too: %q", keys)
+}
+
+// TestPerMethodKeysOfUnknownMethods checks the keys given to the limiter
+// for registered and unknown methods, and that unary calls to unknown
+// methods never reach a unary interceptor.
+func TestPerMethodKeysOfUnknownMethods(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		opts []grpclimit.Option
+		want []string
+	}{
+		{"WithPerMethod", []grpclimit.Option{grpclimit.WithPerMethod()}, []string{
+			"/grpc.health.v1.Health/Check k1",
+			"/grpc.health.v1.Health/Watch k1",
+			"unknown k1",
+			"unknown k1",
+			"unknown k1",
+			"unknown k1",
+		}},
+		{"default", nil, []string{"k1", "k1", "k1", "k1", "k1", "k1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := &fake{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
+			var unknown atomic.Int64
+			opts := append([]grpclimit.Option{grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-api-key"))}, tt.opts...)
+			s := newServerWith(t, f, []grpc.ServerOption{unknownHandler(&unknown)}, opts...)
+			_, err := s.check(t, "x-api-key", "k1")
+			require.NoError(t, err, "Check")
+			require.NoError(t, s.watch(t, "x-api-key", "k1"), "Watch")
+			require.NoError(t, s.stream(t, "/x.Y/Z", "x-api-key", "k1"), "/x.Y/Z")
+			require.NoError(t, s.stream(t, "/grpc.health.v1.Health/Z", "x-api-key", "k1"), "/grpc.health.v1.Health/Z")
+			require.NoError(t, s.stream(t, "/x.Y/Z", "x-api-key", "k1"), "/x.Y/Z again")
+			// The unknown handler ends the stream without a response, which
+			// a unary call reports as an error of its own.
+			err = s.invoke(t, "/x.Y/Unary", "x-api-key", "k1")
+			require.NotEqual(t, codes.ResourceExhausted, status.Code(err), "unary call to an unknown method: %v", err)
+			f.mu.Lock()
+			got := slices.Clone(f.keys)
+			f.mu.Unlock()
+			assert.Equal(t, tt.want, got, "keys given to the limiter")
+			assert.Equal(t, []string{healthpb.Health_Check_FullMethodName}, s.unaryMethods(), "unary calls past the interceptors")
+			assert.Equal(t, int64(4), unknown.Load(), "streams to the unknown handler")
+		})
+	}
 }
 
 func TestMetadataKey(t *testing.T) {

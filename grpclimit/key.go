@@ -14,6 +14,9 @@ import (
 
 // KeyFunc returns the rate-limit key of a call to fullMethod, such as
 // "/grpc.health.v1.Health/Check". Calls with the same key share one limit.
+// fullMethod is the name the client sent, which on a server with a
+// grpc.UnknownServiceHandler may be any name: do not put it in the key;
+// [WithPerMethod] adds it only for registered methods.
 //
 // When it returns an error (or an empty key), the call fails without
 // reaching the limiter: with the error's own code and message if it is a
@@ -119,8 +122,13 @@ func peerIP(a net.Addr) (netip.Addr, bool) {
 // metadata names are case-insensitive). A call without it fails with
 // codes.InvalidArgument, its error wrapping [ErrNoKey].
 //
-// The value is used as is, so it appears in Redis key names. If it is a
-// secret, wrap the KeyFunc to hash it, and look keys up the same way.
+// The value is the client's to choose: use MetadataKey only where it has
+// been checked before the limiter runs (an authenticating interceptor
+// earlier in the chain, or your own KeyFunc that looks it up), or a client
+// that sends a new value on every call gets a new limit each time, and
+// adds a key to Redis each time. The value is used as is, so it appears in
+// Redis key names. If it is a secret, wrap the KeyFunc to hash it, and
+// look keys up the same way.
 func MetadataKey(name string) KeyFunc {
 	name = strings.ToLower(name)
 	return func(ctx context.Context, _ string) (string, error) {
