@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/redlimit/redlimit/internal/callrules"
 )
 
 // WithLimitFunc makes every decision of a single-strategy limiter use the
@@ -51,12 +53,16 @@ func (e *engine) dynamicRules(ctx context.Context, key string) (*ruleSet, error)
 		if err != nil {
 			return nil, fmt.Errorf("redlimit: rules for %q: %w", key, err)
 		}
-		if len(rules) == 0 {
-			return e.own, nil
+		rs := e.own
+		if len(rules) > 0 {
+			if rs, err = policyRules(rules); err != nil {
+				return nil, fmt.Errorf("redlimit: rules for %q: %w", key, err)
+			}
 		}
-		rs, err := policyRules(rules)
-		if err != nil {
-			return nil, fmt.Errorf("redlimit: rules for %q: %w", key, err)
+		// A caller that asked for the call's rules gets them (httplimit, for
+		// its headers; see internal/callrules).
+		if s := callrules.From[Rule](ctx); s != nil {
+			s.Put(rs.public())
 		}
 		return rs, nil
 	}
@@ -82,4 +88,14 @@ func (e *engine) dynamicRules(ctx context.Context, key string) (*ruleSet, error)
 		}
 	}
 	return rs, nil
+}
+
+// public returns the rules of rs as a Policy's Rules reports them: with
+// default names and Burst filled in.
+func (rs *ruleSet) public() []Rule {
+	out := make([]Rule, len(rs.rules))
+	for i, r := range rs.rules {
+		out[i] = Rule{Name: r.name, Strategy: r.alg.strategy, Limit: r.limit, PerCall: r.perCall}
+	}
+	return out
 }

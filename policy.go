@@ -139,13 +139,7 @@ func defaultRuleName(s Strategy, p time.Duration) string {
 }
 
 // Rules returns the policy's rules, with default names and Burst filled in.
-func (p *Policy) Rules() []Rule {
-	out := make([]Rule, len(p.own.rules))
-	for i, r := range p.own.rules {
-		out[i] = Rule{Name: r.name, Strategy: r.alg.strategy, Limit: r.limit, PerCall: r.perCall}
-	}
-	return out
-}
+func (p *Policy) Rules() []Rule { return p.own.public() }
 
 // Allow is shorthand for AllowN(ctx, key, 1).
 func (p *Policy) Allow(ctx context.Context, key string) (Result, error) {

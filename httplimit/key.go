@@ -23,8 +23,12 @@ var errEmptyKey = fmt.Errorf("httplimit: key function returned an empty key: %w"
 // HeaderKey returns a KeyFunc whose key is the value of the request header
 // name (its first value, with surrounding spaces trimmed), such as an API
 // key. A missing or empty header is an error wrapping [ErrNoKey]. The value
-// is used as is, so it is visible in Redis keys: hash it in your own
-// KeyFunc if that matters. HeaderKey panics if name is empty.
+// is the client's to choose: use HeaderKey only where it has been checked
+// before the limiter runs (an authenticating middleware in front of it, or
+// your own KeyFunc that looks it up), or a client that sends a new value on
+// every request gets a new limit each time, and adds a key to Redis each
+// time. The value is used as is, so it is visible in Redis keys: hash it in
+// your own KeyFunc if that matters. HeaderKey panics if name is empty.
 func HeaderKey(name string) KeyFunc {
 	if name == "" {
 		panic("httplimit: HeaderKey: empty header name")

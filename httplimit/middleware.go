@@ -80,13 +80,25 @@
 // and w in whole seconds even for periods under a second (10 per 100ms is
 // q=100;w=1); see [Quota] for each strategy and the rounding. RateLimit
 // names the policy that decided, with r the events remaining now and t the
-// seconds until the key is back at its full allowance (rounded up). A
-// limiter of this module has one policy, named after its strategy
-// ("fixed-window", "sliding-log", "sliding-counter", "token-bucket",
-// "leaky-bucket"); [WithPolicyName] sets another name.
-// [WithXRateLimitHeaders] adds the older X-RateLimit-Limit (q),
-// X-RateLimit-Remaining and X-RateLimit-Reset fields. A denied request also
-// gets Retry-After, in whole seconds rounded up and at least 1.
+// seconds until the key is back at its full allowance (rounded up).
+//
+// A single-strategy limiter of this module has one policy, named after its
+// strategy ("fixed-window", "sliding-log", "sliding-counter",
+// "token-bucket", "leaky-bucket"), or as [WithPolicyName] says; a Limiter
+// that does not report its strategy has one named [DefaultPolicyName]. A
+// [redlimit.Policy] has one policy per rule, in the order of its rules,
+// each named after the rule (Rule.Name, or its default name such as
+// "token-bucket-1s"; bytes that are not printable ASCII become '_'), and
+// RateLimit names the rule that decided (Result.Rule); WithPolicyName does
+// not rename them. Every policy is a limit the request was decided by:
+// with [redlimit.WithLimitFunc], the limit it gave for the request's key,
+// and with [redlimit.WithRulesFunc], every rule it gave (a paid plan's
+// rules for a paid caller), not the limiter's own.
+//
+// [WithXRateLimitHeaders] adds the older X-RateLimit-Limit (q of the policy
+// that decided), X-RateLimit-Remaining and X-RateLimit-Reset fields. A
+// denied request also gets Retry-After, in whole seconds rounded up and at
+// least 1.
 //
 // Responses to requests that were not decided (the key could not be found,
 // or the limiter failed) carry none of these fields.
@@ -151,8 +163,9 @@ const (
 
 // DefaultPolicyName is the name of the policy in the RateLimit and
 // RateLimit-Policy fields for a Limiter that does not report its strategy
-// (with a Strategy() redlimit.Strategy method, as redlimit's limiters do),
-// unless [WithPolicyName] sets another.
+// (with a Strategy() redlimit.Strategy method, as redlimit's single-strategy
+// limiters do) nor its rules (as a redlimit.Policy does), unless
+// [WithPolicyName] sets another.
 const DefaultPolicyName = "default"
 
 // DefaultMaxDelay is the longest the middleware waits for a leaky bucket's
@@ -188,7 +201,7 @@ func defaultConfig() config {
 		keyError:   defaultKeyError,
 		err:        defaultError,
 		maxDelay:   DefaultMaxDelay,
-		policy:     "", // the strategy's name, or DefaultPolicyName
+		policy:     "", // the strategy's name, or DefaultPolicyName; a Policy's rules' names
 		xRateLimit: false,
 	}
 }
@@ -246,11 +259,15 @@ func WithMaxDelay(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxDelay = d })
 }
 
-// WithPolicyName sets the name of the limiter's policy in the RateLimit and
-// RateLimit-Policy fields. It must be printable ASCII (it is written as a
-// Structured Field String, with '"' and '\' escaped). The default is the
-// limiter's strategy ("token-bucket"), or [DefaultPolicyName], "default",
-// for a Limiter that does not report one.
+// WithPolicyName sets the name of a single-strategy limiter's one policy
+// in the RateLimit and RateLimit-Policy fields. It must be printable ASCII
+// (it is written as a Structured Field String, with '"' and '\' escaped).
+// The default is the limiter's strategy ("token-bucket"), or
+// [DefaultPolicyName], "default", for a Limiter that does not report one.
+//
+// A [redlimit.Policy] has one policy per rule, named after the rules (see
+// the package documentation): the name is not used, though it must still
+// be printable ASCII. Name the rules (Rule.Name) instead.
 func WithPolicyName(name string) Option {
 	return optionFunc(func(c *config) { c.policy, c.named = name, true })
 }
@@ -312,13 +329,13 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			ctx := r.Context()
-			res, err := l.Allow(ctx, key)
+			res, rules, err := policies.allow(ctx, l, key)
 			if err != nil {
 				cfg.err(w, r, err)
 				return
 			}
 			h := w.Header()
-			list, deciding := policies.policies(res)
+			list, deciding := policies.policies(res, rules)
 			setHeaders(h, res, list, deciding, cfg.xRateLimit)
 			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
 			if !res.Allowed {

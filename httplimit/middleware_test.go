@@ -583,12 +583,53 @@ func TestQuota(t *testing.T) {
 	}
 }
 
+// TestPolicyNameRealLimiter checks the names in RateLimit-Policy and
+// RateLimit for redlimit's limiters, with and without WithPolicyName: it
+// names a single-strategy limiter's one policy, and a Policy's policies are
+// always named after its rules.
 func TestPolicyNameRealLimiter(t *testing.T) {
 	t.Parallel()
-	lim := miniLimiter(t, redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20})
-	rec := serve(httplimit.Middleware(lim, httplimit.WithPolicyName("per-ip")), &okHandler{}, request("192.0.2.1:1"))
-	wantHeaders(t, rec.Header(), map[string]string{
-		httplimit.HeaderRateLimitPolicy: `"per-ip";q=20;w=2`,
-		httplimit.HeaderRateLimit:       `"per-ip";r=19;t=1`,
-	})
+	bucket := redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}
+	rules := []redlimit.Rule{
+		{Name: "burst", Strategy: redlimit.TokenBucket, Limit: bucket},
+		{Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(100)}, // named "fixed-window-1h"
+		{Name: "h\u00e9", Strategy: redlimit.SlidingLog, Limit: redlimit.PerMinute(50)},
+	}
+	policy := `"burst";q=20;w=2, "fixed-window-1h";q=100;w=3600, "h__";q=50;w=60`
+	tests := []struct {
+		name              string
+		strategy          redlimit.Strategy // a single-strategy limiter of limit,
+		limit             redlimit.Limit
+		rules             []redlimit.Rule // or a Policy of rules
+		opts              []httplimit.Option
+		policy, rateLimit string
+	}{
+		{"strategy", redlimit.TokenBucket, bucket, nil,
+			nil, `"token-bucket";q=20;w=2`, `"token-bucket";r=19;t=1`},
+		{"strategy named", redlimit.TokenBucket, bucket, nil,
+			[]httplimit.Option{httplimit.WithPolicyName("per-ip")}, `"per-ip";q=20;w=2`, `"per-ip";r=19;t=1`},
+		{"strategy named as default", redlimit.SlidingLog, redlimit.PerMinute(50), nil,
+			[]httplimit.Option{httplimit.WithPolicyName(httplimit.DefaultPolicyName)}, `"default";q=50;w=60`, `"default";r=49;t=60`},
+		{"policy", 0, redlimit.Limit{}, rules,
+			nil, policy, `"burst";r=19;t=3600`},
+		{"policy named: the rules' names", 0, redlimit.Limit{}, rules,
+			[]httplimit.Option{httplimit.WithPolicyName("per-ip")}, policy, `"burst";r=19;t=3600`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var lim redlimit.Limiter
+			if tt.rules != nil {
+				lim = miniPolicy(t, tt.rules)
+			} else {
+				lim = miniLimiter(t, tt.strategy, tt.limit)
+			}
+			rec := serve(httplimit.Middleware(lim, tt.opts...), &okHandler{}, request("192.0.2.1:1"))
+			require.Equal(t, http.StatusOK, rec.Code, "status")
+			wantHeaders(t, rec.Header(), map[string]string{
+				httplimit.HeaderRateLimitPolicy: tt.policy,
+				httplimit.HeaderRateLimit:       tt.rateLimit,
+			})
+		})
+	}
 }

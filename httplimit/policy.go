@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"math"
 	"math/bits"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/callrules"
 )
 
 // Quota returns the quota policy that the RateLimit-Policy field
@@ -91,17 +93,20 @@ type quotaPolicy struct {
 // policySource finds the quota policies of a limiter, and the name of the
 // one that decided a result.
 //
-// A redlimit limiter has one strategy and one limit: the list has one
-// policy, named after the strategy ("token-bucket"), or as WithPolicyName
-// says, with the Limit of each Result (so that a limiter that changes it,
-// or one whose strategy is not known, is described as it answered).
+// A single-strategy limiter has one strategy and one limit: the list has
+// one policy, named after the strategy ("token-bucket"), or as
+// WithPolicyName says, with the Limit of each Result (so that a limiter
+// that changes it, with WithLimitFunc, or one whose strategy is not known,
+// is described as it answered). A redlimit.Policy has one policy per rule,
+// named after the rule; with WithRulesFunc, the rules of each call.
 type policySource struct {
 	name     string
 	strategy redlimit.Strategy // 0 if the limiter does not report one
-	rules    []quotaPolicy     // a redlimit.Policy's rules, in order; nil otherwise
+	rules    []quotaPolicy     // a redlimit.Policy's own rules, in order; nil otherwise
 }
 
-// newPolicySource describes l. name is WithPolicyName's, if named.
+// newPolicySource describes l. name is WithPolicyName's, if named; a
+// redlimit.Policy ignores it.
 func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
 	var s redlimit.Strategy
 	if sl, ok := l.(interface{ Strategy() redlimit.Strategy }); ok {
@@ -111,11 +116,7 @@ func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
 	}
 	// A redlimit.Policy: one quota policy per rule, named as the rule.
 	if rl, ok := l.(interface{ Rules() []redlimit.Rule }); ok {
-		var rules []quotaPolicy
-		for _, r := range rl.Rules() {
-			rules = append(rules, quotaPolicy{name: printable(r.Name), strategy: r.Strategy, limit: r.Limit})
-		}
-		if len(rules) > 0 {
+		if rules := ruleQuotas(rl.Rules()); len(rules) > 0 {
 			return policySource{name: rules[0].name, rules: rules}
 		}
 	}
@@ -128,15 +129,45 @@ func newPolicySource(l redlimit.Limiter, name string, named bool) policySource {
 	return policySource{name: name, strategy: s}
 }
 
+// ruleQuotas returns one quota policy per rule, named as the rule.
+func ruleQuotas(rules []redlimit.Rule) []quotaPolicy {
+	if len(rules) == 0 {
+		return nil
+	}
+	out := make([]quotaPolicy, len(rules))
+	for i, r := range rules {
+		out[i] = quotaPolicy{name: printable(r.Name), strategy: r.Strategy, limit: r.Limit}
+	}
+	return out
+}
+
+// allow calls l.Allow for key. For a redlimit.Policy it also returns the
+// rules that decided the call, which a policy with a rules function
+// (redlimit.WithRulesFunc) puts in a sink that the call's context carries;
+// nil for a policy without one, whose own rules decide every call.
+func (p policySource) allow(ctx context.Context, l redlimit.Limiter, key string) (redlimit.Result, []redlimit.Rule, error) {
+	if p.rules == nil {
+		res, err := l.Allow(ctx, key)
+		return res, nil, err
+	}
+	callCtx, sink := callrules.New[redlimit.Rule](ctx)
+	res, err := l.Allow(callCtx, key)
+	return res, sink.Rules(), err
+}
+
 // policies returns the quota policies for res, and the name of the one that
-// decided it.
-func (p policySource) policies(res redlimit.Result) ([]quotaPolicy, string) {
+// decided it. rules are the rules that decided the call, for a
+// redlimit.Policy whose rules are given per call; nil: the policy's own.
+func (p policySource) policies(res redlimit.Result, rules []redlimit.Rule) ([]quotaPolicy, string) {
 	if p.rules == nil {
 		return []quotaPolicy{{name: p.name, strategy: p.strategy, limit: res.Limit}}, p.name
 	}
-	// The deciding rule is reported with the limit that decided (a rules
-	// function may have given another one for this key).
-	list := slices.Clone(p.rules)
+	list := ruleQuotas(rules)
+	if list == nil {
+		list = slices.Clone(p.rules)
+	}
+	// The deciding rule is reported with the limit that decided, which
+	// RateLimit and X-RateLimit-Limit describe too.
 	name := printable(res.Rule)
 	for i := range list {
 		if list[i].name == name {
