@@ -76,7 +76,9 @@ const (
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
 // WithClientClock. The observer sees every try to take a lease with
 // Strategy 0 and N 1; transitions have Strategy 0. WithBlock,
-// WithDenyCache, WithShadow, WithLimitFunc and WithRulesFunc are refused.
+// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithLease are
+// refused; WithRedisFunctions and WithReservationTTL are accepted and
+// change nothing (a concurrency limit runs its own scripts).
 //
 // A Concurrency is safe for concurrent use. Call Close when done with it.
 type Concurrency struct {

@@ -31,7 +31,7 @@
 //	strategy        accuracy                         Redis memory per key             writes per decision
 //	FixedWindow     Rate per aligned window; up to   88 bytes (one integer)           1 (allowed only)
 //	                2×Rate across a window edge
-//	SlidingLog      exact: Rate in any Period        ~36 bytes per admitted event     2 (allowed only)
+//	SlidingLog      exact: Rate in any Period        ~36 bytes per admitted event     1 to 3 (allowed only)
 //	                                                 (~120 past 128 events)
 //	SlidingCounter  approximate: assumes the last    88 bytes (two packed counts)     1 (allowed only)
 //	                window's events were even
@@ -91,7 +91,8 @@
 //
 //	<prefix>:{<key>}:<strategy code><Period in µs>
 //
-// with '%', '{' and '}' in key percent-encoded, so any non-empty string
+// with '%', '{' and '}' in key percent-encoded (a key longer than MaxKeyLen
+// is written as "%h" and its SHA-256 in hex instead), so any non-empty string
 // (braces, spaces, newlines, invalid UTF-8, 10 KB keys) is safe, two keys
 // never share a Redis key, and every key a call touches is in the key's one
 // Redis Cluster slot. Two limiters with different strategies or Periods

@@ -20,8 +20,8 @@ import (
 // upgrade keeps what was used (a bucket keeps its used tokens, a window its
 // count); a different Period is separate state, as for two limiters. The
 // deny cache and the in-process fallback follow the limit of the latest
-// call for a key. f is called on every call (Allow, AllowN, Wait and WaitN,
-// and Reset, which forgets the state of the limit f gives): keep it fast,
+// call for a key. f is called on every call (Allow, AllowN, Wait, WaitN and
+// Reserve, and Reset, which forgets the state of the limit f gives): keep it fast,
 // for example a lookup in memory. For a [Policy], use [WithRulesFunc].
 func WithLimitFunc(f func(ctx context.Context, key string) (Limit, error)) Option {
 	return optionFunc(func(c *config) { c.limitFunc = f })

@@ -13,8 +13,8 @@ import (
 // WithRedisFunctions makes the limiter decide with a Redis Function
 // (FCALL) instead of a script (EVALSHA), where the server has them (Redis
 // 7.0 and later, Valkey): Redis then makes the script's Lua functions once,
-// when it loads the library, instead of on every call, and executes 7 to
-// 14% fewer instructions per decision (see BENCHMARKS.md). It applies to
+// when it loads the library, instead of on every call, and executes 10 to
+// 16% fewer instructions per decision (see BENCHMARKS.md). It applies to
 // the limiter's own rules, with the same decisions; limits from
 // WithLimitFunc or WithRulesFunc, limiters made after a process has made
 // its most scripts with rules written in (128), and settling a

@@ -13,7 +13,8 @@ import (
 
 // WithLease lets a hot key be decided in this process, from events taken
 // from Redis in advance: a lease. It is for TokenBucket and FixedWindow
-// limiters, and for a Policy whose rules are all token buckets; the other
+// limiters, and for a Policy whose rules are all token buckets, none of them
+// PerCall; the other
 // strategies reject it (an error wrapping ErrInvalidLimit): a sliding
 // log's entries carry the time of each event, a sliding counter weighs a
 // window by the time into the next, and a leaky bucket gives each event its

@@ -16,9 +16,9 @@ import (
 // Errors returned by the package. Every error is wrapped with context, so
 // compare with [errors.Is].
 var (
-	// ErrExceedsLimit is returned by AllowN and WaitN when n is more than the
-	// limit can ever allow at once (more than Rate for the windows, more than
-	// Burst for the buckets).
+	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n (and by
+	// Reservation.Settle when used) is more than the limit can ever allow at
+	// once (more than Rate for the windows, more than Burst for the buckets).
 	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
 	// ErrInvalidLimit is returned by the constructors for a Limit or option
 	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
@@ -330,7 +330,8 @@ func (c *config) validate() error {
 // WithPrefix sets the prefix of every Redis key the limiter writes. The
 // default is "redlimit". It must not be empty or contain '{' or '}'.
 // Keys look like "<prefix>:{<key>}:<strategy><period in µs>", with '%', '{'
-// and '}' in key percent-encoded.
+// and '}' in key percent-encoded, or, for a key longer than MaxKeyLen,
+// "%h" and its SHA-256 in hex in its place.
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }

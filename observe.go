@@ -72,8 +72,9 @@ func WithBlock(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.block = d })
 }
 
-// WithDenyCache keeps, in this process, up to maxKeys keys that Redis
-// denied, each until the RetryAfter Redis gave: calls for them are denied
+// WithDenyCache keeps, in this process, up to maxKeys keys (at least 16:
+// one in each of its shards) that Redis denied, each until the RetryAfter
+// Redis gave, for calls asking the same number of events: calls for them are denied
 // without a round trip (DeniedByDenyCache). Since no call can succeed for a
 // denied key before RetryAfter (unless Reset), this never allows what Redis
 // would deny; it denies for at most about one round trip longer. Reset

@@ -148,8 +148,9 @@ func WithFallbackShare(share float64) Option {
 }
 
 // WithFallbackKeys bounds the number of keys the in-process fallback keeps
-// limiters for; beyond it the least recently used are dropped (and start
-// full if they come back). The default is 100,000 keys, about 20 MB at most.
+// limiters for (at least 16: one in each of its shards); beyond it, keys
+// not used lately are dropped, by the CLOCK approximation of least
+// recently used (and start full if they come back). The default is 100,000 keys, about 20 MB at most.
 func WithFallbackKeys(max int) Option {
 	return optionFunc(func(c *config) { c.localKeys = max })
 }

@@ -3,8 +3,9 @@ package redlimit
 import "github.com/redis/go-redis/v9"
 
 // MaxSlidingLogRate is the largest Rate a SlidingLog limiter accepts: it
-// keeps one sorted-set member (about 60 bytes in Redis) per admitted event,
-// so a key at its limit holds Rate of them.
+// keeps one sorted-set member per admitted event (about 36 bytes of Redis
+// memory each up to 128 events, about 120 past that: see the README), so
+// a key at its limit holds Rate of them.
 const MaxSlidingLogRate = 100_000
 
 // NewSlidingLog returns a limiter that allows at most limit.Rate events in

@@ -4,8 +4,9 @@
 // slot, the node that serves it and the decisions.
 //
 // Every Redis key redlimit writes for a key (its state, and its penalty
-// block with WithBlock) has the key as hash tag, "redlimit:{<key>}:...",
-// so each decision is one script on one slot, on one node.
+// block with WithBlock) has the key as hash tag, "redlimit:{<key>}:..."
+// (a key longer than 256 bytes as its SHA-256), so each decision is one
+// script on one slot, on one node.
 //
 // Run it against a real cluster by giving some of its nodes as seeds, or
 // without -addrs:
