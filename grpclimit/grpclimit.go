@@ -76,21 +76,44 @@
 //	ratelimit-remaining: 19
 //	ratelimit-reset: 1
 //
-// The policy and limit are those of httplimit's RateLimit-Policy field (see
+// The policy is httplimit's RateLimit-Policy field, byte for byte (see
 // httplimit.Quota): q events per w whole seconds at the limit's steady
-// rate, q at least what ratelimit-remaining can show.
+// rate, q at least what ratelimit-remaining can show. A single-strategy
+// limiter has one policy, named after its strategy ("fixed-window",
+// "sliding-log", "sliding-counter", "token-bucket", "leaky-bucket"), or
+// "default" for a Limiter that does not report one.
+//
+// A [redlimit.Policy] has one policy per rule, in the order of its rules,
+// each named after the rule (Rule.Name, or its default name such as
+// "token-bucket-1s"; bytes that are not printable ASCII become '_'), all
+// in the one ratelimit-policy entry as a list. The other entries describe
+// the rule that decided (Result.Rule): ratelimit-limit is its q, and
+// ratelimit-remaining, ratelimit-reset and retry-after are the Result's.
+// For the rules {"second": 10 per second, token bucket; "hour": 1000 per
+// hour, fixed window}, after one call at the start of an hour:
+//
+//	ratelimit-policy: "second";q=10;w=1, "hour";q=1000;w=3600
+//	ratelimit-limit: 10
+//	ratelimit-remaining: 9
+//	ratelimit-reset: 3600
+//
+// ratelimit-reset is when the key is back at its full allowance under
+// every rule: here the hour. Every policy is a limit the call was decided
+// by: with [redlimit.WithLimitFunc], the limit it gave for the call's key,
+// and with [redlimit.WithRulesFunc], every rule it gave (a paid plan's
+// rules for a paid caller), not the limiter's own.
 package grpclimit
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
+	"github.com/redlimit/redlimit/internal/ratelimitfields"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -108,13 +131,16 @@ const (
 	// (draft-ietf-httpapi-ratelimit-headers) writes it:
 	// `"<name>";q=<quota>;w=<window seconds>`, the name being the
 	// limiter's strategy ("token-bucket"), or "default" for a Limiter that
-	// does not report one. See httplimit.Quota for q and w. Left out when
-	// the Result has no usable Limit.
+	// does not report one; for a [redlimit.Policy], a list of one such
+	// policy per rule, named after the rules, separated by ", ". See
+	// httplimit.Quota for q and w. Left out when no policy has a usable
+	// Limit.
 	HeaderPolicy = "ratelimit-policy"
-	// HeaderLimit is the quota q of HeaderPolicy: the events allowed per
-	// window of its w seconds, at least the most that HeaderRemaining can
-	// show (Rate for the windows, Burst for the buckets). Left out when the
-	// Result has no usable Limit.
+	// HeaderLimit is the quota q of the policy in HeaderPolicy that
+	// decided (a Policy's deciding rule): the events allowed per window of
+	// its w seconds, at least the most that HeaderRemaining can show (Rate
+	// for the windows, Burst for the buckets). Left out when that policy
+	// has no usable Limit.
 	HeaderLimit = "ratelimit-limit"
 	// HeaderRemaining is Result.Remaining: the calls that could still be
 	// allowed now for the same key.
@@ -269,8 +295,7 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 type interceptor struct {
 	lim      redlimit.Limiter
 	cfg      config
-	policy   string            // the policy's name
-	strategy redlimit.Strategy // 0 if the limiter does not report one
+	policies ratelimitfields.Source
 }
 
 func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
@@ -281,13 +306,10 @@ func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	in := &interceptor{lim: l, cfg: cfg, policy: `"default"`}
-	if sl, ok := l.(interface{ Strategy() redlimit.Strategy }); ok && slices.Contains(redlimit.Strategies(), sl.Strategy()) {
-		// A strategy's name needs no escaping in a Structured Field String.
-		in.strategy = sl.Strategy()
-		in.policy = `"` + in.strategy.String() + `"`
-	}
-	return in
+	// The policies of httplimit's RateLimit-Policy field, which has no
+	// WithPolicyName here.
+	policies := ratelimitfields.NewSource(l, "", false, httplimit.DefaultPolicyName)
+	return &interceptor{lim: l, cfg: cfg, policies: policies}
 }
 
 // limit decides one call to fullMethod, registered telling whether the
@@ -313,7 +335,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		}
 		key = method + " " + key
 	}
-	res, err := in.lim.Allow(ctx, key)
+	res, rules, err := in.policies.Allow(ctx, in.lim, key)
 	if err != nil {
 		in.report(ctx, fullMethod, err)
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -324,7 +346,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 	if in.cfg.headers {
 		// It fails only when headers were already sent, which cannot
 		// happen before the handler runs.
-		_ = setHeader(in.headers(res))
+		_ = setHeader(in.headers(res, rules))
 	}
 	if !res.Allowed {
 		return denied(res)
@@ -366,14 +388,18 @@ func denied(res redlimit.Result) error {
 	return st.Err()
 }
 
-// headers returns the response header metadata for a decision.
-func (in *interceptor) headers(res redlimit.Result) metadata.MD {
+// headers returns the response header metadata for a decision. rules are
+// those that decided a redlimit.Policy's call (see ratelimitfields.Source).
+func (in *interceptor) headers(res redlimit.Result, rules []redlimit.Rule) metadata.MD {
 	md := metadata.MD{
 		HeaderRemaining: {strconv.Itoa(res.Remaining)},
 		HeaderReset:     {seconds(res.ResetAfter)},
 	}
-	if q, w, ok := httplimit.Quota(in.strategy, res.Limit); ok {
-		md[HeaderPolicy] = []string{in.policy + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)}
+	list, deciding := in.policies.Policies(res, rules)
+	if v := ratelimitfields.Format(list); v != "" {
+		md[HeaderPolicy] = []string{v}
+	}
+	if q, ok := ratelimitfields.DecidingQuota(list, deciding); ok {
 		md[HeaderLimit] = []string{strconv.FormatInt(q, 10)}
 	}
 	if !res.Allowed {

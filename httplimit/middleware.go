@@ -130,10 +130,10 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
 // Names of the header fields the middleware writes.
@@ -295,7 +295,7 @@ func (c *config) validate() error {
 	case c.err == nil:
 		return errors.New("httplimit: nil error handler")
 	}
-	if !checkPolicyName(c.policy) {
+	if !ratelimitfields.IsPrintable(c.policy) {
 		return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
 	}
 	return nil
@@ -317,7 +317,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	policies := newPolicySource(l, cfg.policy, cfg.named)
+	policies := ratelimitfields.NewSource(l, cfg.policy, cfg.named, DefaultPolicyName)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, err := cfg.key(r)
@@ -329,14 +329,14 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			ctx := r.Context()
-			res, rules, err := policies.allow(ctx, l, key)
+			res, rules, err := policies.Allow(ctx, l, key)
 			if err != nil {
 				cfg.err(w, r, err)
 				return
 			}
 			h := w.Header()
-			list, deciding := policies.policies(res, rules)
-			setHeaders(h, res, list, deciding, cfg.xRateLimit)
+			list, deciding := policies.Policies(res, rules)
+			writeHeaders(h, res, list, deciding, cfg.xRateLimit)
 			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
 			if !res.Allowed {
 				h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
@@ -372,23 +372,17 @@ func ResultFromContext(ctx context.Context) (redlimit.Result, bool) {
 	return res, ok
 }
 
-// setHeaders writes the rate-limit fields for res, decided by the policy
-// named deciding in list. RateLimit-Policy and X-RateLimit-Limit are left
-// out when no policy has a usable Limit.
-func setHeaders(h http.Header, res redlimit.Result, list []quotaPolicy, deciding string, xRateLimit bool) {
-	if v := formatPolicies(list); v != "" {
+// writeHeaders writes the rate-limit fields for res, decided by the policy
+// named deciding in list. RateLimit-Policy is left out when no policy has
+// a usable Limit, and X-RateLimit-Limit when the deciding one has none.
+func writeHeaders(h http.Header, res redlimit.Result, list []ratelimitfields.Policy, deciding string, xRateLimit bool) {
+	if v := ratelimitfields.Format(list); v != "" {
 		h.Set(HeaderRateLimitPolicy, v)
 	}
 	h.Set(HeaderRateLimit, formatRateLimit(deciding, res))
 	if xRateLimit {
-		for _, p := range list {
-			if p.name != deciding {
-				continue
-			}
-			if q, _, ok := Quota(p.strategy, p.limit); ok {
-				h.Set(HeaderXRateLimitLimit, strconv.FormatInt(q, 10))
-			}
-			break
+		if q, ok := ratelimitfields.DecidingQuota(list, deciding); ok {
+			h.Set(HeaderXRateLimitLimit, strconv.FormatInt(q, 10))
 		}
 		h.Set(HeaderXRateLimitRemaining, strconv.FormatInt(remaining(res), 10))
 		h.Set(HeaderXRateLimitReset, strconv.FormatInt(resetSeconds(res), 10))
@@ -405,22 +399,6 @@ func ceilSeconds(d time.Duration) int64 {
 		s++
 	}
 	return s
-}
-
-// sfString encodes s, printable ASCII, as a Structured Field String
-// (RFC 9651, section 3.3.3).
-func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 func defaultDenied(w http.ResponseWriter, _ *http.Request) {

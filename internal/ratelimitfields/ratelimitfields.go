@@ -1,0 +1,245 @@
+// Package ratelimitfields describes the decisions of a redlimit.Limiter in
+// the fields of the IETF draft draft-ietf-httpapi-ratelimit-headers, for
+// the middleware of this module: httplimit's RateLimit-Policy header field
+// and grpclimit's ratelimit-policy metadata list the same quota policies,
+// with the same names, q and w, in the same order, and name the same one
+// as the one that decided. Only packages under github.com/redlimit/redlimit
+// can import it; it is no part of the API.
+//
+// httplimit.Quota documents q and w; this package computes them.
+package ratelimitfields
+
+import (
+	"context"
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/callrules"
+)
+
+// MaxInteger is the largest Structured Field Integer (RFC 9651, section
+// 3.3.1).
+const MaxInteger = 999_999_999_999_999
+
+// Quota returns the quota policy for a limit l of strategy s: q events in
+// a window of w seconds; ok is false when l has no positive Rate and
+// Period, or q does not fit a Structured Field Integer. See httplimit.Quota,
+// which is this function, for the rules.
+func Quota(s redlimit.Strategy, l redlimit.Limit) (q, w int64, ok bool) {
+	if l.Rate <= 0 || l.Period <= 0 {
+		return 0, 0, false
+	}
+	capacity := l.Rate
+	switch s {
+	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter:
+	case redlimit.TokenBucket, redlimit.LeakyBucket:
+		if l.Burst > 0 {
+			capacity = l.Burst
+		}
+	default:
+		capacity = max(l.Rate, l.Burst)
+	}
+	span, ok := mulDiv(uint64(capacity), uint64(l.Period), uint64(l.Rate))
+	if !ok {
+		return 0, 0, false
+	}
+	w = max(int64((span+uint64(time.Second)-1)/uint64(time.Second)), 1)
+	uq, ok := mulDiv(uint64(l.Rate), uint64(w)*uint64(time.Second), uint64(l.Period))
+	if !ok || uq > MaxInteger || w > MaxInteger {
+		return 0, 0, false
+	}
+	return int64(uq), w, true
+}
+
+// mulDiv returns a × b / c rounded down (c > 0), and false if it does not
+// fit an int64.
+func mulDiv(a, b, c uint64) (uint64, bool) {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return 0, false
+	}
+	q, _ := bits.Div64(hi, lo, c)
+	return q, q <= math.MaxInt64
+}
+
+// Policy is one quota policy: a name, and the limit and strategy it stands
+// for.
+type Policy struct {
+	Name     string
+	Strategy redlimit.Strategy
+	Limit    redlimit.Limit
+}
+
+// Source finds the quota policies of a limiter, and the name of the one
+// that decided a result.
+//
+// A single-strategy limiter has one strategy and one limit: the list has
+// one policy, named after the strategy ("token-bucket"), or as the
+// middleware was told, with the Limit of each Result (so that a limiter
+// that changes it, with WithLimitFunc, or one whose strategy is not known,
+// is described as it answered). A redlimit.Policy has one policy per rule,
+// named after the rule; with WithRulesFunc, the rules of each call.
+type Source struct {
+	name     string
+	strategy redlimit.Strategy // 0 if the limiter does not report one
+	rules    []Policy          // a redlimit.Policy's own rules, in order; nil otherwise
+}
+
+// NewSource describes l. name is the name of a single-strategy limiter's
+// policy if named; otherwise its strategy's name, or defaultName for a
+// limiter that does not report one. A redlimit.Policy ignores both: its
+// policies are named after its rules.
+func NewSource(l redlimit.Limiter, name string, named bool, defaultName string) Source {
+	var s redlimit.Strategy
+	if sl, ok := l.(interface{ Strategy() redlimit.Strategy }); ok {
+		if s = sl.Strategy(); !slices.Contains(redlimit.Strategies(), s) {
+			s = 0 // not one of redlimit's
+		}
+	}
+	// A redlimit.Policy: one quota policy per rule, named as the rule.
+	if rl, ok := l.(interface{ Rules() []redlimit.Rule }); ok {
+		if rules := ruleQuotas(rl.Rules()); len(rules) > 0 {
+			return Source{name: rules[0].Name, rules: rules}
+		}
+	}
+	if !named {
+		name = defaultName
+		if s != 0 {
+			name = s.String()
+		}
+	}
+	return Source{name: name, strategy: s}
+}
+
+// ruleQuotas returns one quota policy per rule, named as the rule.
+func ruleQuotas(rules []redlimit.Rule) []Policy {
+	if len(rules) == 0 {
+		return nil
+	}
+	out := make([]Policy, len(rules))
+	for i, r := range rules {
+		out[i] = Policy{Name: Printable(r.Name), Strategy: r.Strategy, Limit: r.Limit}
+	}
+	return out
+}
+
+// Allow calls l.Allow for key. For a redlimit.Policy it also returns the
+// rules that decided the call, which a policy with a rules function
+// (redlimit.WithRulesFunc) puts in a sink that the call's context carries;
+// nil for a policy without one, whose own rules decide every call. ctx is
+// not changed: the sink is in a context of the limiter's call only.
+func (p Source) Allow(ctx context.Context, l redlimit.Limiter, key string) (redlimit.Result, []redlimit.Rule, error) {
+	if p.rules == nil {
+		res, err := l.Allow(ctx, key)
+		return res, nil, err
+	}
+	callCtx, sink := callrules.New[redlimit.Rule](ctx)
+	res, err := l.Allow(callCtx, key)
+	return res, sink.Rules(), err
+}
+
+// Policies returns the quota policies for res, and the name of the one
+// that decided it. rules are the rules that decided the call, for a
+// redlimit.Policy whose rules are given per call (as Allow returns them);
+// nil: the policy's own.
+func (p Source) Policies(res redlimit.Result, rules []redlimit.Rule) ([]Policy, string) {
+	if p.rules == nil {
+		return []Policy{{Name: p.name, Strategy: p.strategy, Limit: res.Limit}}, p.name
+	}
+	list := ruleQuotas(rules)
+	if list == nil {
+		list = slices.Clone(p.rules)
+	}
+	// The deciding rule is reported with the limit that decided, which
+	// the fields of the deciding policy describe too.
+	name := Printable(res.Rule)
+	for i := range list {
+		if list[i].Name == name {
+			list[i].Limit = res.Limit
+			return list, name
+		}
+	}
+	return list, list[0].Name
+}
+
+// Format returns the value of the RateLimit-Policy field for list, a
+// Structured Field List of one item per policy: the name as a String, with
+// the parameters q and w (see Quota). Policies without a usable limit are
+// left out; "" means none is left.
+func Format(list []Policy) string {
+	var b strings.Builder
+	for _, p := range list {
+		q, w, ok := Quota(p.Strategy, p.Limit)
+		if !ok {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(String(p.Name))
+		b.WriteString(";q=")
+		b.WriteString(strconv.FormatInt(q, 10))
+		b.WriteString(";w=")
+		b.WriteString(strconv.FormatInt(w, 10))
+	}
+	return b.String()
+}
+
+// DecidingQuota returns the quota q (see Quota) of the first policy named
+// deciding in list, and false if there is none or its limit is not usable.
+func DecidingQuota(list []Policy, deciding string) (int64, bool) {
+	for _, p := range list {
+		if p.Name == deciding {
+			q, _, ok := Quota(p.Strategy, p.Limit)
+			return q, ok
+		}
+	}
+	return 0, false
+}
+
+// Printable replaces the bytes of a rule name that a Structured Field
+// String cannot hold (anything but printable ASCII) with '_'.
+func Printable(name string) string {
+	if IsPrintable(name) {
+		return name
+	}
+	b := []byte(name)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// IsPrintable reports whether name can be a policy name: printable ASCII,
+// which String encodes.
+func IsPrintable(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if b := name[i]; b < 0x20 || b > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// String encodes s, printable ASCII, as a Structured Field String
+// (RFC 9651, section 3.3.3).
+func String(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}
