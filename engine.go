@@ -351,7 +351,9 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(first, rs, i))
 	}
-	keys = append(keys, first+blockSuffix)
+	// The reservations too (and so the leases): settled after the reset,
+	// one would give its events back into the fresh state.
+	keys = append(keys, first+blockSuffix, first+reserveSuffix)
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}

@@ -164,8 +164,9 @@ func (p *Policy) WaitN(ctx context.Context, key string, n int) error {
 	return p.waitN(ctx, key, n)
 }
 
-// Reset forgets all state of key under every rule, its penalty block, and
-// this process's fallback and deny-cache entries.
+// Reset forgets all state of key under every rule, its penalty block, its
+// pending reservations (as [RateLimiter.Reset]), and this process's
+// fallback and deny-cache entries.
 func (p *Policy) Reset(ctx context.Context, key string) error {
 	return p.reset(ctx, key)
 }

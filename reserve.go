@@ -114,7 +114,11 @@ func (r *Reservation) Result() Result { return r.res }
 // its full allowance, and never re-credits refill or a window that has
 // passed: FixedWindow and SlidingCounter refund only while the
 // reservation's window counts, SlidingLog removes the reservation's own
-// entries still in the log, the buckets return tokens still used.
+// entries still in the log, the buckets return only the reservation's
+// tokens that the refill cannot have paid back yet (counted from when
+// what was used before the reservation would have been paid back). Reset
+// forgets the key's pending reservations: settling one afterwards returns
+// ErrSettled.
 //
 // The Result is the key's state after settling, as AllowN(ctx, key, 0)
 // reports it. A reservation taken in shadow mode that the limit denied

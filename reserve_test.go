@@ -435,3 +435,100 @@ func TestLeakyFallbackLargeN(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), 100*time.Millisecond, "a debt of 2^30 events settles in constant time")
 }
+
+// A bucket's refund never gives back refill: the reservation's tokens
+// count as paid back by the refill once what was used before it is, so a
+// reservation taken from a full bucket and settled after the bucket
+// refilled gives nothing back (it gave back all, and with another caller
+// draining in between the key admitted twice its Burst at once). Each
+// case's Remaining is what the key would hold had the reservation been for
+// the used events from the start.
+func TestBucketRefundNoRefill(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		for _, tc := range []struct {
+			name          string
+			before        int           // events used just before the reservation
+			wait          time.Duration // between the reservation and its settle
+			drain         bool          // another caller takes all there is before the settle
+			wantRemaining int           // after Settle(0)
+		}{
+			{"refilled, then drained", 0, 1100 * time.Millisecond, true, 0},
+			{"refilled", 0, 1100 * time.Millisecond, false, 10},
+			{"half refilled", 0, 500 * time.Millisecond, false, 10},
+			{"half refilled, then drained", 0, 500 * time.Millisecond, true, 5},
+			{"behind earlier use", 5, 300 * time.Millisecond, false, 8},
+			{"at once", 0, 0, false, 10},
+		} {
+			t.Run(s.String()+"/"+tc.name, func(t *testing.T) {
+				b, _ := miniBackend(t)
+				lim := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 10})
+				ctx := t.Context()
+				if tc.before > 0 {
+					res, err := lim.AllowN(ctx, "k", tc.before)
+					require.NoError(t, err)
+					require.True(t, res.Allowed)
+				}
+				rv, err := lim.Reserve(ctx, "k", 10-tc.before)
+				require.NoError(t, err)
+				require.True(t, rv.Result().Allowed)
+				b.advance(tc.wait)
+				if tc.drain {
+					res, err := lim.AllowN(ctx, "k", remaining(t, lim, "k"))
+					require.NoError(t, err)
+					require.True(t, res.Allowed)
+				}
+				_, err = rv.Settle(ctx, 0)
+				require.NoError(t, err)
+				assert.Equal(t, tc.wantRemaining, remaining(t, lim, "k"))
+			})
+		}
+	}
+	// A policy of two buckets, the same.
+	b, _ := miniBackend(t)
+	p, err := NewPolicy(b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}},
+		{Strategy: TokenBucket, Limit: Limit{Rate: 600, Period: time.Minute, Burst: 100}},
+	})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx := t.Context()
+	rv, err := p.Reserve(ctx, "k", 10)
+	require.NoError(t, err)
+	b.advance(1100 * time.Millisecond)
+	res, err := p.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.NoError(t, rv.Cancel(ctx))
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "the refill was not given back again")
+}
+
+// Reset forgets the key's pending reservations: settled afterwards, one
+// returns ErrSettled and gives nothing back into the fresh state (it gave
+// back its events, and the key admitted Rate plus them with no refill).
+func TestResetForgetsReservations(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Hour, Burst: 10})
+			ctx := t.Context()
+			rv, err := lim.Reserve(ctx, "k", 6)
+			require.NoError(t, err)
+			require.NoError(t, lim.Reset(ctx, "k"))
+			admitted := 0
+			for range 20 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				if res.Allowed {
+					admitted++
+				}
+			}
+			require.Equal(t, 10, admitted)
+			require.ErrorIs(t, rv.Cancel(ctx), ErrSettled)
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "nothing given back into the fresh state")
+		})
+	}
+}

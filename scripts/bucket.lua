@@ -28,6 +28,8 @@
 -- ahead of it); the queue holds burst events. With a max delay (ARGV[4]) a
 -- slot it would have to wait for longer is refused (code 3) without taking
 -- it. Retry after: until n tokens are there. Reset after: until full.
+-- Tag (for a reservation): when the refill would have paid back what was
+-- used before the reservation (now + D / rate, in µs).
 
 local TMOD = 1000000000 -- 1e9 ms
 
@@ -114,7 +116,9 @@ local function check_tb(key, rate, period, burst, code, pxs)
   end
   local value, px, life = bucket_write(used + n * period, rate, period, pxs)
   write('SET', key, value, 'PX', px)
-  return true, avail, delay, reset_now, life, 0
+  -- Tag: when the refill would have paid back what was used before these
+  -- n events (µs, rounded down), from which settle.lua bounds a refund.
+  return true, avail, delay, reset_now, life, now + (used - used % rate) / rate
 end
 
 local check_lb = check_tb

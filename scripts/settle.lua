@@ -10,8 +10,9 @@
 -- and never past what still counts: a window only while it is the current
 -- one (the sliding counter's also while it is the previous one, weighted),
 -- the sliding log only the reservation's own entries still in the log, a
--- bucket only tokens still used (never refill that already happened, never
--- above full). used > reserved charges the difference even past the limit:
+-- bucket only the reservation's tokens that the refill cannot have paid
+-- back yet (see A.tb: never refill that already happened, never above
+-- full). used > reserved charges the difference even past the limit:
 -- the key owes it, and later calls are denied until the refill or the
 -- window pays it back.
 --
@@ -91,8 +92,23 @@ A.sl = function(key, rate, period, tag)
   local ttl = redis.call('PTTL', key)
   if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
 end
-A.tb = function(key, rate, period, tag)
-  local d = bucket_read(key, rate) + delta * period
+A.tb = function(key, rate, period, tag, taken)
+  local d = bucket_read(key, rate)
+  if delta < 0 then
+    -- Tokens are alike, so what the reservation still holds is bounded
+    -- from below: after the refill has paid back what was used before it
+    -- (at tag), it pays back the reservation's own taken events; other
+    -- traffic only delays that. Giving back at most that never re-credits
+    -- refill, however the key was used since (a reservation recorded
+    -- without its tag, 0, gives back nothing).
+    local paid = now - tag
+    if paid < 0 then paid = 0 end
+    local back = math.min(-delta * period, taken * period - paid * rate)
+    if back <= 0 then return end
+    d = d - back
+  else
+    d = d + delta * period
+  end
   if d <= 0 then
     redis.call('DEL', key)
   else
@@ -106,13 +122,14 @@ local d0 = delta
 for i = 1, nrules do
   local strat, rate, period, _, per_call = rule(i)
   delta = d0
+  local taken = reserved
   if per_call then
     -- A per-call rule took one event: it keeps it if anything was used.
-    delta = 0
+    delta, taken = 0, 1
     if used == 0 then delta = -1 end
   end
   if delta ~= 0 then
-    A[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]))
+    A[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
   end
 end
 
