@@ -58,8 +58,8 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&f.addr, "redis", "", "`address` of the Redis server (host:port); empty starts an embedded miniredis")
 	fs.Var(&f.strategy, "strategy", "`strategy` to measure, or all")
 	fs.DurationVar(&f.duration, "duration", 3*time.Second, "how long to measure each strategy")
-	fs.IntVar(&f.concurrency, "concurrency", 8, "goroutines calling Allow")
-	fs.IntVar(&f.keys, "keys", 1, "distinct keys the calls spread over")
+	fs.IntVar(&f.concurrency, "concurrency", 8, fmt.Sprintf("goroutines calling Allow, at most %d", maxBenchConcurrency))
+	fs.IntVar(&f.keys, "keys", 1, fmt.Sprintf("distinct keys the calls spread over, at most %d", maxBenchKeys))
 	fs.IntVar(&f.rate, "rate", 1000, "limit: events allowed per period")
 	fs.DurationVar(&f.period, "period", time.Second, "limit: period")
 	fs.IntVar(&f.burst, "burst", 0, "limit: burst of token-bucket and leaky-bucket (0 means -rate)")
@@ -68,18 +68,52 @@ func setupBench(fs *flag.FlagSet) runFunc {
 		if len(args) > 0 {
 			return usagef("bench", "unexpected argument %q", args[0])
 		}
-		switch {
-		case f.duration <= 0:
-			return usagef("bench", "-duration %v must be positive", f.duration)
-		case f.concurrency < 1:
-			return usagef("bench", "-concurrency %d must be at least 1", f.concurrency)
-		case f.timeout <= 0:
-			return usagef("bench", "-timeout %v must be positive", f.timeout)
-		case f.keys < 1:
-			return usagef("bench", "-keys %d must be at least 1", f.keys)
+		if err := f.check(); err != nil {
+			return err
 		}
 		return f.run(ctx, stdout, stderr)
 	}
+}
+
+// The largest -concurrency and -keys bench takes. Each goroutine has a
+// connection in the client's pool (a Redis server takes 10,000 clients by
+// default) and each key a string in memory (10,000,000 keys take some
+// 250 MB); without a bound, a large value ran out of memory before bench
+// measured anything.
+const (
+	maxBenchConcurrency = 10_000
+	maxBenchKeys        = 10_000_000
+)
+
+// check checks the flags, the limit included, without any network traffic
+// or embedded server: a mistake in the command line is a usage error, not
+// a failure to reach Redis or to allocate.
+func (f *benchFlags) check() error {
+	switch {
+	case f.duration <= 0:
+		return usagef("bench", "-duration %v must be positive", f.duration)
+	case f.concurrency < 1:
+		return usagef("bench", "-concurrency %d must be at least 1", f.concurrency)
+	case f.concurrency > maxBenchConcurrency:
+		return usagef("bench", "-concurrency %d must be at most %d", f.concurrency, maxBenchConcurrency)
+	case f.timeout <= 0:
+		return usagef("bench", "-timeout %v must be positive", f.timeout)
+	case f.keys < 1:
+		return usagef("bench", "-keys %d must be at least 1", f.keys)
+	case f.keys > maxBenchKeys:
+		return usagef("bench", "-keys %d must be at most %d", f.keys, maxBenchKeys)
+	}
+	for _, s := range f.strategy.strategies() {
+		if err := checkLimit(s, f.limit(), redlimit.WithPrefix(benchPrefix)); err != nil {
+			return err // dispatch makes an invalid limit a usage error
+		}
+	}
+	return nil
+}
+
+// limit returns the limit the flags give.
+func (f *benchFlags) limit() redlimit.Limit {
+	return redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
 }
 
 func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
@@ -102,7 +136,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err := ping(ctx, rdb); err != nil {
 		return err
 	}
-	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	limit := f.limit()
 	fmt.Fprintf(stdout, "target: %s\nlimit %v, %s, %s, %v per strategy\n\n",
 		target, limit, plural(f.concurrency, "goroutine"), plural(f.keys, "key"), f.duration)
 

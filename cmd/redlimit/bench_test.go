@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,4 +86,90 @@ func TestProgress(t *testing.T) {
 	}
 	// A writer that is not a terminal gets plain lines.
 	assert.False(t, isTerminal(&bytes.Buffer{}), "isTerminal(buffer) = true")
+}
+
+// TestBenchBounds checks that -concurrency and -keys past their maxima are
+// usage errors, before any connection or allocation: they used to run out
+// of memory in the client's pool, the goroutines or the slice of keys.
+func TestBenchBounds(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		flag, value, want string
+	}{
+		{"-concurrency", "10001", "redlimit: bench: -concurrency 10001 must be at most 10000"},
+		{"-concurrency", "3000000", "redlimit: bench: -concurrency 3000000 must be at most 10000"},
+		{"-concurrency", "100000000", "redlimit: bench: -concurrency 100000000 must be at most 10000"},
+		{"-concurrency", "9223372036854775807", "redlimit: bench: -concurrency 9223372036854775807 must be at most 10000"},
+		{"-keys", "10000001", "redlimit: bench: -keys 10000001 must be at most 10000000"},
+		{"-keys", "3000000000", "redlimit: bench: -keys 3000000000 must be at most 10000000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flag+"="+tt.value, func(t *testing.T) {
+			t.Parallel()
+			// Port 1 of the loopback: nothing listens there, and bench
+			// must not get as far as trying.
+			for _, redis := range []string{"127.0.0.1:1", ""} {
+				code, stdout, stderr := runT(t, "bench", "-redis", redis, "-duration", "10ms", tt.flag, tt.value)
+				first, _, _ := strings.Cut(stderr, "\n")
+				assert.Equal(t, 2, code, "-redis %q: exit %d, want 2; stderr %q", redis, code, stderr)
+				assert.Equal(t, tt.want, first, "-redis %q: stderr %q", redis, stderr)
+				assert.Empty(t, stdout, "-redis %q: stdout", redis)
+			}
+		})
+	}
+
+	// The maxima themselves are accepted (running with them would take
+	// too long, and too many goroutines for the race detector).
+	f := &benchFlags{strategy: strategyValue{all: true, allowAll: true}, duration: time.Second,
+		concurrency: maxBenchConcurrency, keys: maxBenchKeys, rate: 10, period: time.Second, timeout: time.Second}
+	assert.NoError(t, f.check(), "check with -concurrency %d -keys %d", f.concurrency, f.keys)
+	// The help says them.
+	code, stdout, _ := runT(t, "help", "bench")
+	require.Zero(t, code)
+	assert.Contains(t, stdout, "goroutines calling Allow, at most 10000", "help bench:\n%s", stdout)
+	assert.Contains(t, stdout, "distinct keys the calls spread over, at most 10000000", "help bench:\n%s", stdout)
+}
+
+// TestBenchLimitFirst checks that bench rejects a bad limit as inspect and
+// reset do: a usage error about the limit, before it connects to Redis (or
+// starts miniredis), not a failure to reach Redis.
+func TestBenchLimitFirst(t *testing.T) {
+	t.Parallel()
+	// A loopback listener that counts the connections it gets and answers
+	// none of them.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var conns atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			c.Close()
+		}
+	}()
+
+	tests := []struct {
+		args []string
+		want string // the first line of stderr
+	}{
+		{[]string{"-rate", "-1"}, "redlimit: bench: fixed-window: limit -1/1s: Rate must be at least 1: invalid limit"},
+		{[]string{"-period", "1ns"}, "redlimit: bench: fixed-window: limit 1000/1ns: Period must be at least 1ms: invalid limit"},
+		{[]string{"-strategy", "token-bucket", "-burst", "-3"}, "redlimit: bench: token-bucket: limit 1000/1s burst -3: Burst must not be negative: invalid limit"},
+	}
+	for _, tt := range tests {
+		for _, redis := range []string{ln.Addr().String(), ""} {
+			args := append([]string{"bench", "-redis", redis, "-duration", "10ms"}, tt.args...)
+			code, stdout, stderr := runT(t, args...)
+			first, _, _ := strings.Cut(stderr, "\n")
+			assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", args, code, stderr)
+			assert.Equal(t, tt.want, first, "%q: stderr %q", args, stderr)
+			assert.NotContains(t, stderr, "Redis", "%q: stderr %q is about Redis, not the limit", args, stderr)
+			assert.Empty(t, stdout, "%q: stdout", args)
+		}
+	}
+	assert.Zero(t, conns.Load(), "bench connected to Redis before it checked the limit")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -34,7 +35,11 @@ where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
 sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
 token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
 KEY longer than 256 bytes (before that escaping) appears hashed: in its
-place is %h and the SHA-256 of KEY in hex, 66 bytes in all.`,
+place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
+
+KEY and the Redis keys are printed quoted, as Go strings ("user1"), so that
+a newline or a terminal escape sequence in a key shows as \n or \x1b
+instead of forging or hiding output.`,
 	setup: setupInspect,
 }
 
@@ -46,7 +51,10 @@ var resetCmd = &command{
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
 given strategy and period (its state and its penalty block), as the
 limiter's Reset method does: KEY starts again with its full allowance. The
-rate does not matter, since it is not part of the key names.`,
+rate does not matter, since it is not part of the key names.
+
+Reset prints KEY and the Redis keys it deleted quoted, as Go strings, as
+inspect does.`,
 	setup: setupReset,
 }
 
@@ -136,7 +144,7 @@ func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, 
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "key\t%s\n", key)
+	fmt.Fprintf(tw, "key\t%q\n", key)
 	fmt.Fprintf(tw, "strategy\t%v\n", lim.Strategy())
 	fmt.Fprintf(tw, "limit\t%v\n", res.Limit)
 	fmt.Fprintf(tw, "allowed\t%v\n", res.Allowed)
@@ -155,9 +163,9 @@ func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, 
 	for _, k := range []string{state, state + blockSuffix} {
 		typ, ttl, val, err := describeKey(ctx, rdb, k)
 		if err != nil {
-			return fmt.Errorf("inspect %s: %w", k, err)
+			return fmt.Errorf("inspect %q: %w", k, err)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", k, typ, ttl, val)
+		fmt.Fprintf(tw, "%q\t%s\t%s\t%s\n", k, typ, ttl, val)
 	}
 	return tw.Flush()
 }
@@ -249,10 +257,21 @@ func setupReset(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		if len(found) == 0 {
-			fmt.Fprintf(stdout, "reset %s: no state in Redis (%s)\n", key, state)
+			fmt.Fprintf(stdout, "reset %q: no state in Redis (%q)\n", key, state)
 		} else {
-			fmt.Fprintf(stdout, "reset %s: deleted %s\n", key, strings.Join(found, ", "))
+			fmt.Fprintf(stdout, "reset %q: deleted %s\n", key, quoteAll(found))
 		}
 		return nil
 	}
+}
+
+// quoteAll returns keys quoted as Go strings (strconv.Quote), joined by
+// ", ". Keys are quoted wherever they are printed, so that one with a
+// newline or a terminal escape sequence cannot forge or hide output.
+func quoteAll(keys []string) string {
+	q := make([]string, len(keys))
+	for i, k := range keys {
+		q[i] = strconv.Quote(k)
+	}
+	return strings.Join(q, ", ")
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +60,7 @@ func TestInspectAndReset(t *testing.T) {
 	code, stdout, stderr := runT(t, inspectArgs...)
 	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
 	for name, want := range map[string]string{
-		"key":         key,
+		"key":         `"a{b}%c"`,
 		"strategy":    "token-bucket",
 		"limit":       "10/1s",
 		"allowed":     "true",
@@ -67,8 +69,8 @@ func TestInspectAndReset(t *testing.T) {
 		"reset-after": "300ms",
 		// 3 tokens used (D = 3 × 1s in µs, then the write time in ms): the
 		// bucket is full again in 300ms; the key lives one period.
-		state:               "string 1s 30000000456000250",
-		state + blockSuffix: "(missing) - -",
+		`"` + state + `"`:               "string 1s 30000000456000250",
+		`"` + state + blockSuffix + `"`: "(missing) - -",
 	} {
 		got := field(stdout, name)
 		assert.Equal(t, want, got, "inspect: %s = %q, want %q\n%s", name, got, want, stdout)
@@ -76,7 +78,7 @@ func TestInspectAndReset(t *testing.T) {
 
 	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
 	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
-	want := "reset " + key + ": deleted " + state + "\n"
+	want := `reset "a{b}%c": deleted "` + state + `"` + "\n"
 	assert.Equal(t, want, stdout, "reset: stdout %q, want %q", stdout, want)
 	assert.False(t, m.Exists(state), "%s still exists after reset", state)
 	_, stdout, _ = runT(t, inspectArgs...)
@@ -84,7 +86,7 @@ func TestInspectAndReset(t *testing.T) {
 	want = "10"
 	assert.Equal(t, want, got, "inspect after reset: remaining = %q, want %q", got, want)
 	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
-	want = "reset " + key + ": no state in Redis (" + state + ")\n"
+	want = `reset "a{b}%c": no state in Redis ("` + state + `")` + "\n"
 	assert.Equal(t, want, stdout, "second reset: stdout %q, want %q", stdout, want)
 }
 
@@ -126,9 +128,9 @@ func TestInspectStrategies(t *testing.T) {
 				"-rate", "4", "-period", "2s", "-prefix", "p", "u")
 			require.Zero(t, code, "exit %d, stderr %q", code, stderr)
 			for name, want := range map[string]string{
-				tt.state:      tt.keyRow,
-				"remaining":   tt.remaining,
-				"reset-after": tt.reset,
+				`"` + tt.state + `"`: tt.keyRow,
+				"remaining":          tt.remaining,
+				"reset-after":        tt.reset,
 			} {
 				got := field(stdout, name)
 				assert.Equal(t, want, got, "%s = %q, want %q\n%s", name, got, want, stdout)
@@ -182,13 +184,13 @@ func TestKeyNamesMatchLibrary(t *testing.T) {
 		code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", s.String(),
 			"-rate", "10", "-period", "1s", key)
 		require.Zero(t, code, "inspect %s key of %d bytes: exit %d, stderr %.300q", s, len(key), code, stderr)
-		row := rowOf(stdout, state)
+		row := rowOf(stdout, strconv.Quote(state))
 		require.NotEmpty(t, row, "inspect %s key of %d bytes: no row for %.100q", s, len(key), state)
 		assert.NotEqual(t, "(missing)", row[1], "inspect %s key of %d bytes: %.100q is missing", s, len(key), state)
 
 		code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", s.String(), "-period", "1s", key)
 		require.Zero(t, code, "reset %s key of %d bytes: exit %d, stderr %.300q", s, len(key), code, stderr)
-		want := "reset " + key + ": deleted " + state + "\n"
+		want := "reset " + strconv.Quote(key) + ": deleted " + strconv.Quote(state) + "\n"
 		assert.Equal(t, want, stdout, "reset %s key of %d bytes: wrong output", s, len(key))
 		require.Empty(t, m.Keys(), "reset %s key of %d bytes: state left in Redis", s, len(key))
 	}
@@ -208,4 +210,51 @@ func TestKeyNamesMatchLibrary(t *testing.T) {
 		assert.Equal(t, 2, code, "%s of the empty key: exit %d, stderr %q", args[0], code, stderr)
 		assert.Equal(t, "redlimit: "+args[0]+": empty KEY", first, "%s of the empty key: stderr %q", args[0], stderr)
 	}
+}
+
+// TestKeysQuoted checks that inspect and reset print keys quoted, so that a
+// key with newlines cannot forge lines of output, nor one with a terminal
+// escape sequence reach the terminal.
+func TestKeysQuoted(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	const key = "user\nallowed  true\nremaining  999\x1b[2J\r"
+	const quoted = `"user\nallowed  true\nremaining  999\x1b[2J\r"`
+	const state = `"redlimit:{user\nallowed  true\nremaining  999\x1b[2J\r}:tb1000000"`
+	allowT(t, rdb, redlimit.TokenBucket, redlimit.PerSecond(10), key, 10)
+
+	code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", "token-bucket", "-rate", "10", "-period", "1s", key)
+	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
+	// The key holds runs of two spaces, which field would squeeze.
+	assert.Regexp(t, `(?m)^key +`+regexp.QuoteMeta(quoted)+`\n`, stdout, "inspect: the key is not quoted")
+	assert.Equal(t, "0", field(stdout, "remaining"), "inspect: remaining is not 0 (but the key's forged 999?):\n%s", stdout)
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(state)+` +string +1s +100000000456000250\n`, stdout, "inspect: no quoted row of the state key")
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	assert.Len(t, lines, 11, "inspect: want 7 lines of decision, a blank one, a header and 2 Redis keys:\n%s", stdout)
+	for _, name := range []string{"allowed", "remaining"} {
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, name+" ") {
+				n++
+			}
+		}
+		assert.Equal(t, 1, n, "inspect: %d lines of %s, want 1 (forged by the key?):\n%s", n, name, stdout)
+	}
+	assert.NotContains(t, stdout, "\x1b", "inspect: an escape sequence reached the output")
+	assert.NotContains(t, stdout, "\r", "inspect: a carriage return reached the output")
+
+	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
+	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
+	want := "reset " + quoted + ": deleted " + state + "\n"
+	assert.Equal(t, want, stdout, "reset: stdout %q, want %q", stdout, want)
+	assert.Empty(t, m.Keys(), "reset left state in Redis")
+	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", key)
+	want = "reset " + quoted + ": no state in Redis (" + state + ")\n"
+	assert.Equal(t, want, stdout, "second reset: stdout %q, want %q", stdout, want)
+
+	// An ordinary key stays readable: only the quotes are added, and
+	// printable non-ASCII text is kept.
+	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", "héllo-1")
+	want = `reset "héllo-1": no state in Redis ("redlimit:{héllo-1}:tb1000000")` + "\n"
+	assert.Equal(t, want, stdout, "reset of an ordinary key: stdout %q, want %q", stdout, want)
 }
