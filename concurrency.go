@@ -441,9 +441,17 @@ type Lease struct {
 // While Redis is unavailable a lease taken on Redis cannot be removed: its
 // slot comes back when its ttl ends, and Release returns nil (an error
 // wrapping ErrUnavailable under FallbackError). A lease taken in process
-// is released in process. Release works after Close.
+// is released in process. Release works after Close. Releasing a nil
+// Lease does nothing; a Lease that Acquire did not return (a zero Lease)
+// is an error wrapping ErrInvalidArgument.
 func (l *Lease) Release(ctx context.Context) error {
-	if l == nil || !l.done.CompareAndSwap(false, true) {
+	if l == nil {
+		return nil
+	}
+	if l.c == nil {
+		return fmt.Errorf("redlimit: release a lease that Acquire did not return: %w", ErrInvalidArgument)
+	}
+	if !l.done.CompareAndSwap(false, true) {
 		return nil
 	}
 	c := l.c
@@ -489,8 +497,8 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 // and the lease keeps its old expiry in Redis. After Close, the error is
 // ErrClosed.
 func (l *Lease) Extend(ctx context.Context) error {
-	if l == nil {
-		return fmt.Errorf("redlimit: extend a nil lease: %w", ErrInvalidArgument)
+	if l == nil || l.c == nil {
+		return fmt.Errorf("redlimit: extend a lease that Acquire did not return: %w", ErrInvalidArgument)
 	}
 	c := l.c
 	if c.e.closed.Load() {

@@ -781,3 +781,15 @@ func TestConcurrencyLimitAcquireCancelledUndone(t *testing.T) {
 	require.Zero(t, n, "the lease of the cancelled acquire is still in Redis")
 	mustTry(t, c, "k")
 }
+
+// A Lease that Acquire did not return (its zero value) is an error, not a
+// panic; a nil one is harmless to release.
+func TestZeroLease(t *testing.T) {
+	ctx := context.Background()
+	var l Lease
+	require.ErrorIs(t, l.Release(ctx), ErrInvalidArgument)
+	require.ErrorIs(t, l.Extend(ctx), ErrInvalidArgument)
+	var nl *Lease
+	require.NoError(t, nl.Release(ctx))
+	require.ErrorIs(t, nl.Extend(ctx), ErrInvalidArgument)
+}

@@ -161,8 +161,8 @@ func WithFallbackKeys(max int) Option {
 // switches, from one of the limiter's goroutines (usually the one that
 // noticed; a switch made while an earlier one is being reported is
 // reported right after it, from the goroutine reporting). It must not
-// block; it may call the limiter, Close included. Use it to log or count
-// outages.
+// block; it may call the limiter, Close included. A panic in it is
+// recovered and dropped. Use it to log or count outages.
 func WithOnTransition(f func(Transition)) Option {
 	return optionFunc(func(c *config) { c.onTransition = f })
 }
@@ -353,12 +353,21 @@ func (r *rescue) flush() {
 		r.queue[0] = Transition{}
 		r.queue = r.queue[1:]
 		r.mu.Unlock()
-		f(t)
+		callHook(f, t)
 		r.mu.Lock()
 	}
 	r.queue = nil
 	r.draining = false
 	r.mu.Unlock()
+}
+
+// callHook calls the OnTransition hook f, dropping a panic: the hook runs
+// on whichever of the limiter's goroutines noticed the switch (the
+// monitor's, for a switch back, where a panic would end the process), and
+// reporting must go on for the next switches.
+func callHook(f func(Transition), t Transition) {
+	defer func() { _ = recover() }()
+	f(t)
 }
 
 // monitor probes the node n until it is back, then reports the switches.

@@ -410,3 +410,35 @@ func TestReserveAtMatchesOneByOne(t *testing.T) {
 		}
 	}
 }
+
+// A hook that panics on every switch neither reaches the callers nor ends
+// the process (a switch back runs it on the monitor's goroutine), and
+// every later switch is still reported: a panic used to leave reporting
+// stopped for good, its queue growing by one switch per outage.
+func TestOnTransitionPanics(t *testing.T) {
+	verifyNoLeak(t)
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	var calls atomic.Int32
+	lim, err := NewTokenBucket(rdb, PerSecond(1000), WithPingInterval(10*time.Millisecond),
+		WithOnTransition(func(tr Transition) {
+			calls.Add(1)
+			panic("hook: " + fmt.Sprint(tr.Down))
+		}))
+	require.NoError(t, err)
+	defer lim.Close()
+	ctx := context.Background()
+	for outage := range 2 {
+		m.Close()
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		require.NoError(t, m.Restart())
+		require.Eventually(t, func() bool {
+			res, err := lim.Allow(ctx, "k")
+			return err == nil && !res.Degraded
+		}, 5*time.Second, 5*time.Millisecond, "outage %d: back on Redis", outage)
+		require.Eventually(t, func() bool { return calls.Load() == int32(2*(outage+1)) }, 5*time.Second, 5*time.Millisecond,
+			"outage %d: %d hook calls, want %d", outage, calls.Load(), 2*(outage+1))
+	}
+}
