@@ -153,7 +153,11 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		return res, reasonAllowed, nil
 	}
 	if rc != nil {
-		rc.local = &localHold{set: set}
+		hold := &localHold{set: set, paidAt: make([]time.Time, len(set.lims))}
+		for i := range set.lims {
+			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
+		}
+		rc.local = hold
 	}
 	for i := range set.lims {
 		if lr := &set.lims[i]; !lr.queue {

@@ -60,6 +60,10 @@ type reserveCall struct {
 // reservation.
 type localHold struct {
 	set *localSet
+	// paidAt is, per stand-in, when its refill would have paid back what
+	// was used before the reservation: from then on it pays back the
+	// reservation's events (see settleLocal).
+	paidAt []time.Time
 }
 
 // Reserve is AllowN that can be settled later with what was really used
@@ -242,8 +246,10 @@ func (r *Reservation) settleErr(ctx context.Context, err error) error {
 // settleLocal settles a reservation the fallback took. Each stand-in gets
 // the unused events back as tokens (x/time/rate takes a negative n as a
 // refund; what passes the burst is dropped at its next update, so never
-// above full, and refill that already happened is not given again), or
-// takes the overspend as a debt (a reservation that need not wait).
+// above full), but only those its refill cannot have paid back yet (after
+// paidAt, it pays back the reservation's events: refill is never given
+// twice); or takes the overspend as a debt (a reservation that need not
+// wait).
 func (r *Reservation) settleLocal(used int) Result {
 	h := r.local
 	h.set.mu.Lock()
@@ -254,7 +260,12 @@ func (r *Reservation) settleLocal(used int) Result {
 		lr := &h.set.lims[i]
 		delta := lr.count(used) - lr.count(r.n)
 		if delta < 0 {
-			lr.lim.AllowN(now, delta)
+			// Give back at most what the refill cannot have paid back yet,
+			// as settle.lua does for a bucket: never refill twice.
+			held := float64(lr.count(r.n)) - max(now.Sub(h.paidAt[i]).Seconds(), 0)*lr.every
+			if back := int(min(float64(-delta), held)); back > 0 {
+				lr.lim.AllowN(now, -back)
+			}
 		}
 		if delta > 0 {
 			reserveAt(lr.lim, now, delta) // a debt when the tokens are not there

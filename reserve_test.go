@@ -532,3 +532,38 @@ func TestResetForgetsReservations(t *testing.T) {
 		})
 	}
 }
+
+// In the fallback too, a refund never gives back refill: a reservation
+// taken from a full stand-in and cancelled after it refilled (and was
+// drained again) gives nothing back.
+func TestFallbackRefundNoRefill(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket, FixedWindow} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, m := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 100, Period: time.Second, Burst: 10}, WithPingInterval(time.Hour))
+			ctx := t.Context()
+			m.SetError("LOADING Redis is loading the dataset in memory")
+			capacity := lim.own.maxN
+			rv, err := lim.Reserve(ctx, "k", capacity)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Degraded)
+			require.True(t, rv.Result().Allowed)
+			time.Sleep(time.Duration(capacity+5) * 10 * time.Millisecond) // refilled
+			drain := func() int {
+				admitted := 0
+				for range 2 * capacity {
+					res, err := lim.Allow(ctx, "k")
+					require.NoError(t, err)
+					if res.Allowed && res.Delay < 10*time.Millisecond {
+						admitted++
+					}
+				}
+				return admitted
+			}
+			drain()
+			_, err = rv.Settle(ctx, 0)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, drain(), 1, "events admitted at once after the refund (1 may have refilled meanwhile)")
+		})
+	}
+}
