@@ -212,16 +212,21 @@ func (e *engine) check(key string, n int, rs *ruleSet) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if n < 0 {
-		return fmt.Errorf("redlimit: n = %d is negative: %w", n, ErrInvalidArgument)
-	}
-	if n > rs.maxN {
-		return fmt.Errorf("redlimit: n = %d, but %s allows at most %d at once: %w",
-			n, e.describe(rs), rs.maxN, ErrExceedsLimit)
-	}
-	if rs.logCap && n > MaxSlidingLogN {
-		return fmt.Errorf("redlimit: n = %d: a sliding log takes at most %d events per call (use a sliding counter or a bucket to weigh calls): %w",
-			n, MaxSlidingLogN, ErrInvalidArgument)
+	return e.checkCount("n", n, rs)
+}
+
+// checkCount rejects a count of events that rs cannot take in one call:
+// a call's n, or the used of a settle (name says which).
+func (e *engine) checkCount(name string, n int, rs *ruleSet) error {
+	switch {
+	case n < 0:
+		return fmt.Errorf("redlimit: %s = %d is negative: %w", name, n, ErrInvalidArgument)
+	case n > rs.maxN:
+		return fmt.Errorf("redlimit: %s = %d, but %s allows at most %d at once: %w",
+			name, n, e.describe(rs), rs.maxN, ErrExceedsLimit)
+	case rs.logCap && n > MaxSlidingLogN:
+		return fmt.Errorf("redlimit: %s = %d: a sliding log takes at most %d events per call (use a sliding counter or a bucket to weigh calls): %w",
+			name, n, MaxSlidingLogN, ErrInvalidArgument)
 	}
 	return nil
 }

@@ -135,19 +135,13 @@ func (r *Reservation) Result() Result { return r.res }
 // back (within the reservation lifetime); if it never does, it stands as
 // taken.
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
-	switch {
-	case used < 0 || used > MaxRate:
-		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d must be between 0 and %d: %w", r.key, used, MaxRate, ErrInvalidArgument)
-	case used > r.rs.maxN:
-		// As AllowN's n: a debt past what the limit holds would take the
-		// key out of service for longer than the limit describes.
-		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d, but %s allows at most %d at once: %w",
-			r.key, used, r.e.describe(r.rs), r.rs.maxN, ErrExceedsLimit)
-	case r.rs.logCap && used > MaxSlidingLogN:
-		// As AllowN's n: each event is an entry of the log.
-		return Result{}, fmt.Errorf("redlimit: settle %q: used = %d: a sliding log takes at most %d events per call: %w",
-			r.key, used, MaxSlidingLogN, ErrInvalidArgument)
-	case !r.res.Allowed:
+	// used is bounded as AllowN's n (and so below MaxRate): a debt past what
+	// the limit holds would take the key out of service for longer than
+	// the limit describes, and each event of a sliding log is an entry.
+	if err := r.e.checkCount("used", used, r.rs); err != nil {
+		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+	}
+	if !r.res.Allowed {
 		return Result{}, fmt.Errorf("redlimit: settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
 	}
 	r.mu.Lock()

@@ -116,8 +116,10 @@ local function check_tb(key, rate, period, burst, code, pxs)
   end
   local value, px, life = bucket_write(used + n * period, rate, period, pxs)
   write('SET', key, value, 'PX', px)
-  -- Tag: when the refill would have paid back what was used before these
-  -- n events (µs, rounded down), from which settle.lua bounds a refund.
+  if rid == '' then return true, avail, delay, reset_now, life, 0 end
+  -- A reservation's tag: when the refill would have paid back what was
+  -- used before these n events (µs, rounded down), from which settle.lua
+  -- bounds a refund.
   return true, avail, delay, reset_now, life, now + (used - used % rate) / rate
 end
 
