@@ -45,12 +45,7 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				key := "k"
 				var results []Result
 				for attempt := 1; ; attempt++ {
-					if !b.exact {
-						// Start just after a window edge (the server shares
-						// this host's clock).
-						now := time.Duration(time.Now().UnixNano())
-						time.Sleep(l.Period - now%l.Period + 5*time.Millisecond)
-					}
+					startAfterEdge(b, l)
 					began := time.Now()
 					results = results[:0]
 					for i := range c + 1 {
@@ -59,15 +54,7 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 						results = append(results, res)
 					}
 					took := time.Since(began)
-					var refills bool
-					switch s {
-					case FixedWindow, SlidingCounter:
-						refills = began.UnixNano()/int64(l.Period) != (began.UnixNano()+int64(took))/int64(l.Period)
-					case SlidingLog:
-						refills = took >= l.Period
-					default:
-						refills = took >= l.interval()
-					}
+					refills := refillsDuring(s, l, began, took)
 					if b.exact || !refills || attempt == 10 {
 						break
 					}
@@ -204,8 +191,31 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				l := suiteLimit(s)
 				lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)), WithBlock(300*time.Millisecond))
 				ctx := context.Background()
-				_, err := lim.AllowN(ctx, "k", capacity(l, s))
-				require.NoError(t, err)
+				// The allowance used, the TTL read and the call denied after
+				// it must fit in one window (and one interval of a bucket),
+				// as in "exhaust and recover"; on a loaded machine they may
+				// not: then again, on a new key.
+				var (
+					key string
+					ttl time.Duration
+					res Result
+					err error
+				)
+				for attempt := 1; ; attempt++ {
+					startAfterEdge(b, l)
+					key = fmt.Sprintf("k%d", attempt)
+					began := time.Now()
+					_, err = lim.AllowN(ctx, key, capacity(l, s))
+					require.NoError(t, err)
+					ttl, err = b.rdb.PTTL(ctx, lim.stateKey(key)).Result()
+					require.NoError(t, err)
+					res, err = lim.Allow(ctx, key)
+					took := time.Since(began)
+					if b.exact || !refillsDuring(s, l, began, took) || attempt == 10 {
+						break
+					}
+					t.Logf("attempt %d: the calls took %v, long enough for the limit to refill; again on a new key", attempt, took)
+				}
 				// How long the state matters, at most. A bucket lives at
 				// least one period, so that a lowered rate finds what was used.
 				most := map[Strategy]time.Duration{
@@ -215,11 +225,11 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 					TokenBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until full
 					LeakyBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until empty
 				}[s]
-				checkTTL(t, b.rdb, lim.stateKey("k"), most)
-				res, err := lim.Allow(ctx, "k")
+				assert.Greater(t, ttl, time.Duration(0), "PTTL of %s = %v, want in (0, %v]", key, ttl, most)
+				assert.LessOrEqual(t, ttl, most+time.Millisecond, "PTTL of %s = %v, want in (0, %v]", key, ttl, most)
 				require.NoError(t, err, "over the limit: %+v, %v", res, err)
 				require.False(t, res.Allowed, "over the limit: %+v, %v", res, err)
-				checkTTL(t, b.rdb, lim.stateKey("k")+blockSuffix, 300*time.Millisecond)
+				checkTTL(t, b.rdb, lim.stateKey(key)+blockSuffix, 300*time.Millisecond)
 			})
 			t.Run("SCRIPT FLUSH is invisible", func(t *testing.T) {
 				t.Parallel()
@@ -245,6 +255,32 @@ func oddKeys() []string {
 	return []string{
 		"user42", "}", "{", "{}", "{a}b", "}{x}", "a}b", "%7Ba%7Db", "%", "%%",
 		"a b\nc", "\x00", "\xff\xfe\xfd", "名前", strings.Repeat("k", 10<<10),
+	}
+}
+
+// startAfterEdge waits, on a real clock, until just after the start of a
+// window of l's period (the servers share this host's clock), so that a few
+// calls fit in one window.
+func startAfterEdge(b *backend, l Limit) {
+	if b.exact {
+		return
+	}
+	now := time.Duration(time.Now().UnixNano())
+	time.Sleep(l.Period - now%l.Period + 5*time.Millisecond)
+}
+
+// refillsDuring reports whether calls to a limiter of strategy s and limit l
+// that began at began and took took may have seen the limit refill: a window
+// edge (fixed window, sliding counter), a whole period (sliding log), one
+// interval (buckets).
+func refillsDuring(s Strategy, l Limit, began time.Time, took time.Duration) bool {
+	switch s {
+	case FixedWindow, SlidingCounter:
+		return began.UnixNano()/int64(l.Period) != (began.UnixNano()+int64(took))/int64(l.Period)
+	case SlidingLog:
+		return took >= l.Period
+	default:
+		return took >= l.interval()
 	}
 }
 
