@@ -222,6 +222,9 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	if err := checkKey(key); err != nil {
 		return nil, Result{}, err
 	}
+	if err := checkContext(ctx); err != nil {
+		return nil, Result{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
 	}
@@ -269,6 +272,9 @@ func (c *Concurrency) undo(ctx context.Context, state, id string) {
 // order. Each try is one TryAcquire, seen by the observer.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := checkContext(ctx); err != nil {
 		return nil, err
 	}
 	w := c.watch(key)
@@ -451,6 +457,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.c == nil {
 		return fmt.Errorf("redlimit: release a lease that Acquire did not return: %w", ErrInvalidArgument)
 	}
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("redlimit: release lease of %q: %w", l.key, err)
+	}
 	if !l.done.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -499,6 +508,9 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 func (l *Lease) Extend(ctx context.Context) error {
 	if l == nil || l.c == nil {
 		return fmt.Errorf("redlimit: extend a lease that Acquire did not return: %w", ErrInvalidArgument)
+	}
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, err)
 	}
 	c := l.c
 	if c.e.closed.Load() {

@@ -254,6 +254,9 @@ func (e *engine) rulesFor(ctx context.Context, key string) (*ruleSet, error) {
 // rulesChecked returns the rules that decide n events for key, or why the
 // call cannot be decided.
 func (e *engine) rulesChecked(ctx context.Context, key string, n int) (*ruleSet, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
 	rs, err := e.rulesFor(ctx, key)
 	if err != nil {
 		return nil, err
@@ -338,6 +341,9 @@ func (e *engine) reset(ctx context.Context, key string) error {
 		return ErrClosed
 	}
 	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := checkContext(ctx); err != nil {
 		return err
 	}
 	rs, err := e.rulesFor(ctx, key)

@@ -24,7 +24,7 @@ var (
 	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
 	ErrInvalidLimit = errors.New("redlimit: invalid limit")
 	// ErrInvalidArgument is returned for a call argument that cannot work: an
-	// empty key or a negative n.
+	// empty key, a negative n, a nil Context, a nil Reservation or Lease.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("redlimit: limiter closed")
@@ -205,6 +205,15 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 func checkKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("redlimit: empty key: %w", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// checkContext rejects a nil Context (a caller's bug, which would panic
+// deep inside the client), as net/http's NewRequestWithContext does.
+func checkContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("redlimit: nil Context: %w", ErrInvalidArgument)
 	}
 	return nil
 }

@@ -100,7 +100,13 @@ func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, 
 }
 
 // Result returns the decision made when the reservation was taken.
-func (r *Reservation) Result() Result { return r.res }
+// A nil Reservation's is the zero Result.
+func (r *Reservation) Result() Result {
+	if r == nil {
+		return Result{}
+	}
+	return r.res
+}
 
 // Settle records that used events really happened: used < n refunds the
 // difference, used > n charges the difference even past the limit (the key
@@ -112,7 +118,8 @@ func (r *Reservation) Result() Result { return r.res }
 // be settled again with a smaller used. A reservation settles once: a
 // second Settle returns ErrSettled and changes nothing, also when the
 // first one's reply was lost and the caller retries. Settling a denied
-// reservation is an error wrapping ErrInvalidArgument.
+// reservation, a nil one, or with a nil Context is an error wrapping
+// ErrInvalidArgument.
 //
 // A refund never gives back more than was taken, never lifts a key above
 // its full allowance, and never re-credits refill or a window that has
@@ -135,6 +142,12 @@ func (r *Reservation) Result() Result { return r.res }
 // back (within the reservation lifetime); if it never does, it stands as
 // taken.
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
+	if r == nil || r.e == nil {
+		return Result{}, fmt.Errorf("redlimit: settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
+	}
+	if err := checkContext(ctx); err != nil {
+		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+	}
 	// used is bounded as AllowN's n (and so below MaxRate): a debt past what
 	// the limit holds would take the key out of service for longer than
 	// the limit describes, and each event of a sliding log is an entry.
