@@ -3,12 +3,17 @@
 // unlike time, does not move when other jobs share the machine, so that a
 // change to a script shows as a figure, not as noise.
 //
-//	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir]
+//	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir] [-variants dir,...]
 //	go run ./cmd/instructions -library cmd/instructions/costs.lua -functions ret,floor10,mod10 [-n 2000]
 //
 // With -keep, each contender's callgrind dump is kept in dir (named after
 // the contender) for callgrind_annotate, which shows where its
 // instructions went, function by function.
+//
+// With -variants, each redlimit contender that runs a script is also
+// counted with its script rebuilt from another copy of scripts/*.lua (as
+// cmd/compare's -variants does): a change to a script shows as a figure
+// before it is made.
 //
 // With -library, it measures instead each function that -functions names
 // in that Redis Functions library (FCALL with the keys {k}1, {k}2 and
@@ -61,6 +66,7 @@ func run() error {
 	keep := flag.String("keep", "", "keep each contender's callgrind dump in this directory")
 	library := flag.String("library", "", "instead of the contenders, measure the functions of this Redis Functions library (a file)")
 	functions := flag.String("functions", "", "with -library: comma-separated names of its functions to measure")
+	variants := flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each scripted redlimit contender is also counted with its script built from them")
 	flag.Parse()
 	var match *regexp.Regexp
 	if *only != "" {
@@ -103,7 +109,17 @@ func run() error {
 	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
 	ctx := context.Background()
-	for _, c := range bench.Contenders() {
+	cs := bench.Contenders()
+	if *variants != "" {
+		for _, dir := range strings.Split(*variants, ",") {
+			for _, c := range cs {
+				if c.Scripted && c.Kind == "redlimit" && !strings.Contains(c.Name, "[") && !strings.Contains(c.Name, "(functions)") {
+					cs = append(cs, bench.Variant(c, dir))
+				}
+			}
+		}
+	}
+	for _, c := range cs {
 		if match != nil && !match.MatchString(c.Name) && c.Name != "INCR" {
 			continue
 		}
