@@ -24,7 +24,8 @@ var (
 	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
 	ErrInvalidLimit = errors.New("redlimit: invalid limit")
 	// ErrInvalidArgument is returned for a call argument that cannot work: an
-	// empty key, a negative n, a nil Context, a nil Reservation or Lease.
+	// empty key, a negative n, a nil Context, a Reservation or Lease that
+	// Reserve or Acquire did not return.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("redlimit: limiter closed")
