@@ -169,21 +169,40 @@ func TestAbuseFeaturesRedis(t *testing.T) {
 	b := realBackend(t)
 	ctx := context.Background()
 	t.Run("block", func(t *testing.T) {
-		lim := newLimiter(t, b.rdb, SlidingLog, Limit{Rate: 1, Period: 100 * time.Millisecond}, WithPrefix(prefixFor(t)), WithBlock(300*time.Millisecond))
-		lim.Allow(ctx, "k")
-		res, err := lim.Allow(ctx, "k")
+		l := Limit{Rate: 1, Period: 100 * time.Millisecond}
+		lim := newLimiter(t, b.rdb, SlidingLog, l, WithPrefix(prefixFor(t)), WithBlock(300*time.Millisecond))
+		// The two calls must fall within one period (the block must stay
+		// longer than the limit's own retry, so the period stays short);
+		// on a loaded machine they may not: then again, on a new key.
+		var (
+			key string
+			res Result
+			err error
+		)
+		for attempt := 1; ; attempt++ {
+			key = fmt.Sprint("k", attempt)
+			began := time.Now()
+			lim.Allow(ctx, key)
+			res, err = lim.Allow(ctx, key)
+			took := time.Since(began)
+			if !refillsDuring(SlidingLog, l, began, took) || attempt == 10 {
+				break
+			}
+			t.Logf("attempt %d: the calls took %v, longer than the period; again on a new key", attempt, took)
+		}
 		require.NoError(t, err, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
 		require.False(t, res.Allowed, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
 		require.GreaterOrEqual(t, res.RetryAfter, 290*time.Millisecond, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
 		require.LessOrEqual(t, res.RetryAfter, 300*time.Millisecond, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
-		checkTTL(t, b.rdb, lim.stateKey("k")+blockSuffix, 300*time.Millisecond)
-		require.NoError(t, lim.Reset(ctx, "k"))
-		n, _ := b.rdb.Exists(ctx, lim.stateKey("k")+blockSuffix).Result()
+		checkTTL(t, b.rdb, lim.stateKey(key)+blockSuffix, 300*time.Millisecond)
+		require.NoError(t, lim.Reset(ctx, key))
+		n, _ := b.rdb.Exists(ctx, lim.stateKey(key)+blockSuffix).Result()
 		require.Zero(t, n, "Reset left the block key")
 	})
 	t.Run("deny cache", func(t *testing.T) {
 		var seen decisions
-		lim := newLimiter(t, b.rdb, FixedWindow, PerMinute(1), WithPrefix(prefixFor(t)), WithDenyCache(10), WithObserver(seen.record))
+		// An hour: a window edge between the calls would admit the second.
+		lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithPrefix(prefixFor(t)), WithDenyCache(10), WithObserver(seen.record))
 		lim.Allow(ctx, "k")
 		lim.Allow(ctx, "k")
 		res, _ := lim.Allow(ctx, "k")

@@ -16,6 +16,7 @@ import (
 // limiter given one works as with a plain client: scripts, NOSCRIPT
 // recovery, and the fallback when Redis dies and comes back.
 func TestAutoPipeliner(t *testing.T) {
+	clearOfHourEdge(t, 30*time.Second) // windows of an hour, on a real clock
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
 	defer rdb.Close()

@@ -36,6 +36,7 @@ func clusterClient(t *testing.T, c *redistest.Cluster, reload time.Duration) *re
 }
 
 func TestBehaviourCluster(t *testing.T) {
+	clearOfHourEdge(t, time.Minute) // the suite's hour-long windows, on a real clock
 	testBehaviour(t, func(t *testing.T) *backend {
 		rdb := clusterClient(t, realCluster(t), time.Second)
 		return &backend{name: "cluster", rdb: rdb, advance: time.Sleep}
@@ -52,6 +53,7 @@ func TestConcurrencyCluster(t *testing.T) {
 // meets CROSSSLOT; keys spread over every master; two limited keys never
 // share a Redis key.
 func TestClusterKeySlots(t *testing.T) {
+	clearOfHourEdge(t, 30*time.Second) // a window of an hour, on a real clock
 	c := realCluster(t)
 	rdb := clusterClient(t, c, time.Second)
 	ctx := context.Background()

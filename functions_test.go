@@ -68,6 +68,7 @@ func fcalls(t *testing.T, rdb *redis.Client) int {
 // server has functions (Redis 7, Valkey), again after FUNCTION FLUSH, and
 // runs the script where it has none (Redis 6).
 func TestRedisFunctionsRedis(t *testing.T) {
+	clearOfHourEdge(t, 30*time.Second) // windows of an hour, on a real clock
 	_, rdb, hasFunctions := ownServer(t)
 	ctx := context.Background()
 	limit := Limit{Rate: 6, Period: time.Hour, Burst: 6}
@@ -169,6 +170,7 @@ func TestRedisFunctionsMissing(t *testing.T) {
 // In a cluster, each master loads the library when a key of it first asks
 // (on Redis 6, the limiter runs its script).
 func TestRedisFunctionsCluster(t *testing.T) {
+	clearOfHourEdge(t, 30*time.Second) // windows of an hour, on a real clock
 	c := realCluster(t)
 	hasFunctions := serverVersion(t).AtLeast(7, 0)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
@@ -546,7 +548,7 @@ func TestRedisFunctionsHostileInputRedis(t *testing.T) {
 	assert.Equal(t, size, after, "a refused call wrote to Redis")
 
 	p, err := NewPolicy(rdb, []Rule{
-		{Name: inject, Strategy: FixedWindow, Limit: PerSecond(2)},
+		{Name: inject, Strategy: FixedWindow, Limit: PerHour(2)}, // three calls in one window, on a real clock
 		{Name: "]] ' \" \\ end) QZX", Strategy: SlidingCounter, Limit: PerMinute(100)},
 	}, WithRedisFunctions())
 	require.NoError(t, err)

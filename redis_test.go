@@ -52,6 +52,7 @@ func steadyOptions(addr string) *redis.Options {
 }
 
 func TestBehaviourRedis(t *testing.T) {
+	clearOfHourEdge(t, time.Minute) // the suite's hour-long windows, on a real clock
 	testBehaviour(t, realBackend)
 }
 

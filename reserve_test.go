@@ -285,6 +285,7 @@ func TestReserveSettleLostReplyRedis(t *testing.T) {
 // 64 goroutines reserve and settle at random: what the key has charged is
 // exactly the sum of what was settled.
 func TestReserveConcurrentRedis(t *testing.T) {
+	clearOfHourEdge(t, 30*time.Second) // windows of an hour, on a real clock
 	opts := redistest.TunedOptions(realServer(t).Addr)
 	opts.PoolSize, opts.PoolTimeout = 64, 2*time.Second // one connection per goroutine
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = time.Second, time.Second, time.Second
@@ -561,9 +562,14 @@ func TestFallbackRefundNoRefill(t *testing.T) {
 				return admitted
 			}
 			drain()
+			drained := time.Now()
 			_, err = rv.Settle(ctx, 0)
 			require.NoError(t, err)
-			assert.LessOrEqual(t, drain(), 1, "events admitted at once after the refund (1 may have refilled meanwhile)")
+			got := drain()
+			// What refilled since the drain (one event each 10 ms, and one
+			// more for the event under way); the defect gave back 10 to 100.
+			refilled := 1 + int(time.Since(drained)/(10*time.Millisecond))
+			assert.LessOrEqual(t, got, refilled, "events admitted at once after the refund (%d may have refilled meanwhile)", refilled)
 		})
 	}
 }
