@@ -37,12 +37,18 @@ func ownServer(t *testing.T) (*redistest.Server, *redis.Client, bool) {
 // fcallStats returns INFO commandstats' fields for FCALL (calls,
 // failed_calls, rejected_calls...), empty where none ran.
 func fcallStats(t *testing.T, rdb *redis.Client) map[string]int {
+	return commandStats(t, rdb, "fcall")
+}
+
+// commandStats returns INFO commandstats' fields for command cmd (lower
+// case), empty where it never ran.
+func commandStats(t *testing.T, rdb *redis.Client, cmd string) map[string]int {
 	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	require.NoError(t, err)
 	fields := map[string]int{}
 	for line := range strings.SplitSeq(info, "\n") {
-		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:")
+		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
 		if !ok {
 			continue
 		}

@@ -1,9 +1,12 @@
 package redlimit
 
 import (
+	"math"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,4 +61,88 @@ func TestSlidingLogSameMicrosecond(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	n, _ = b.rdb.Exists(ctx, big.stateKey("other")).Result()
 	require.Zero(t, n, "a refused AllowN wrote its key")
+}
+
+// After a lowered limit the log holds more events than the new rate: a
+// denial's RetryAfter is when enough of them have left for n more (the
+// (count+n-rate)-th oldest), exactly, on miniredis's clock.
+func TestSlidingLogLoweredLimit(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	high := newLimiter(t, b.rdb, SlidingLog, PerMinute(1000), WithPrefix("lowered"))
+	for range 100 { // events at 0, 1ms, ..., 99ms
+		res, err := high.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		b.advance(time.Millisecond)
+	}
+	// Now 100ms; the same log under a rate of 10 holds 100 events.
+	low := newLimiter(t, b.rdb, SlidingLog, PerMinute(10), WithPrefix("lowered"))
+	for _, n := range []int{1, 3, 10} {
+		// count + n - rate = 90 + n: the event of (89 + n) ms must leave,
+		// at (89 + n) ms + 1 min.
+		want := time.Minute + time.Duration(89+n)*time.Millisecond - 100*time.Millisecond
+		res, err := low.AllowN(ctx, "k", n)
+		require.NoError(t, err)
+		assert.False(t, res.Allowed, "n=%d: %+v", n, res)
+		assert.Equal(t, want, res.RetryAfter, "n=%d: %+v", n, res)
+	}
+	b.advance(time.Minute + 89*time.Millisecond + time.Millisecond - 100*time.Millisecond - time.Microsecond)
+	res, err := low.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "1 µs before RetryAfter: %+v", res)
+	b.advance(time.Microsecond)
+	res, err = low.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "at RetryAfter: %+v", res)
+}
+
+// A denial's cost in Redis does not grow with how far the log is over a
+// lowered limit: it finds the event that must leave by rank, not by
+// walking past the events before it. (It walked them: with 100,000 events
+// over the limit each denial held Redis for about 0.6 ms.) Real Redis: its
+// sorted sets are skiplists past 128 members, miniredis's are not.
+func TestSlidingLogLoweredLimitCostRedis(t *testing.T) {
+	b := realBackend(t)
+	rdb := b.rdb.(*redis.Client)
+	ctx := t.Context()
+	high := newLimiter(t, rdb, SlidingLog, PerHour(MaxSlidingLogRate), WithPrefix(prefixFor(t)))
+	low := newLimiter(t, rdb, SlidingLog, PerHour(10), WithPrefix(prefixFor(t)))
+	for range MaxSlidingLogRate / MaxSlidingLogN {
+		_, err := high.AllowN(ctx, "big", MaxSlidingLogN)
+		require.NoError(t, err)
+	}
+	for range 10 {
+		_, err := high.Allow(ctx, "small")
+		require.NoError(t, err)
+	}
+	_, err := low.AllowN(ctx, "warm", 0) // loads its script
+	require.NoError(t, err)
+	// Redis's own µs per denial (INFO commandstats, scripts or functions),
+	// on a log 10 over the limit and on one 99,990 over it: the least of
+	// five blocks of 20, taken in turn, so that a moment when the machine
+	// preempts Redis does not decide.
+	perCall := func(key string) float64 {
+		require.NoError(t, rdb.ConfigResetStat(ctx).Err())
+		for range 20 {
+			res, err := low.Allow(ctx, key)
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "%s: %+v", key, res)
+		}
+		usec, calls := 0, 0
+		for _, cmd := range []string{"evalsha", "eval", "fcall"} {
+			st := commandStats(t, rdb, cmd)
+			usec += st["usec"]
+			calls += st["calls"]
+		}
+		require.Equal(t, 20, calls, "script calls")
+		return float64(usec) / float64(calls)
+	}
+	small, big := math.Inf(1), math.Inf(1)
+	for range 5 {
+		small = min(small, perCall("small"))
+		big = min(big, perCall("big"))
+	}
+	t.Logf("Redis µs per denial: %.1f with 10 events in the log, %.1f with 100,000", small, big)
+	assert.Less(t, big, 3*small+20, "a denial on a log far over the limit costs Redis %.1f µs, against %.1f", big, small)
 }

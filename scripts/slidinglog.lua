@@ -69,11 +69,15 @@ local function check_sl(key, rate, period, burst, code, pxs)
   local avail = rate - count
   if n > avail then
     -- The (count+n-rate)-th oldest event in the window must leave first.
+    -- The window's events are the newest count in the set, so that event
+    -- is the (rate-n)-th newest (from 0), which ZREVRANGE finds by rank,
+    -- in O(log N), where ZRANGEBYSCORE ... LIMIT walks the events before
+    -- it: after a lowered limit (count far over rate) each denial held
+    -- Redis for the walk.
     local retry = reset_now
     if n <= rate then
-      local skip = count + n - rate - 1
-      if skip == 0 then skip = '0' end -- the usual case; a string costs Redis less
-      local e = rcall('ZRANGEBYSCORE', key, lower, '+inf', 'LIMIT', skip, '1')
+      local r = rate - n
+      local e = rcall('ZREVRANGE', key, r, r)
       retry = score(e[1]) + period - now
     end
     return false, avail, retry, reset_now, reset_now
