@@ -203,7 +203,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 				return ok && n <= int64(wl.Rate)
 			}
 		}
-		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureScript(ctx, env, c, w) }, allowed})
+		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureCeiling(ctx, env, c, w) }, allowed})
 		if c.Name == tokenBucketName {
 			// The same decisions by the token bucket written out without
 			// the engine: its key, taken from the library's own command
@@ -211,7 +211,7 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 			// defaults, see scripts/common.lua), and its limit, the
 			// workload's (Burst = Rate), passed as arguments.
 			jobs = append(jobs, job{"token bucket inlined (no engine)", func(w string) ([]any, error) {
-				args, err := captureScript(ctx, env, c, w)
+				args, err := captureCeiling(ctx, env, c, w)
 				if err != nil {
 					return nil, err
 				}
@@ -359,11 +359,15 @@ func (row *CeilingRow) addInner(stats map[string]cmdStat, main string) {
 // captureScript does, and replaces the script's SHA by that of the same
 // parts read from dir (loaded into Redis here).
 func variantScript(ctx context.Context, env *Env, c Contender, w, dir string) ([]any, error) {
-	args, err := captureScript(ctx, env, c, w)
+	wl, err := ceilingWorkload(w)
 	if err != nil {
 		return nil, err
 	}
-	sha, err := loadVariant(ctx, env, c, dir)
+	args, err := captureScript(ctx, env, c, wl)
+	if err != nil {
+		return nil, err
+	}
+	sha, err := loadVariant(ctx, env, c, wl, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +382,7 @@ const keyPlaceholder = "\x00KEY\x00"
 // contender sends, and returns it with the limited key replaced by
 // keyPlaceholder. (A function's library, loaded by that decision, stays
 // loaded: FLUSHALL keeps it.)
-func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
+func captureScript(ctx context.Context, env *Env, c Contender, w *Workload) ([]any, error) {
 	hook := &captureHook{}
 	if err := capture(ctx, env, c, w, hook); err != nil {
 		return nil, err
@@ -396,11 +400,23 @@ func captureScript(ctx context.Context, env *Env, c Contender, w string) ([]any,
 	return args, nil
 }
 
-// captureSource makes one decision of contender c, as captureScript does,
-// and returns the source of the script it runs.
-func captureSource(ctx context.Context, env *Env, c Contender) (string, error) {
+// captureCeiling is captureScript for the ceiling's workload w (see
+// ceilingWorkload).
+func captureCeiling(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
+	wl, err := ceilingWorkload(w)
+	if err != nil {
+		return nil, err
+	}
+	return captureScript(ctx, env, c, wl)
+}
+
+// captureSource makes one decision of contender c for workload w, as
+// captureScript does, and returns the source of the script it runs (with
+// w's limit written in, for a limiter that writes its rules into its
+// script).
+func captureSource(ctx context.Context, env *Env, c Contender, w *Workload) (string, error) {
 	hook := &captureHook{source: true}
-	if err := capture(ctx, env, c, "one", hook); err != nil {
+	if err := capture(ctx, env, c, w, hook); err != nil {
 		return "", err
 	}
 	hook.mu.Lock()
@@ -416,17 +432,14 @@ const captureKey = "capture"
 
 // capture makes one decision of contender c for workload w, on key
 // captureKey, through a client of its own with hook.
-func capture(ctx context.Context, env *Env, c Contender, w string, hook *captureHook) error {
+func capture(ctx context.Context, env *Env, c Contender, w *Workload, hook *captureHook) error {
 	opts := *env.RDB.Options()
 	rdb := redis.NewClient(&opts)
 	defer rdb.Close()
 	rdb.AddHook(hook)
-	wl, err := ceilingWorkload(w)
-	if err != nil {
-		return err
-	}
+	wl := *w
 	wl.Keys = []string{captureKey}
-	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, wl)
+	dec, release, err := c.Setup(&Env{Addr: env.Addr, RDB: rdb}, &wl)
 	if err != nil {
 		return err
 	}

@@ -144,6 +144,14 @@ func TestRedisModes(t *testing.T) {
 	if got := len(vceil.Rows); got != want {
 		t.Errorf("ceiling with a variant: %d rows, want %d", got, want)
 	}
+	// The variant runs at its workload's limit: on the hot key (100/s,
+	// offered far more) it is denied as its contender is, not allowed at
+	// the limit of another workload.
+	for _, row := range vceil.Rows {
+		if row.Workload == "hot" && strings.HasPrefix(row.Name, "redlimit") {
+			assert.Less(t, row.GoAllowed, 0.5, "ceiling hot %s: %.0f%% allowed of %.0f/s, want the 100/s limit to deny most", row.Name, 100*row.GoAllowed, row.GoOps)
+		}
+	}
 
 	require.NoError(t, env.EnableAutoPipeline())
 	ns, err := CheckNoScript(ctx, env)

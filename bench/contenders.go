@@ -197,12 +197,12 @@ func Variant(c Contender, dir string) Contender {
 	v.Name = fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir))
 	v.Setup = func(env *Env, w *Workload) (Decider, func(), error) {
 		ctx := context.Background()
-		args, err := captureScript(ctx, env, c, "one")
+		args, err := captureScript(ctx, env, c, w)
 		if err != nil {
 			return nil, nil, err
 		}
 		from := fmt.Sprint(args[1])
-		to, err := loadVariant(ctx, env, c, dir)
+		to, err := loadVariant(ctx, env, c, w, dir)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -225,16 +225,18 @@ func Variant(c Contender, dir string) Contender {
 	return v
 }
 
-// loadVariant loads the script of contender c with every part of the
-// library's scripts/ replaced by the file of the same name in dir, and
-// returns its SHA. It starts from the script the library sends (captured
-// from the EVAL that follows a NOSCRIPT), so that what the library writes
-// into a script (a limiter's rules) stays as it is.
-func loadVariant(ctx context.Context, env *Env, c Contender, dir string) (string, error) {
+// loadVariant loads the script of contender c for workload w with every
+// part of the library's scripts/ replaced by the file of the same name in
+// dir, and returns its SHA. It starts from the script the library sends
+// for w (captured from the EVAL that follows a NOSCRIPT), so that what the
+// library writes into a script (a limiter's rules, w's limit) stays as it
+// is. (Captured for another workload, a variant of the hot key ran at the
+// other's limit, and filled the key that its contender shares.)
+func loadVariant(ctx context.Context, env *Env, c Contender, w *Workload, dir string) (string, error) {
 	if !c.Scripted {
 		return "", fmt.Errorf("%s has no scripts to vary", c.Name)
 	}
-	src, err := captureSource(ctx, env, c)
+	src, err := captureSource(ctx, env, c, w)
 	if err != nil {
 		return "", err
 	}
