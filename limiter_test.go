@@ -262,10 +262,10 @@ func oddKeys() []string {
 	}
 }
 
-// clearOfHourEdge waits, when the next hour begins within need, until it
-// has begun: tests on a real clock with windows of an hour (and tests that
-// must not see a minute's edge, with need of a minute) then run in one
-// window. It costs a test at most need, once in 3600/need runs.
+// clearOfHourEdge waits, when the next hour begins within need (the
+// longest the test's calls can take), until it has begun, so that a test
+// on a real clock with windows of an hour runs in one window. It costs a
+// test at most need, once in 3600/need runs.
 func clearOfHourEdge(t testing.TB, need time.Duration) {
 	t.Helper()
 	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < need {
