@@ -144,8 +144,8 @@ func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time
 		args.own.script = nil // the rules as arguments, with the script for any strategy
 
 		maxN := baked.own.maxN
-		if baked.own.logCap {
-			maxN = min(maxN, MaxSlidingLogN)
+		if baked.own.logs > 0 {
+			maxN = min(maxN, MaxSlidingLogN/baked.own.logs)
 		}
 		for i := range 60 {
 			switch rng.IntN(4) {

@@ -146,3 +146,35 @@ func TestSlidingLogLoweredLimitCostRedis(t *testing.T) {
 	t.Logf("Redis µs per denial: %.1f with 10 events in the log, %.1f with 100,000", small, big)
 	assert.Less(t, big, 3*small+20, "a denial on a log far over the limit costs Redis %.1f µs, against %.1f", big, small)
 }
+
+// A policy writes n members in each of its sliding logs: n times their
+// number is at most MaxSlidingLogN, for AllowN and for Settle's used alike.
+func TestPolicySlidingLogsBoundN(t *testing.T) {
+	b, m := miniBackend(t)
+	ctx := t.Context()
+	rules := make([]Rule, 4)
+	for i := range rules {
+		rules[i] = Rule{Strategy: SlidingLog, Limit: Limit{Rate: 10_000, Period: time.Duration(i+1) * time.Minute}}
+	}
+	p := newPolicy(t, b.rdb, rules, WithPrefix("logs"))
+	each := MaxSlidingLogN / len(rules)
+	_, err := p.AllowN(ctx, "k", each+1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Empty(t, m.Keys(), "a refused call wrote")
+	res, err := p.AllowN(ctx, "k", each)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	rv, err := p.Reserve(ctx, "k", 1)
+	require.NoError(t, err)
+	_, err = rv.Settle(ctx, each+1)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = rv.Settle(ctx, each)
+	require.NoError(t, err, "the reservation stays pending after a refused used")
+	// A policy with one sliding log among other rules keeps the whole bound.
+	one := newPolicy(t, b.rdb, []Rule{
+		{Strategy: SlidingLog, Limit: Limit{Rate: 10_000, Period: time.Minute}},
+		{Strategy: SlidingCounter, Limit: Limit{Rate: 10_000, Period: time.Minute}},
+	}, WithPrefix("one"))
+	_, err = one.AllowN(ctx, "k", MaxSlidingLogN)
+	require.NoError(t, err)
+}
