@@ -178,3 +178,36 @@ func TestPolicySlidingLogsBoundN(t *testing.T) {
 	_, err = one.AllowN(ctx, "k", MaxSlidingLogN)
 	require.NoError(t, err)
 }
+
+// Settles that charge past the limit again and again leave the log at no
+// more than rate entries, and decide as before: the key is denied until
+// the newest charge leaves the window. (Each used to add up to rate more:
+// 1,000 settles of 1,000 on 1,000 an hour left a million entries.)
+func TestSlidingLogChargesKeepRateEntries(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	const rate = 100
+	lim := newLimiter(t, b.rdb, SlidingLog, PerHour(rate), WithPrefix("charges"))
+	var rvs []*Reservation
+	for range rate {
+		rv, err := lim.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, rv.Result().Allowed)
+		rvs = append(rvs, rv)
+		b.advance(time.Millisecond)
+	}
+	for _, rv := range rvs {
+		_, err := rv.Settle(ctx, rate)
+		require.NoError(t, err)
+		b.advance(time.Millisecond)
+	}
+	n, err := b.rdb.ZCard(ctx, lim.stateKey("k")).Result()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, n, int64(rate), "entries after %d settles charging %d each", rate, rate-1)
+	// The window's newest 100 entries: the last settle's 99, 1 ms ago,
+	// and one of the settle before, 2 ms ago, which must leave first.
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "%+v", res)
+	assert.Equal(t, time.Hour-2*time.Millisecond, res.RetryAfter, "%+v", res)
+}

@@ -14,7 +14,8 @@
 -- back yet (see A.tb: never refill that already happened, never above
 -- full). used > reserved charges the difference even past the limit:
 -- the key owes it, and later calls are denied until the refill or the
--- window pays it back.
+-- window pays it back (a sliding log owes at most one full window, see
+-- A.sl).
 --
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed, or
 -- never recorded (nothing changes); else the state after settling, as a
@@ -89,6 +90,14 @@ A.sl = function(key, rate, period, tag)
       args = {'ZADD', key}
     end
   end
+  -- The log keeps only its newest rate entries: a decision reads no
+  -- further back (it is allowed only with fewer than rate in the window,
+  -- and a denial's retry is the (rate-n)-th newest), so older ones would
+  -- decide nothing, and settles charging past the limit again and again
+  -- grew the log to rate x 1000 entries (143 MB at 1,000 an hour, and a
+  -- 389 ms trim once they left the window). The key owes at most one full
+  -- window; a refund finds only its entries still kept.
+  redis.call('ZREMRANGEBYRANK', key, 0, -(rate + 1))
   local ttl = redis.call('PTTL', key)
   if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
 end
