@@ -793,3 +793,37 @@ func TestZeroLease(t *testing.T) {
 	require.NoError(t, nl.Release(ctx))
 	require.ErrorIs(t, nl.Extend(ctx), ErrInvalidArgument)
 }
+
+// Expired leases go at most 16 a call, so that one acquire never clears a
+// large batch at once (100,000 expiring together took one acquire 24.5
+// ms); until they go they hold no slot, a denial's RetryAfter skips them,
+// and an expired lease is never extended back to life.
+func TestConcurrencyExpiredGoGradually(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	big := newConc(t, b.rdb, 1000, time.Minute, WithPrefix("expired"))
+	small := newConc(t, b.rdb, 2, time.Minute, WithPrefix("expired"))
+	var first *Lease
+	for i := range 100 {
+		l, _ := mustTry(t, big, "k")
+		if i == 0 {
+			first = l
+		}
+	}
+	b.advance(30 * time.Second)
+	mustTry(t, big, "k") // live until 1m30s; keeps the set alive
+	b.advance(45 * time.Second)
+	// 100 expired at 1m, one live: small (max 2) has one slot.
+	key := small.e.stateKey("k", &small.e.own.rules[0])
+	mustTry(t, small, "k")
+	n, err := b.rdb.ZCard(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(101-16+1), n, "leases kept after one acquire")
+	l, res, err := small.TryAcquire(ctx, "k")
+	require.NoError(t, err)
+	require.Nil(t, l, "a third live lease on max 2: %+v", res)
+	assert.Equal(t, 15*time.Second, res.RetryAfter, "until the older live lease expires, at 1m30s: %+v", res)
+	require.ErrorIs(t, first.Extend(ctx), ErrLeaseExpired, "an expired lease still in the set")
+	score, err := b.rdb.ZScore(ctx, key, first.id).Result()
+	assert.ErrorIs(t, err, redis.Nil, "the expired lease was extended back: score %v", score)
+}
