@@ -11,11 +11,13 @@
 -- reservation's events end in ".<reservation id>" (the first as
 -- "<µs>:10.<id>"), so that settle.lua can find them.
 -- An event admitted at s counts while now < s + period. Denials write
--- nothing. Expired members are trimmed when an event is admitted and the
--- newest one was in another eighth of a period (cells of period / 8 µs),
--- or there is none in the window: the decisions never depend on the trim,
--- and the set then holds, besides the window's events, at most those of
--- less than period / 8 before it. The key expires when its newest event
+-- nothing. Expired members are trimmed when an event is admitted, at most
+-- 2n + 64 of them, once 64 are behind or when the newest one was in
+-- another eighth of a period (cells of period / 8 µs), or there is none in
+-- the window: the decisions never depend on the trim, and the set then
+-- holds, besides the window's events, those of less than period / 8
+-- before it and fewer than 64 more, or a backlog left by events that
+-- left the window together, which each admission shrinks. The key expires when its newest event
 -- leaves the window (at least 2 ms after the write); an event admitted in
 -- the same ms as the newest, which set that expiry, leaves it as it is.
 -- Burst is ignored. Tag (for a reservation): the admission time.
@@ -98,9 +100,21 @@ local function check_sl(key, rate, period, burst, code, pxs)
       end
       if m then i = next_index(m) end
     end
-    local cell = (period - period % 8) / 8
-    if newest == nil or newest - newest % cell ~= now - now % cell then
-      write('ZREMRANGEBYSCORE', key, '-inf', string.sub(lower, 2))
+    -- Expired events are the lowest scores (the window's are the newest
+    -- count): they go by rank, at most 2n + 64 a call, so that no call
+    -- removes a large batch at once (100,000 events leaving the window
+    -- together took one trim of them all 24.8 ms), and an admission takes
+    -- away more than it adds. They go once 64 are behind, or when the
+    -- newest event was in another eighth of a period (cells of period / 8
+    -- µs), so that a slow log keeps few.
+    local expired = rcall('ZCARD', key) - count
+    if expired > 0 then
+      local cell = (period - period % 8) / 8
+      if expired >= 64 or newest == nil or newest - newest % cell ~= now - now % cell then
+        local k = 2 * n + 64
+        if expired < k then k = expired end
+        write('ZREMRANGEBYRANK', key, '0', k - 1)
+      end
     end
     if n == 1 then
       write('ZADD', key, nowstr, member(nowstr, i))
