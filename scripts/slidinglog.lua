@@ -14,10 +14,11 @@
 -- nothing. Expired members are trimmed when an event is admitted, at most
 -- 2n + 64 of them, once 64 are behind or when the newest one was in
 -- another eighth of a period (cells of period / 8 µs), or there is none in
--- the window: the decisions never depend on the trim, and the set then
--- holds, besides the window's events, those of less than period / 8
--- before it and fewer than 64 more, or a backlog left by events that
--- left the window together, which each admission shrinks. The key expires when its newest event
+-- the window: the decisions never depend on the trim. Besides the
+-- window's events the set holds fewer than 64 expired ones, or those of
+-- less than period / 8 before the window, or a backlog left by events
+-- that left the window together, which each admission shrinks by at least
+-- n + 64. The key expires when its newest event
 -- leaves the window (at least 2 ms after the write); an event admitted in
 -- the same ms as the newest, which set that expiry, leaves it as it is.
 -- Burst is ignored. Tag (for a reservation): the admission time.
