@@ -53,8 +53,8 @@ const (
 // comes back within ttl, with nobody cleaning up. Each limited key is one
 // sorted set, <prefix>:{<key>}:cc (key escaped as for the rate limiters,
 // one Redis Cluster slot), with a member per live lease and its expiry as
-// the score; one script prunes expired leases, counts and adds, in one
-// round trip. The key's own TTL is the latest lease's expiry, set on every
+// the score; one script counts live leases, prunes at most 16 expired
+// ones and adds, in one round trip. The key's own TTL is the latest lease's expiry, set on every
 // acquire and extend.
 //
 // When Redis is unavailable (see [FallbackPolicy]), calls are answered in
