@@ -129,12 +129,7 @@ func TestSlidingLogLoweredLimitCostRedis(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, res.Allowed, "%s: %+v", key, res)
 		}
-		usec, calls := 0, 0
-		for _, cmd := range []string{"evalsha", "eval", "fcall"} {
-			st := commandStats(t, rdb, cmd)
-			usec += st["usec"]
-			calls += st["calls"]
-		}
+		usec, calls := scriptStats(t, rdb)
 		require.Equal(t, 20, calls, "script calls")
 		return float64(usec) / float64(calls)
 	}
@@ -290,12 +285,7 @@ func TestSlidingLogTrimCostRedis(t *testing.T) {
 			res, err := lim.Allow(ctx, key)
 			require.NoError(t, err)
 			require.True(t, res.Allowed, "%s: %+v", key, res)
-			usec, calls := 0, 0
-			for _, cmd := range []string{"evalsha", "eval", "fcall"} {
-				st := commandStats(t, rdb, cmd)
-				usec += st["usec"]
-				calls += st["calls"]
-			}
+			usec, calls := scriptStats(t, rdb)
 			require.Equal(t, 1, calls)
 			most = max(most, float64(usec))
 		}
@@ -311,4 +301,16 @@ func TestSlidingLogTrimCostRedis(t *testing.T) {
 	// took 20 ms or more.
 	assert.Less(t, big, 5000.0, "an admission on a log with 99,000 expired events cost Redis %.0f µs (one on a small log %.0f)", big, small)
 	assert.Greater(t, left, int64(90_000), "the expired events went at once")
+}
+
+// scriptStats returns the µs Redis spent in scripts and functions, and
+// their calls, since the last CONFIG RESETSTAT (INFO commandstats).
+func scriptStats(t *testing.T, rdb *redis.Client) (usec, calls int) {
+	t.Helper()
+	for _, cmd := range []string{"evalsha", "eval", "fcall"} {
+		st := commandStats(t, rdb, cmd)
+		usec += st["usec"]
+		calls += st["calls"]
+	}
+	return usec, calls
 }
