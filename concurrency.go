@@ -54,8 +54,8 @@ const (
 // sorted set, <prefix>:{<key>}:cc (key escaped as for the rate limiters,
 // one Redis Cluster slot), with a member per live lease and its expiry as
 // the score; one script counts live leases, prunes at most 16 expired
-// ones and adds, in one round trip. The key's own TTL is the latest lease's expiry, set on every
-// acquire and extend.
+// ones and adds, in one round trip. The key's own TTL is the latest
+// lease's expiry, set on every acquire and extend.
 //
 // When Redis is unavailable (see [FallbackPolicy]), calls are answered in
 // process with Result.Degraded set, and a monitor brings them back to
@@ -272,9 +272,6 @@ func (c *Concurrency) undo(ctx context.Context, state, id string) {
 // order. Each try is one TryAcquire, seen by the observer.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if err := checkKey(key); err != nil {
-		return nil, err
-	}
-	if err := checkContext(ctx); err != nil {
 		return nil, err
 	}
 	w := c.watch(key)

@@ -226,12 +226,9 @@ func (e *engine) checkCount(name string, n int, rs *ruleSet) error {
 	case n > rs.maxN:
 		return fmt.Errorf("redlimit: %s = %d, but %s allows at most %d at once: %w",
 			name, n, e.describe(rs), rs.maxN, ErrExceedsLimit)
-	case rs.logs == 1 && n > MaxSlidingLogN:
-		return fmt.Errorf("redlimit: %s = %d: a sliding log takes at most %d events per call (use a sliding counter or a bucket to weigh calls): %w",
-			name, n, MaxSlidingLogN, ErrInvalidArgument)
-	case rs.logs > 1 && n > MaxSlidingLogN/rs.logs:
-		return fmt.Errorf("redlimit: %s = %d: %d sliding logs take at most %d events per call between them, %d each (use a sliding counter or a bucket to weigh calls): %w",
-			name, n, rs.logs, MaxSlidingLogN, MaxSlidingLogN/rs.logs, ErrInvalidArgument)
+	case rs.logs > 0 && n > MaxSlidingLogN/rs.logs:
+		return fmt.Errorf("redlimit: %s = %d: sliding logs take at most %d events per call between them, here %d each (use a sliding counter or a bucket to weigh calls): %w",
+			name, n, MaxSlidingLogN, MaxSlidingLogN/rs.logs, ErrInvalidArgument)
 	}
 	return nil
 }

@@ -42,25 +42,15 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				// refill: fit in one window (fixed window, sliding counter),
 				// in one period (sliding log), in one interval (buckets). On
 				// a loaded machine they may not: then again, on a new key.
-				key := "k"
 				var results []Result
-				for attempt := 1; ; attempt++ {
-					startAfterEdge(b, l)
-					began := time.Now()
+				key := inOneWindow(t, b, s, l, func(key string) {
 					results = results[:0]
 					for i := range c + 1 {
 						res, err := lim.Allow(ctx, key)
 						require.NoError(t, err, "Allow %d of %d: %+v, %v", i+1, c, res, err)
 						results = append(results, res)
 					}
-					took := time.Since(began)
-					refills := refillsDuring(s, l, began, took)
-					if b.exact || !refills || attempt == 10 {
-						break
-					}
-					t.Logf("attempt %d: the %d calls took %v, long enough for the limit to refill; again on a new key", attempt, c+1, took)
-					key = fmt.Sprintf("k%d", attempt)
-				}
+				})
 				var last Result
 				for i, res := range results[:c] {
 					require.True(t, res.Allowed, "Allow %d of %d: %+v", i+1, c, res)
@@ -200,26 +190,17 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				// as in "exhaust and recover"; on a loaded machine they may
 				// not: then again, on a new key.
 				var (
-					key string
 					ttl time.Duration
 					res Result
 					err error
 				)
-				for attempt := 1; ; attempt++ {
-					startAfterEdge(b, l)
-					key = fmt.Sprintf("k%d", attempt)
-					began := time.Now()
+				key := inOneWindow(t, b, s, l, func(key string) {
 					_, err = lim.AllowN(ctx, key, capacity(l, s))
 					require.NoError(t, err)
 					ttl, err = b.rdb.PTTL(ctx, lim.stateKey(key)).Result()
 					require.NoError(t, err)
 					res, err = lim.Allow(ctx, key)
-					took := time.Since(began)
-					if b.exact || !refillsDuring(s, l, began, took) || attempt == 10 {
-						break
-					}
-					t.Logf("attempt %d: the calls took %v, long enough for the limit to refill; again on a new key", attempt, took)
-				}
+				})
 				// How long the state matters, at most. A bucket lives at
 				// least one period, so that a lowered rate finds what was used.
 				most := map[Strategy]time.Duration{
@@ -271,6 +252,26 @@ func clearOfHourEdge(t testing.TB, need time.Duration) {
 	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < need {
 		t.Logf("waiting %v for the hour to begin", left.Round(time.Millisecond))
 		time.Sleep(left + 100*time.Millisecond)
+	}
+}
+
+// inOneWindow runs calls on key "k1", and again on "k2", "k3"... (at most
+// 10 times) while they took long enough for the limit (s, l) to refill
+// (refillsDuring), each run started just after a window edge
+// (startAfterEdge): on a loaded machine a run may not fit. On an exact
+// clock it runs once. It returns the key of the last run.
+func inOneWindow(t *testing.T, b *backend, s Strategy, l Limit, calls func(key string)) string {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		startAfterEdge(b, l)
+		key := fmt.Sprint("k", attempt)
+		began := time.Now()
+		calls(key)
+		took := time.Since(began)
+		if b.exact || !refillsDuring(s, l, began, took) || attempt == 10 {
+			return key
+		}
+		t.Logf("attempt %d: the calls took %v, long enough for the limit to refill; again on a new key", attempt, took)
 	}
 }
 

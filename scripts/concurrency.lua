@@ -71,8 +71,9 @@ end
 local count = redis.call('ZCOUNT', key, string.format('(%d', now), '+inf')
 local expired = redis.call('ZCARD', key) - count
 if expired > 0 then
-  redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, 16) - 1)
-  expired = expired - math.min(expired, 16)
+  local k = math.min(expired, 16)
+  redis.call('ZREMRANGEBYRANK', key, 0, k - 1)
+  expired = expired - k
 end
 
 if op == 2 then
