@@ -114,6 +114,44 @@ func TestDenyCache(t *testing.T) {
 	})
 }
 
+// A denial from the deny cache is Redis's, counted down: the policy's
+// deciding rule and its limit, Remaining, and a ResetAfter that can be
+// longer than RetryAfter (a bucket refills for longer than a token takes).
+func TestDenyCacheKeepsRedisDenial(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb := bubbleClient(t)
+		var trips atomic.Int64
+		rdb.AddHook(countHook{n: &trips})
+		p := newPolicy(t, rdb, []Rule{
+			{Name: "second", Strategy: TokenBucket, Limit: PerSecond(10)},
+			{Name: "hour", Strategy: FixedWindow, Limit: PerHour(2)},
+		}, WithDenyCache(100))
+		bucket := newLimiter(t, rdb, TokenBucket, Limit{Rate: 1, Period: time.Second, Burst: 10}, WithDenyCache(100))
+		ctx := context.Background()
+		for _, c := range []struct {
+			name string
+			lim  Limiter
+			n    int // what the first call takes
+		}{{"policy", p, 2}, {"token bucket", bucket, 10}} {
+			res, err := c.lim.AllowN(ctx, c.name, c.n)
+			require.NoError(t, err, "%s: %+v, %v", c.name, res, err)
+			require.True(t, res.Allowed, "%s: %+v, %v", c.name, res, err)
+			first, err := c.lim.Allow(ctx, c.name)
+			require.NoError(t, err, "%s: %+v, %v", c.name, first, err)
+			require.False(t, first.Allowed, "%s: over the limit: %+v", c.name, first)
+			before := trips.Load()
+			time.Sleep(100 * time.Millisecond)
+			cached, err := c.lim.Allow(ctx, c.name)
+			require.NoError(t, err, "%s: %+v, %v", c.name, cached, err)
+			require.Equal(t, before, trips.Load(), "%s: the second denial went to Redis: %+v", c.name, cached)
+			want := first
+			want.RetryAfter -= 100 * time.Millisecond
+			want.ResetAfter -= 100 * time.Millisecond
+			assert.Equal(t, want, cached, "%s: the cached denial, 100ms after Redis's %+v", c.name, first)
+		}
+	})
+}
+
 // countHook counts the commands sent to Redis.
 type countHook struct {
 	passHooks // only ProcessHook does something
@@ -315,7 +353,7 @@ func TestReportNeverBlocks(t *testing.T) {
 func TestDenyCacheBounded(t *testing.T) {
 	c := newDenyCache(lruShards * 10)
 	for i := range 10_000 {
-		c.remember(fmt.Sprint("k", i), 1, 0, time.Hour, 0)
+		c.remember(fmt.Sprint("k", i), 1, 0, Result{RetryAfter: time.Hour}, 0)
 	}
 	n := 0
 	for i := range c.shards {

@@ -32,9 +32,11 @@ type denyShard struct {
 }
 
 type denial struct {
-	until int64  // ns since epoch0 (monotonic)
+	until int64  // ns since epoch0 (monotonic): RetryAfter ends
+	reset int64  // the same, for ResetAfter
 	n     int    // the n that was denied
 	sig   uint64 // the limits that denied it
+	res   Result // Redis's denial: its rule, limit and remaining
 }
 
 // epoch0 anchors the monotonic clock the cache compares against.
@@ -57,7 +59,8 @@ func (c *denyCache) shard(key string) *denyShard {
 }
 
 // lookup returns a denial if n events for key under the limits sig are
-// known to be denied now. The caller fills in the Result's limit.
+// known to be denied now: Redis's, with its times counted down, so that
+// the deciding rule, its limit and the reset it gave stay what Redis said.
 func (c *denyCache) lookup(key string, n int, sig uint64) (Result, bool) {
 	s := c.shard(key)
 	s.mu.RLock()
@@ -70,14 +73,17 @@ func (c *denyCache) lookup(key string, n int, sig uint64) (Result, bool) {
 	if left <= 0 {
 		return Result{}, false
 	}
-	wait := time.Duration(left)
-	return Result{RetryAfter: wait, ResetAfter: wait}, true
+	res := d.res
+	res.RetryAfter = time.Duration(left)
+	res.ResetAfter = time.Duration(max(d.reset-d.until, 0) + left)
+	return res, true
 }
 
-// remember records that n events for key under the limits sig are denied
-// for d from now, unless a Reset came after epoch (read before the call).
-func (c *denyCache) remember(key string, n int, sig uint64, d time.Duration, epoch uint64) {
-	if d <= 0 {
+// remember records Redis's denial res of n events for key under the
+// limits sig, for its RetryAfter from now, unless a Reset came after epoch
+// (read before the call).
+func (c *denyCache) remember(key string, n int, sig uint64, res Result, epoch uint64) {
+	if res.RetryAfter <= 0 {
 		return
 	}
 	now := monoNow()
@@ -104,7 +110,7 @@ func (c *denyCache) remember(key string, n int, sig uint64, d time.Duration, epo
 			delete(s.until, k)
 		}
 	}
-	s.until[key] = denial{until: now + int64(d), n: n, sig: sig}
+	s.until[key] = denial{until: now + int64(res.RetryAfter), reset: now + int64(res.ResetAfter), n: n, sig: sig, res: res}
 }
 
 // forget drops key, and any denial of any key still in flight.

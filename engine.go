@@ -421,7 +421,6 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	state := e.stateKey(key, &rs.rules[0])
 	if e.denies != nil && n > 0 {
 		if res, ok := e.denies.lookup(state, n, rs.sig); ok {
-			res.Limit, res.Rule = rs.rules[0].limit, rs.rules[0].name
 			return res, reasonDenyCache, nil
 		}
 	}
@@ -456,7 +455,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
-		e.denies.remember(state, n, rs.sig, res.RetryAfter, epoch)
+		e.denies.remember(state, n, rs.sig, res, epoch)
 	}
 	return res, why, nil
 }

@@ -75,7 +75,9 @@ func WithBlock(d time.Duration) Option {
 // WithDenyCache keeps, in this process, up to maxKeys keys (at least 16:
 // one in each of its shards) that Redis denied, each until the RetryAfter
 // Redis gave, for calls asking the same number of events: calls for them are denied
-// without a round trip (DeniedByDenyCache). Since no call can succeed for a
+// without a round trip (DeniedByDenyCache), with Redis's denial counted
+// down (its deciding rule, Limit and Remaining; RetryAfter and ResetAfter
+// less the time since). Since no call can succeed for a
 // denied key before RetryAfter (unless Reset), this never allows what Redis
 // would deny; it denies for at most about one round trip longer. Reset
 // clears this process's entry, but not other processes': after a Reset,
