@@ -85,7 +85,8 @@
 //
 // A [redlimit.Policy] has one policy per rule, in the order of its rules,
 // each named after the rule (Rule.Name, or its default name such as
-// "token-bucket-1s"; bytes that are not printable ASCII become '_'), all
+// "token-bucket-1s"; bytes that are not printable ASCII become '_', and
+// a name that is then another's gets "-2", "-3"...), all
 // in the one ratelimit-policy entry as a list. The other entries describe
 // the rule that decided (Result.Rule): ratelimit-limit is its q, and
 // ratelimit-remaining, ratelimit-reset and retry-after are the Result's.

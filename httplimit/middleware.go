@@ -88,7 +88,8 @@
 // that does not report its strategy has one named [DefaultPolicyName]. A
 // [redlimit.Policy] has one policy per rule, in the order of its rules,
 // each named after the rule (Rule.Name, or its default name such as
-// "token-bucket-1s"; bytes that are not printable ASCII become '_'), and
+// "token-bucket-1s"; bytes that are not printable ASCII become '_', and
+// a name that is then another's gets "-2", "-3"...), and
 // RateLimit names the rule that decided (Result.Rule); WithPolicyName does
 // not rename them. Every policy is a limit the request was decided by:
 // with [redlimit.WithLimitFunc], the limit it gave for the request's key,

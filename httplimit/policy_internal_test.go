@@ -17,9 +17,9 @@ import (
 func TestSeveralPolicies(t *testing.T) {
 	t.Parallel()
 	list := []quotaPolicy{
-		{"burst", redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}},
-		{"no limit", redlimit.FixedWindow, redlimit.Limit{}},
-		{"hourly", redlimit.SlidingCounter, redlimit.PerHour(1000)},
+		{Name: "burst", Strategy: redlimit.TokenBucket, Limit: redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}},
+		{Name: "no limit", Strategy: redlimit.FixedWindow},
+		{Name: "hourly", Strategy: redlimit.SlidingCounter, Limit: redlimit.PerHour(1000)},
 	}
 	res := redlimit.Result{Allowed: true, Limit: redlimit.PerHour(1000), Remaining: 12, ResetAfter: 30 * time.Minute}
 	h := http.Header{}

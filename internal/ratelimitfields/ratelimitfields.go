@@ -73,6 +73,7 @@ type Policy struct {
 	Name     string
 	Strategy redlimit.Strategy
 	Limit    redlimit.Limit
+	rule     string // a redlimit.Policy's: the rule's own name (Name is printable and unique)
 }
 
 // Source finds the quota policies of a limiter, and the name of the one
@@ -116,14 +117,24 @@ func NewSource(l redlimit.Limiter, name string, named bool, defaultName string) 
 	return Source{name: name, strategy: s}
 }
 
-// ruleQuotas returns one quota policy per rule, named as the rule.
+// ruleQuotas returns one quota policy per rule, named as the rule. Names
+// that are the same once made printable (Printable: "请求/秒" and "请求/时"
+// both become "______/___") get "-2", "-3"... after the first, so that
+// every policy in the list has a name of its own.
 func ruleQuotas(rules []redlimit.Rule) []Policy {
 	if len(rules) == 0 {
 		return nil
 	}
 	out := make([]Policy, len(rules))
+	taken := make(map[string]bool, len(rules))
 	for i, r := range rules {
-		out[i] = Policy{Name: Printable(r.Name), Strategy: r.Strategy, Limit: r.Limit}
+		base := Printable(r.Name)
+		name := base
+		for k := 2; taken[name]; k++ {
+			name = base + "-" + strconv.Itoa(k)
+		}
+		taken[name] = true
+		out[i] = Policy{Name: name, Strategy: r.Strategy, Limit: r.Limit, rule: r.Name}
 	}
 	return out
 }
@@ -156,12 +167,12 @@ func (p Source) Policies(res redlimit.Result, rules []redlimit.Rule) ([]Policy, 
 		list = slices.Clone(p.rules)
 	}
 	// The deciding rule is reported with the limit that decided, which
-	// the fields of the deciding policy describe too.
-	name := Printable(res.Rule)
+	// the fields of the deciding policy describe too. (Found by the rule's
+	// own name: two printable names can come from one.)
 	for i := range list {
-		if list[i].Name == name {
+		if list[i].rule == res.Rule {
 			list[i].Limit = res.Limit
-			return list, name
+			return list, list[i].Name
 		}
 	}
 	return list, list[0].Name

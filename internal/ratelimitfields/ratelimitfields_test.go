@@ -48,6 +48,30 @@ func TestSourceNames(t *testing.T) {
 	}
 }
 
+// Rule names that are the same once made printable name policies of their
+// own, and the deciding rule is found by its own name.
+func TestPoliciesPrintableNamesCollide(t *testing.T) {
+	t.Parallel()
+	rules := []redlimit.Rule{
+		{Name: "请求/秒", Strategy: redlimit.TokenBucket, Limit: redlimit.PerSecond(10)},
+		{Name: "请求/时", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(3)},
+		{Name: "______/___-2", Strategy: redlimit.SlidingLog, Limit: redlimit.PerMinute(5)},
+	}
+	src := ratelimitfields.NewSource(ruled{rules: rules}, "", false, "default")
+	const want = `"______/___";q=10;w=1, "______/___-2";q=3;w=3600, "______/___-2-2";q=5;w=60`
+	for i, deciding := range []string{"______/___", "______/___-2", "______/___-2-2"} {
+		r := rules[i]
+		for _, call := range [][]redlimit.Rule{nil, rules} { // the policy's own rules, and a call's
+			list, got := src.Policies(redlimit.Result{Rule: r.Name, Limit: r.Limit}, call)
+			assert.Equal(t, want, ratelimitfields.Format(list), "decided by %q", r.Name)
+			assert.Equal(t, deciding, got, "decided by %q", r.Name)
+			q, _, _ := ratelimitfields.Quota(r.Strategy, r.Limit)
+			gotQ, ok := ratelimitfields.DecidingQuota(list, got)
+			assert.Equal(t, []any{q, true}, []any{gotQ, ok}, "decided by %q", r.Name)
+		}
+	}
+}
+
 // A Policy's deciding rule is reported with the Result's limit, and the
 // rules of the call replace the policy's own.
 func TestPoliciesDeciding(t *testing.T) {
