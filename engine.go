@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/calldelay"
 )
 
 // algorithm is what one strategy adds to the shared engine.
@@ -275,7 +277,11 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	res, _, err := e.call(ctx, key, n, -1, rs, nil)
+	maxDelay := time.Duration(-1)
+	if d, ok := calldelay.From(ctx); ok { // httplimit's or grpclimit's bound
+		maxDelay = d
+	}
+	res, _, err := e.call(ctx, key, n, maxDelay, rs, nil)
 	return res, err
 }
 

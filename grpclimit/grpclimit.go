@@ -58,9 +58,14 @@
 // A call that is allowed, including one allowed in shadow mode or decided
 // by the fallback while Redis is down, goes on to the handler. When the
 // limiter asks for a Delay (LeakyBucket), the interceptor sleeps that long
-// before calling the handler. The sleep is bounded only by the call's
-// context: a call whose context ends first fails as above, and its slot in
-// the bucket stays taken. Give calls a deadline to bound the wait.
+// before calling the handler. A call with a deadline is never given a Delay
+// that ends after it: the interceptor tells a limiter of this module how
+// long the call can wait, and a leaky bucket refuses the slot, taking
+// nothing, so the call is denied as above, with a RetryInfo delay after
+// which the Delay would fit. (A Limiter of another kind may give such a
+// Delay: the call then fails when its context ends, as above, and its slot
+// stays taken.) A call without a deadline waits the whole Delay, unless it
+// is canceled, which leaves its slot taken. Give calls a deadline.
 //
 // # Response headers
 //
@@ -114,6 +119,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
+	"github.com/redlimit/redlimit/internal/calldelay"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -336,7 +342,14 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		}
 		key = method + " " + key
 	}
-	res, rules, err := in.policies.Allow(ctx, in.lim, key)
+	callCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		// A leaky bucket then refuses, taking nothing, a slot whose Delay
+		// would end after the call's deadline (less a margin for the
+		// round trip, as WaitN keeps).
+		callCtx = calldelay.With(ctx, time.Until(deadline)-time.Millisecond)
+	}
+	res, rules, err := in.policies.Allow(callCtx, in.lim, key)
 	if err != nil {
 		in.report(ctx, fullMethod, err)
 		if ctxErr := ctx.Err(); ctxErr != nil {

@@ -550,6 +550,42 @@ func TestDelayPastDeadline(t *testing.T) {
 	assert.Zero(t, got, "got %d calls to the handler, want 0", got)
 }
 
+// A leaky bucket refuses, taking nothing, a slot whose Delay would end
+// after the call's deadline: the call is denied with a RetryInfo after
+// which it would fit, and the next call finds the slot free.
+func TestDelayPastDeadlineRefused(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.SetTime(windowStart)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewLeakyBucket(rdb, redlimit.Limit{Rate: 1, Period: 20 * time.Second, Burst: 3}, redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	s := newServer(t, lim)
+	header, err := s.check(t) // the first slot: no Delay
+	require.NoError(t, err)
+	assert.Equal(t, []string{"2"}, header.Get(grpclimit.HeaderRemaining))
+	for i := range 2 {
+		start := time.Now()
+		header, err = s.check(t) // a 10s deadline, a 20s Delay
+		elapsed := time.Since(start)
+		wantCode(t, "a Delay past the deadline", err, codes.ResourceExhausted)
+		assert.Less(t, elapsed, 5*time.Second, "call %d: denied after %v, want at once", i+1, elapsed)
+		var retry time.Duration
+		for _, d := range status.Convert(err).Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				retry = ri.GetRetryDelay().AsDuration()
+			}
+		}
+		// The Delay would be 20s, and the call could wait up to 10s less
+		// the time the call took to arrive and a 1ms margin.
+		assert.True(t, retry > 10*time.Second && retry <= 11*time.Second, "call %d: RetryInfo %v, want just over 10s", i+1, retry)
+		assert.Equal(t, []string{"2"}, header.Get(grpclimit.HeaderRemaining), "call %d: a refused slot was taken", i+1)
+	}
+	assert.Equal(t, int64(1), s.calls.Load(), "calls that reached the handler")
+}
+
 // TestHeadersPerStrategy checks the header metadata of each strategy on a
 // real limiter: ratelimit-limit is the quota q of the ratelimit-policy
 // entry (q per w whole seconds, as httplimit.Quota), which the remaining

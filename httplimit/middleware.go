@@ -134,6 +134,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/calldelay"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
@@ -249,12 +250,14 @@ func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error))
 // the request's context does; the middleware then returns without writing
 // anything, since the client is gone or a timeout handler answers.
 //
-// A request whose Delay is longer than d is answered as denied (429 by
-// default, with Retry-After the Delay rounded up), but its slot in the
-// queue is still taken: the limiter admitted it before the middleware could
-// know. Size the bucket's Burst so that (Burst-1) × Period/Rate is at most
-// d to avoid that. 0 means never wait (every delayed request is denied); a
-// negative d removes the bound. The default is [DefaultMaxDelay], 1s,
+// A request whose Delay would be longer than d is answered as denied (429
+// by default), and takes no slot in the queue: the middleware tells a
+// limiter of this module the longest it will wait, as WaitN does for its
+// context's deadline, and Retry-After is when the Delay would be d or less.
+// (A Limiter of another kind that gives such a Delay has taken its slot:
+// the request is denied with Retry-After the Delay, rounded up.) 0 means
+// never wait (every request that would be delayed is denied); a negative d
+// removes the bound. The default is [DefaultMaxDelay], 1s,
 // shorter than the timeouts of most clients.
 func WithMaxDelay(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxDelay = d })
@@ -330,7 +333,13 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			ctx := r.Context()
-			res, rules, err := policies.Allow(ctx, l, key)
+			callCtx := ctx
+			if cfg.maxDelay >= 0 {
+				// A leaky bucket then refuses, taking nothing, a slot
+				// whose Delay is longer than the middleware will wait.
+				callCtx = calldelay.With(ctx, cfg.maxDelay)
+			}
+			res, rules, err := policies.Allow(callCtx, l, key)
 			if err != nil {
 				cfg.err(w, r, err)
 				return
@@ -346,6 +355,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			}
 			if res.Delay > 0 {
 				if cfg.maxDelay >= 0 && res.Delay > cfg.maxDelay {
+					// A Limiter not of this module took the slot anyway.
 					h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.Delay), 1), 10))
 					cfg.denied.ServeHTTP(w, r)
 					return

@@ -390,20 +390,40 @@ func TestIPv6GroupingRealLimiter(t *testing.T) {
 	}
 }
 
+// A leaky bucket's request is delayed up to WithMaxDelay; one that would
+// wait longer is denied without taking a slot, with a RetryAfter after which
+// it would wait no longer than that: a client that waits it is served.
 func TestLeakyBucketDelay(t *testing.T) {
 	t.Parallel()
-	lim := miniLimiter(t, redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3})
-	mw := httplimit.Middleware(lim, httplimit.WithMaxDelay(150*time.Millisecond))
+	m := miniredis.RunT(t)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.SetTime(now)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewLeakyBucket(rdb, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 4}, redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	var denied redlimit.Result // what the denied handler got
+	mw := httplimit.Middleware(lim, httplimit.WithMaxDelay(150*time.Millisecond),
+		httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			denied, _ = httplimit.ResultFromContext(r.Context())
+			w.WriteHeader(http.StatusTooManyRequests)
+		})))
 	for i, step := range []struct {
+		after time.Duration // the limiter's clock moves on this much first
 		code  int
-		delay time.Duration // the Delay the limiter gave
+		delay time.Duration // served: the Delay the limiter gave; denied: its RetryAfter
 		retry string
 	}{
-		{http.StatusOK, 0, ""},
-		{http.StatusOK, 100 * time.Millisecond, ""},
-		{http.StatusTooManyRequests, 200 * time.Millisecond, "1"}, // Delay > MaxDelay: denied, slot taken
-		{http.StatusTooManyRequests, 0, "1"},                      // queue full: denied by the limiter
+		{0, http.StatusOK, 0, ""},
+		{0, http.StatusOK, 100 * time.Millisecond, ""},
+		{0, http.StatusTooManyRequests, 50 * time.Millisecond, "1"}, // it would wait 200ms: refused, no slot taken
+		{50 * time.Millisecond, http.StatusOK, 150 * time.Millisecond, ""},
+		{0, http.StatusTooManyRequests, 100 * time.Millisecond, "1"},
+		{time.Second, http.StatusOK, 0, ""},
 	} {
+		now = now.Add(step.after)
+		m.SetTime(now)
 		next := &okHandler{}
 		start := time.Now()
 		rec := serve(mw, next, request("192.0.2.1:1"))
@@ -416,6 +436,8 @@ func TestLeakyBucketDelay(t *testing.T) {
 			// middleware that sleeps far too long.
 			assert.True(t, elapsed >= step.delay && elapsed <= step.delay+time.Second,
 				"request %d: served after %v, want about %v", i+1, elapsed, step.delay)
+		} else {
+			assert.Equal(t, step.delay, denied.RetryAfter, "request %d: RetryAfter = %v, want %v", i+1, denied.RetryAfter, step.delay)
 		}
 	}
 }
