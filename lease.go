@@ -137,16 +137,21 @@ func (c leaseConfig) check(kind string, rules []rule, reserveTTL time.Duration) 
 }
 
 // leasable reports whether calls under rs can be served from a lease: one
-// token bucket or fixed window, or token buckets only.
+// token bucket or fixed window, or token buckets only, none per call (a
+// per-call rule counts a call as one event whatever n, so a lease of k
+// events would take one in Redis and serve k calls).
 func leasable(rs *ruleSet) bool {
+	for i := range rs.rules {
+		if rs.rules[i].perCall {
+			return false
+		}
+	}
 	if len(rs.rules) == 1 {
 		s := rs.rules[0].alg.strategy
 		return s == TokenBucket || s == FixedWindow
 	}
 	for i := range rs.rules {
-		// A per-call rule counts calls, which a lease of events cannot
-		// hand out.
-		if rs.rules[i].alg.strategy != TokenBucket || rs.rules[i].perCall {
+		if rs.rules[i].alg.strategy != TokenBucket {
 			return false
 		}
 	}

@@ -589,9 +589,32 @@ func TestLeaseHangNoQueue(t *testing.T) {
 // and the rule counts calls.
 func TestLeasePerCallRejected(t *testing.T) {
 	b, _ := miniBackend(t)
-	_, err := NewPolicy(b.rdb, []Rule{
-		{Strategy: TokenBucket, Limit: PerSecond(5), PerCall: true},
-		{Strategy: TokenBucket, Limit: PerMinute(10_000)},
-	}, WithLease(100, 100*time.Millisecond))
-	require.ErrorIs(t, err, ErrInvalidLimit)
+	for _, rules := range [][]Rule{
+		{
+			{Strategy: TokenBucket, Limit: PerSecond(5), PerCall: true},
+			{Strategy: TokenBucket, Limit: PerMinute(10_000)},
+		},
+		{{Strategy: TokenBucket, Limit: PerHour(100), PerCall: true}}, // one rule: it took one event a lease
+		{{Strategy: FixedWindow, Limit: PerHour(100), PerCall: true}},
+	} {
+		_, err := NewPolicy(b.rdb, rules, WithLease(50, 100*time.Millisecond))
+		require.ErrorIs(t, err, ErrInvalidLimit, "%+v", rules)
+	}
+	// Nor are a rules function's: those calls go to Redis, one by one,
+	// and never admit more than the per-call limit.
+	p := newPolicy(t, b.rdb, []Rule{{Strategy: TokenBucket, Limit: PerHour(1000)}}, WithLease(50, 10*time.Second),
+		WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+			return []Rule{{Strategy: TokenBucket, Limit: PerHour(100), PerCall: true}}, nil
+		}))
+	ctx := context.Background()
+	admitted := 0
+	for range 300 {
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		if res.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 100, admitted, "calls admitted under a per-call limit of 100 an hour")
+	assert.Zero(t, p.LeaseStats().Taken, "leases taken for a per-call rule")
 }
