@@ -153,7 +153,7 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		return res, reasonAllowed, nil
 	}
 	if rc != nil {
-		hold := &localHold{set: set, paidAt: make([]time.Time, len(set.lims))}
+		hold := &localHold{set: set, lims: set.lims, paidAt: make([]time.Time, len(set.lims))}
 		for i := range set.lims {
 			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
 		}

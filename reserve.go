@@ -60,6 +60,11 @@ type reserveCall struct {
 // reservation.
 type localHold struct {
 	set *localSet
+	// lims are the stand-ins the reservation took from: the set's when it
+	// was taken (other limits for the key, from WithLimitFunc or
+	// WithRulesFunc, replace the set's, and settling then goes to these,
+	// which no call uses any more).
+	lims []localRule
 	// paidAt is, per stand-in, when its refill would have paid back what
 	// was used before the reservation: from then on it pays back the
 	// reservation's events (see settleLocal).
@@ -136,7 +141,8 @@ func (r *Reservation) Result() Result {
 // holds nothing: Settle returns its Result and touches nothing.
 //
 // Outages: a reservation taken by the in-process fallback (Result().Degraded)
-// settles in-process. One taken on Redis cannot be settled while Redis is
+// settles in-process (one that FallbackAllow admitted took nothing: Settle
+// returns its Result, as in shadow mode). One taken on Redis cannot be settled while Redis is
 // down: Settle returns an error wrapping ErrUnavailable and the reservation
 // stays unsettled, so that the caller can settle it again once Redis is
 // back (within the reservation lifetime); if it never does, it stands as
@@ -166,7 +172,9 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		return Result{}, ErrClosed
 	}
 	switch {
-	case r.res.Shadowed:
+	case r.res.Shadowed, r.res.Degraded && r.local == nil:
+		// Shadow mode, or FallbackAllow while Redis was down: nothing
+		// was taken, so nothing is settled.
 		r.done = true
 		return r.res, nil
 	case r.local != nil:
@@ -263,8 +271,8 @@ func (r *Reservation) settleLocal(used int) Result {
 	defer h.set.mu.Unlock()
 	now := time.Now()
 	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
-	for i := range h.set.lims {
-		lr := &h.set.lims[i]
+	for i := range h.lims {
+		lr := &h.lims[i]
 		delta := lr.count(used) - lr.count(r.n)
 		if delta < 0 {
 			// Give back at most what the refill cannot have paid back yet,

@@ -352,6 +352,68 @@ func TestReserveFallback(t *testing.T) {
 	assert.Equal(t, 9, res.Remaining)
 }
 
+// A reservation that FallbackAllow admitted while Redis was down took
+// nothing, and settles at once, then or after Redis is back (it returned
+// ErrUnavailable, then ErrSettled).
+func TestReserveFallbackAllowSettles(t *testing.T) {
+	b, m := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour, Burst: 10},
+		WithFallback(FallbackAllow), WithPingInterval(10*time.Millisecond))
+	ctx := t.Context()
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	var rvs []*Reservation
+	for range 2 {
+		rv, err := lim.Reserve(ctx, "k", 5)
+		require.NoError(t, err)
+		require.True(t, rv.Result().Allowed && rv.Result().Degraded, "%+v", rv.Result())
+		rvs = append(rvs, rv)
+	}
+	res, err := rvs[0].Settle(ctx, 2)
+	require.NoError(t, err, "settled while Redis is down")
+	assert.Equal(t, rvs[0].Result(), res)
+	m.SetError("")
+	require.Eventually(t, func() bool { return !lim.rescue.anyDown() }, 5*time.Second, 10*time.Millisecond)
+	res, err = rvs[1].Settle(ctx, 7)
+	require.NoError(t, err, "settled once Redis is back")
+	assert.Equal(t, rvs[1].Result(), res)
+	_, err = rvs[1].Settle(ctx, 7)
+	require.ErrorIs(t, err, ErrSettled)
+	assert.Equal(t, 10, remaining(t, lim, "k"), "Redis charged for what it never admitted")
+}
+
+// A reservation the fallback took settles against the stand-ins it took
+// from, even after the key's rules changed and replaced them (it indexed
+// the new ones: a panic with more rules than before).
+func TestReserveFallbackRulesChange(t *testing.T) {
+	b, m := miniBackend(t)
+	hour := Rule{Name: "hour", Strategy: TokenBucket, Limit: Limit{Rate: 1, Period: time.Hour, Burst: 100}}
+	minute := Rule{Name: "minute", Strategy: TokenBucket, Limit: Limit{Rate: 1, Period: time.Minute, Burst: 100}}
+	var two atomic.Bool
+	p := newPolicy(t, b.rdb, []Rule{hour}, WithPingInterval(time.Hour),
+		WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+			if two.Load() {
+				return []Rule{hour, minute}, nil
+			}
+			return nil, nil // the policy's own
+		}))
+	ctx := t.Context()
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	rv, err := p.Reserve(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Degraded)
+	two.Store(true)
+	res, err := p.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed && res.Degraded, "%+v", res)
+	var settled Result
+	require.NotPanics(t, func() { settled, err = rv.Settle(ctx, 1) })
+	require.NoError(t, err)
+	assert.True(t, settled.Degraded)
+	res, err = p.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 99, res.Remaining, "the new stand-ins: one call, nothing given back to them")
+}
+
 // Settle's used is bounded as AllowN's n is, on Redis and in the fallback:
 // past the smallest capacity (or, with a sliding log, past MaxSlidingLogN)
 // it is refused, nothing changes, and the reservation stays pending, so
