@@ -36,7 +36,11 @@ import (
 // taken, or the window ends; then what is left is given back to Redis
 // (settled, one script call) and the next call takes a new lease. Close
 // and Reset give leases back at once. Calls that find a lease being taken
-// wait for it (or for their context).
+// wait for it (or for their context). A lease is taken apart from the call
+// that asked for it (with its context's values, not its end, and for at
+// most a second): a call whose context ends first returns its context's
+// error, and the lease still comes to the key, so that it loses no more
+// than a call without leases would.
 //
 // What it guarantees. No over-admission: every event served here was taken
 // in Redis first, so the instances together never admit more than the
@@ -213,6 +217,7 @@ type leases struct {
 	wake    chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup
+	fetches sync.WaitGroup // leases being taken (fetch)
 }
 
 // leaseEntry is one key's lease state in this process. Its fields are
@@ -235,7 +240,14 @@ type leaseEntry struct {
 // over, and ok (written before) says whether it left a lease on the key.
 type leaseFetch struct {
 	done chan struct{}
-	ok   bool
+	ok   bool // a lease is on the key: serve from it
+	// What the call that asked for the lease is answered: served from it
+	// (mine), or, where no lease came, the error, a block, or nothing (the
+	// call is then decided on its own).
+	mine, block Result
+	served      bool
+	blocked     bool
+	err         error
 }
 
 // lease is k events taken in Redis for one key, served here.
@@ -380,46 +392,77 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 		epoch := en.epoch
 		en.mu.Unlock()
 
-		res, why, ls, err := l.take(ctx, key, state, k, rs, now)
-
-		en.mu.Lock()
-		en.fetching = nil
-		if err != nil {
-			en.mu.Unlock()
-			close(f.done)
-			l.nheld.Add(-1)
-			return Result{}, 0, err
+		// The lease is taken apart from the call, so that a call whose
+		// context ends while Redis takes k events for it does not lose
+		// them: the lease comes to the key all the same, and the call
+		// returns its context's error.
+		l.fetches.Add(1)
+		go func() {
+			defer l.fetches.Done()
+			l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
+		}()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return Result{}, 0, ctx.Err()
 		}
-		en.remaining = res.Remaining
-		l.sawWindow(en, rs, now, res)
-		if ls == nil {
-			en.mu.Unlock()
-			close(f.done)
-			l.nheld.Add(-1)
-			if why == reasonBlock {
-				return res, why, nil // a block denies any n: the call's answer
-			}
-			// Fewer than k left: the call is decided on its own.
-			return l.direct(ctx, en, state, n, rs)
+		switch {
+		case f.served:
+			return f.mine, reasonAllowed, nil
+		case f.err != nil:
+			return Result{}, 0, f.err
+		case f.blocked:
+			return f.block, reasonBlock, nil // a block denies any n: the call's answer
 		}
-		ls.entry, ls.used = en, n
-		l.taken.Add(1)
-		l.unused.Add(int64(k - n))
-		out := ls.result(now)
-		// A Reset or Close that came while the lease was taken: the call
-		// is admitted, the rest goes back.
-		if l.track(ls, en.epoch == epoch) {
-			en.lease = ls
-			f.ok = true
-			en.mu.Unlock()
-		} else {
-			en.pending += k - n
-			en.mu.Unlock()
-			l.giveBack(ls)
-		}
-		close(f.done) // after f.ok
-		return out, reasonAllowed, nil
+		// Fewer than k left: the call is decided on its own.
+		return l.direct(ctx, en, state, n, rs)
 	}
+}
+
+// fetch takes a lease of k events for the key of en, n of them for the
+// call that asked for it, and puts it on the key (or gives it back, if a
+// Reset or Close came since epoch), then answers f. It runs apart from the
+// call, with the call's context values but not its end, bounded by
+// leaseReturnTimeout.
+func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, key, state string, k, n int, rs *ruleSet, now int64, epoch uint64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), leaseReturnTimeout)
+	defer cancel()
+	res, why, ls, err := l.take(ctx, key, state, k, rs, now)
+
+	en.mu.Lock()
+	en.fetching = nil
+	if err != nil {
+		en.mu.Unlock()
+		f.err = err
+		l.nheld.Add(-1)
+		close(f.done)
+		return
+	}
+	en.remaining = res.Remaining
+	l.sawWindow(en, rs, now, res)
+	if ls == nil {
+		en.mu.Unlock()
+		f.block, f.blocked = res, why == reasonBlock
+		l.nheld.Add(-1)
+		close(f.done)
+		return
+	}
+	ls.entry, ls.used = en, n
+	l.taken.Add(1)
+	l.unused.Add(int64(k - n))
+	f.mine, f.served = ls.result(now), true
+	// A Reset or Close that came while the lease was taken: the call
+	// is admitted, the rest goes back.
+	if l.track(ls, en.epoch == epoch) {
+		en.lease = ls
+		f.ok = true
+		en.mu.Unlock()
+	} else {
+		en.pending += k - n
+		en.mu.Unlock()
+		l.giveBack(ls)
+	}
+	close(f.done) // after f's fields
 }
 
 // sizeFor returns the size of the lease to take for n events, or 0 for one
@@ -694,6 +737,9 @@ func (l *leases) close() {
 		close(l.stop)
 		l.wg.Wait()
 	}
+	// A lease being taken lands given back (track finds the limiter
+	// closed), within leaseReturnTimeout.
+	l.fetches.Wait()
 	l.mu.Lock()
 	all := make([]*lease, 0, len(l.held))
 	for ls := range l.held {

@@ -585,6 +585,45 @@ func TestLeaseHangNoQueue(t *testing.T) {
 	assert.Less(t, time.Duration(longest.Load()), time.Second, "32 calls did not queue (100 ms timeouts)")
 }
 
+// A call whose context ends while its lease is taken loses its own event at
+// most, as a plain call does: the lease, taken in Redis all the same,
+// comes to the key and goes back unused (it was lost: 272 events of a
+// lease of 273 stayed taken).
+func TestLeaseCallCanceledRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := tunedClient(t, srv.Addr)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	opts := redistest.TunedOptions(proxy.Addr)
+	opts.ReadTimeout, opts.WriteTimeout = time.Second, time.Second
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	l := Limit{Rate: 1, Period: time.Hour, Burst: 10_000}
+	lim := newLimiter(t, rdb, TokenBucket, l, WithLease(1000, time.Second))
+	ctx := context.Background()
+	for range 400 { // a hot key: leases, the last given back after its second
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	require.Eventually(t, func() bool { return lim.LeaseStats().Held == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, l.Burst-400, redisRemaining(t, direct, TokenBucket, l, "k"))
+
+	proxy.SetDelay(50 * time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, err := lim.Allow(short, "k")
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Eventually(t, func() bool { return lim.LeaseStats().Taken > 0 && lim.LeaseStats().Held == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the lease came to the key: %+v", lim.LeaseStats())
+	proxy.SetDelay(0)
+	require.NoError(t, lim.Close())
+	st := lim.LeaseStats()
+	assert.Zero(t, st.Held, "%+v", st)
+	assert.Zero(t, st.Lost, "%+v", st)
+	got := redisRemaining(t, direct, TokenBucket, l, "k")
+	assert.Equal(t, l.Burst-401, got, "Redis holds the 400 admitted and the canceled call's 1, the lease given back: %+v", st)
+}
+
 // A policy with a per-call rule cannot lease: a lease hands out events,
 // and the rule counts calls.
 func TestLeasePerCallRejected(t *testing.T) {
