@@ -396,7 +396,18 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 		// context ends while Redis takes k events for it does not lose
 		// them: the lease comes to the key all the same, and the call
 		// returns its context's error.
+		l.mu.Lock()
+		if l.closed.Load() { // Close waits for the fetches it can see
+			l.mu.Unlock()
+			en.mu.Lock()
+			en.fetching = nil
+			en.mu.Unlock()
+			close(f.done)
+			l.nheld.Add(-1)
+			return l.direct(ctx, en, state, n, rs)
+		}
 		l.fetches.Add(1)
+		l.mu.Unlock()
 		go func() {
 			defer l.fetches.Done()
 			l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
@@ -738,7 +749,7 @@ func (l *leases) close() {
 		l.wg.Wait()
 	}
 	// A lease being taken lands given back (track finds the limiter
-	// closed), within leaseReturnTimeout.
+	// closed), within leaseReturnTimeout; no fetch starts from now on.
 	l.fetches.Wait()
 	l.mu.Lock()
 	all := make([]*lease, 0, len(l.held))
