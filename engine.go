@@ -376,6 +376,11 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}
+	if e.denies != nil {
+		// Again: a call sent between the first forget and the DEL was
+		// decided on the old state, and its denial must not outlive it.
+		e.denies.forget(first)
+	}
 	return nil
 }
 

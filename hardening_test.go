@@ -92,6 +92,50 @@ func TestDenyCacheResetInFlight(t *testing.T) {
 	assert.True(t, res.Allowed, "the stale denial outlived the Reset: %+v", res)
 }
 
+// A call sent while Reset runs, between its clearing this process's state
+// and its DEL, is decided on the old state: its denial is not remembered
+// past the Reset either (it denied the key for the rest of the hour).
+func TestDenyCacheResetBeforeDel(t *testing.T) {
+	b, _ := miniBackend(t)
+	del := &holdDel{entered: make(chan struct{}), release: make(chan struct{})}
+	b.rdb.AddHook(del)
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithDenyCache(100))
+	ctx := t.Context()
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	done := make(chan error)
+	go func() { done <- lim.Reset(ctx, "k") }()
+	<-del.entered // Reset has cleared this process's state; its DEL waits
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "denied by Redis before the DEL: %+v", res)
+	close(del.release)
+	require.NoError(t, <-done)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "after Reset returned, the deny cache denied: %+v", res)
+}
+
+// holdDel holds the first DEL until release is closed.
+type holdDel struct {
+	passHooks
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (h *holdDel) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "del" {
+			h.once.Do(func() {
+				close(h.entered)
+				<-h.release
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+
 // resetHook calls after once the first script reply has arrived.
 type resetHook struct{ after func() }
 
