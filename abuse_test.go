@@ -51,6 +51,42 @@ func TestBlock(t *testing.T) {
 	}
 }
 
+// A block shorter than the limit's own wait lasts until the limit would
+// allow the denied call again: a client that waits each RetryAfter is
+// allowed then (it was denied by the limit, and blocked again).
+func TestBlockShorterThanLimit(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			var seen decisions
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 1, Period: time.Minute, Burst: 1},
+				WithBlock(time.Second), WithObserver(seen.record))
+			ctx := t.Context()
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			denied, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, denied.Allowed, "%+v", denied)
+			require.Greater(t, denied.RetryAfter, time.Second, "the limit's own wait: %+v", denied)
+			b.advance(500 * time.Millisecond)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "%+v", res)
+			assert.Equal(t, DeniedByBlock, seen.last().DeniedBy)
+			assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked: %+v", res)
+			b.advance(res.RetryAfter - time.Millisecond)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "1ms before RetryAfter: %+v", res)
+			b.advance(time.Millisecond)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "at RetryAfter: %+v", res)
+		})
+	}
+}
+
 // resetAfterOne is ResetAfter after one event of a 1-per-second limit at a
 // window start.
 func resetAfterOne(s Strategy) time.Duration {

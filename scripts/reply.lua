@@ -15,10 +15,13 @@ if denied and n > 0 then
   -- rule over its allowance) and never writes.
   -- A lease's denial (lease.go: its id starts with 'lease:') is not a
   -- call's: it sets no block.
+  -- The block lasts block, or until the limit would allow this n again if
+  -- that is longer: a client that waits its RetryAfter is not denied
+  -- again by the limit.
   if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
-    rcall('SET', KEYS[nkeys], now + block, 'PX', ms(block))
     if retry < block then retry = block end
-    if reset_denied < block then reset_denied = block end
+    rcall('SET', KEYS[nkeys], now + retry, 'PX', ms(retry))
+    if reset_denied < retry then reset_denied = retry end
     min_now = 0
   end
   if min_now < 0 then min_now = 0 end
