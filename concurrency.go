@@ -359,8 +359,17 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	case FallbackError:
 		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause(state))
 	}
-	sem := c.local.getOrAdd(state, func() *localSem { return newLocalSem(c.localCap) })
-	id, res := sem.acquire(time.Now(), c.limit.Period)
+	// A semaphore that holds leases is never dropped for another key's:
+	// its key would start again with every slot free. With every one
+	// held, a new key is denied until one empties.
+	now := time.Now()
+	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
+		func(s *localSem) bool { return s.busy(now) })
+	if !ok {
+		wait := cfg.pingInterval
+		return nil, Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, nil
+	}
+	id, res := sem.acquire(now, c.limit.Period)
 	res.Limit, res.Degraded = c.limit, true
 	if !res.Allowed {
 		return nil, res, nil
@@ -591,6 +600,14 @@ func (s *localSem) acquire(now time.Time, ttl time.Duration) (uint64, Result) {
 	s.next++
 	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
 	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len(), ResetAfter: ttl}
+}
+
+// busy reports whether a lease is live at now.
+func (s *localSem) busy(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(now)
+	return s.order.Len() > 0
 }
 
 func (s *localSem) release(id uint64) {

@@ -827,3 +827,40 @@ func TestConcurrencyExpiredGoGradually(t *testing.T) {
 	score, err := b.rdb.ZScore(ctx, key, first.id).Result()
 	assert.ErrorIs(t, err, redis.Nil, "the expired lease was extended back: score %v", score)
 }
+
+// In the fallback, a key's in-process semaphore that holds a lease is never
+// dropped for other keys' (its key came back with every slot free: a
+// second holder of a max-1 key, for an attacker who sends 200 other keys);
+// with every semaphore holding one, a new key is denied instead.
+func TestConcurrencyLimitFallbackKeepsHeld(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	ctx := context.Background()
+	c := newConc(t, rdb, 1, time.Minute, WithFallbackKeys(16), WithPingInterval(time.Hour))
+	m.Close()
+	first, res, err := c.TryAcquire(ctx, "victim")
+	require.NoError(t, err)
+	require.True(t, res.Allowed && res.Degraded, "%+v", res)
+	granted, denied := 0, 0
+	for i := range 200 {
+		l, res, err := c.TryAcquire(ctx, fmt.Sprintf("other-%d", i))
+		require.NoError(t, err)
+		require.True(t, res.Degraded, "%+v", res)
+		if l != nil {
+			granted++
+		} else {
+			denied++
+			assert.Positive(t, res.RetryAfter, "a denial says when to retry: %+v", res)
+		}
+	}
+	assert.Positive(t, granted, "other keys got leases while there was room")
+	assert.Positive(t, denied, "other keys were denied once every semaphore held a lease")
+	second, res, err := c.TryAcquire(ctx, "victim")
+	require.NoError(t, err)
+	assert.Nil(t, second, "max 1 with a live lease, yet a second was granted: %+v", res)
+	require.NoError(t, first.Extend(ctx), "the first lease is live")
+	require.NoError(t, first.Release(ctx))
+	third, res, err := c.TryAcquire(ctx, "victim")
+	require.NoError(t, err)
+	assert.NotNil(t, third, "after the release, the slot is free: %+v", res)
+}

@@ -54,6 +54,14 @@ func (c *lru[V]) shard(key string) *lruShard[V] {
 // getOrAdd returns key's value, adding the one make returns when key is
 // missing. make runs with the shard locked; it must be quick.
 func (c *lru[V]) getOrAdd(key string, make func() V) V {
+	v, _ := c.getOrAddKeep(key, make, nil)
+	return v
+}
+
+// getOrAddKeep is getOrAdd that never drops an entry whose value keep
+// reports true (keep runs with the shard locked; nil keeps none): when
+// every entry of a full shard is kept, key is not added, and ok is false.
+func (c *lru[V]) getOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
 	s := c.shard(key)
 	s.mu.RLock()
 	e, ok := s.items[key]
@@ -62,38 +70,41 @@ func (c *lru[V]) getOrAdd(key string, make func() V) V {
 		if !e.used.Load() {
 			e.used.Store(true)
 		}
-		return e.value
+		return e.value, true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.items[key]; ok {
-		return e.value
+		return e.value, true
 	}
 	e = &lruEntry[V]{key: key, value: make()}
 	if len(s.ring) < s.max {
 		s.ring = append(s.ring, e)
-	} else {
-		s.evictLocked(e)
+	} else if !s.evictLocked(e, keep) {
+		return v, false
 	}
 	s.items[key] = e
-	return e.value
+	return e.value, true
 }
 
-// evictLocked replaces the entry under the clock hand that was not used
-// since the hand last passed it with e.
-func (s *lruShard[V]) evictLocked(e *lruEntry[V]) {
-	for {
+// evictLocked replaces with e the entry under the clock hand that was not
+// used since the hand last passed it and that keep does not keep. It
+// reports false, and replaces none, when the hand went twice round the
+// ring without finding one (every entry kept).
+func (s *lruShard[V]) evictLocked(e *lruEntry[V], keep func(V) bool) bool {
+	for range 2 * len(s.ring) {
 		old := s.ring[s.hand]
-		if old == nil || !old.used.Swap(false) {
+		if old == nil || (!old.used.Swap(false) && (keep == nil || !keep(old.value))) {
 			if old != nil {
 				delete(s.items, old.key)
 			}
 			s.ring[s.hand] = e
 			s.hand = (s.hand + 1) % len(s.ring)
-			return
+			return true
 		}
 		s.hand = (s.hand + 1) % len(s.ring)
 	}
+	return false
 }
 
 // remove forgets key. Its ring slot is left empty, to be reused first.
