@@ -150,7 +150,10 @@ func WithFallbackShare(share float64) Option {
 // WithFallbackKeys bounds the number of keys the in-process fallback keeps
 // limiters for (at least 16: one in each of its shards); beyond it, keys
 // not used lately are dropped, by the CLOCK approximation of least
-// recently used (and start full if they come back). The default is 100,000 keys, about 20 MB at most.
+// recently used (and start full if they come back). A Concurrency's
+// semaphore that holds a lease is never dropped: when every one a shard
+// keeps holds one, a new key is denied (RetryAfter the ping interval)
+// until one is free. The default is 100,000 keys, about 20 MB at most.
 func WithFallbackKeys(max int) Option {
 	return optionFunc(func(c *config) { c.localKeys = max })
 }
