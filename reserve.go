@@ -213,7 +213,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(r.state, rs, i))
 	}
-	keys = append(keys, r.state+reserveSuffix)
+	keys = append(keys, reservesKey(r.state, rs))
 	now := argZero
 	if e.clock != nil {
 		us, err := e.clock.nowMicros(ctx)

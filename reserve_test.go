@@ -414,6 +414,68 @@ func TestReserveFallbackRulesChange(t *testing.T) {
 	assert.Equal(t, 99, res.Remaining, "the new stand-ins: one call, nothing given back to them")
 }
 
+// Reset forgets the key's pending reservations whichever limiter took them:
+// one taken by a policy whose first rule is another, or before its rules
+// came in another order, no longer gives its events back into the fresh
+// state (10 more in one µs on a burst of 10).
+func TestReserveResetSharedState(t *testing.T) {
+	second := Rule{Name: "second", Strategy: TokenBucket, Limit: PerSecond(10)}
+	hour := Rule{Name: "hour", Strategy: FixedWindow, Limit: PerHour(1000)}
+	admit := func(t *testing.T, lim Limiter) int {
+		got := 0
+		for range 20 {
+			res, err := lim.Allow(t.Context(), "k")
+			require.NoError(t, err)
+			if res.Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	t.Run("a bucket that a policy's second rule shares", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		tb := newLimiter(t, b.rdb, TokenBucket, PerSecond(10))
+		p := newPolicy(t, b.rdb, []Rule{hour, second})
+		rv, err := p.Reserve(t.Context(), "k", 10)
+		require.NoError(t, err)
+		require.True(t, rv.Result().Allowed)
+		require.NoError(t, tb.Reset(t.Context(), "k"))
+		require.Equal(t, 10, admit(t, tb), "a fresh bucket")
+		require.ErrorIs(t, rv.Cancel(t.Context()), ErrSettled, "Reset forgets pending reservations")
+		assert.Zero(t, admit(t, tb), "admitted after the Cancel, in the same µs")
+	})
+	t.Run("a policy whose rules came in another order", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		var swapped atomic.Bool
+		p := newPolicy(t, b.rdb, []Rule{second, hour}, WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+			if swapped.Load() {
+				return []Rule{second, hour}, nil
+			}
+			return []Rule{hour, second}, nil
+		}))
+		rv, err := p.Reserve(t.Context(), "k", 10)
+		require.NoError(t, err)
+		require.True(t, rv.Result().Allowed)
+		swapped.Store(true)
+		require.NoError(t, p.Reset(t.Context(), "k"))
+		require.Equal(t, 10, admit(t, p))
+		require.ErrorIs(t, rv.Cancel(t.Context()), ErrSettled, "Reset forgets pending reservations")
+		assert.Zero(t, admit(t, p), "admitted after the Cancel, in the same µs")
+	})
+	t.Run("a shorter life does not end a longer one's", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		long := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithReservationTTL(time.Hour))
+		short := newLimiter(t, b.rdb, FixedWindow, PerHour(1000), WithReservationTTL(time.Minute))
+		rv, err := long.Reserve(t.Context(), "k", 5)
+		require.NoError(t, err)
+		_, err = short.Reserve(t.Context(), "k", 1)
+		require.NoError(t, err)
+		b.advance(2 * time.Minute)
+		_, err = rv.Settle(t.Context(), 5)
+		require.NoError(t, err, "the hour-long reservation outlived the minute-long one")
+	})
+}
+
 // Settle's used is bounded as AllowN's n is, on Redis and in the fallback:
 // past the smallest capacity (or, with a sliding log, past MaxSlidingLogN)
 // it is refused, nothing changes, and the reservation stays pending, so
@@ -444,10 +506,10 @@ func TestSettleUsedBounded(t *testing.T) {
 			rv, err := lim.Reserve(ctx, "k", 1)
 			require.NoError(t, err)
 			state := lim.stateKey("k")
-			before := []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}
+			before := []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, reservesKey(state, lim.own))}
 			_, err = rv.Settle(ctx, tc.used)
 			require.ErrorIs(t, err, tc.want, "used %d", tc.used)
-			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}, "a refused settle wrote nothing")
+			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, reservesKey(state, lim.own))}, "a refused settle wrote nothing")
 			capacity := lim.own.maxN
 			if tc.s == SlidingLog {
 				capacity = MaxSlidingLogN
@@ -651,7 +713,7 @@ func TestReserveDropsLapsedGradually(t *testing.T) {
 			first = rv
 		}
 	}
-	rkey := lim.stateKey("k") + reserveSuffix
+	rkey := reservesKey(lim.stateKey("k"), lim.own)
 	// One more, 30 s on, keeps the set alive past the first 100's lapse.
 	b.advance(30 * time.Second)
 	_, err := lim.Reserve(ctx, "k", 1)

@@ -69,7 +69,9 @@ if rid ~= '' then
     rcall('ZREMRANGEBYRANK', rkey, 0, lapsed - 1)
   end
   rcall('ZADD', rkey, now + life * 1000, rid)
-  rcall('PEXPIRE', rkey, life)
+  -- The set is the limited key's, shared by every limiter on it: its life
+  -- only grows, so that a shorter one does not end a longer one's.
+  if rcall('PTTL', rkey) < life then rcall('PEXPIRE', rkey, life) end
   for i = 1, nrules do reply[5 + i] = tags[i] end
 end
 return reply
