@@ -1,7 +1,9 @@
 package redlimit
 
 import (
+	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,6 +207,35 @@ func TestSlidingLogChargesKeepRateEntries(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, res.Allowed, "%+v", res)
 	assert.Equal(t, time.Hour-2*time.Millisecond, res.RetryAfter, "%+v", res)
+}
+
+// A charge settled at a lower Rate keeps the entries that a larger Rate on
+// the same state still counts (after a plan upgrade): trimmed to the
+// reservation's 10, the 100-a-minute plan lost 90 and admitted 90 more in
+// the same minute.
+func TestSlidingLogChargeKeepsLargerRate(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	var rate atomic.Int64
+	rate.Store(10)
+	lim := newLimiter(t, b.rdb, SlidingLog, PerMinute(10), WithLimitFunc(func(context.Context, string) (Limit, error) {
+		return PerMinute(int(rate.Load())), nil
+	}))
+	rv, err := lim.Reserve(ctx, "k", 5) // the free plan: 10 a minute
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	rate.Store(100) // upgraded
+	b.advance(time.Second)
+	res, err := lim.AllowN(ctx, "k", 95)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	b.advance(time.Second)
+	_, err = rv.Settle(ctx, 6) // one more than reserved: 101 used
+	require.NoError(t, err)
+	b.advance(time.Second)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "101 used in 3 s under 100 a minute: %+v", res)
 }
 
 // Events that leave the window together go at most 2n + 64 an admission,

@@ -79,6 +79,7 @@ A.sl = function(key, rate, period, tag)
   -- Entries past the limit: more than rate would add nothing (they all
   -- leave the log together).
   local add = math.min(delta, rate)
+  local in_window = redis.call('ZCOUNT', key, string.format('(%d', now - period), '+inf')
   local i = redis.call('ZCOUNT', key, now, now)
   local args = {'ZADD', key}
   for k = 1, add do
@@ -90,14 +91,17 @@ A.sl = function(key, rate, period, tag)
       args = {'ZADD', key}
     end
   end
-  -- The log keeps only its newest rate entries: a decision reads no
-  -- further back (it is allowed only with fewer than rate in the window,
-  -- and a denial's retry is the (rate-n)-th newest), so older ones would
-  -- decide nothing, and settles charging past the limit again and again
-  -- grew the log to rate x 1000 entries (143 MB at 1,000 an hour, and a
-  -- 389 ms trim once they left the window). The key owes at most one full
-  -- window; a refund finds only its entries still kept.
-  redis.call('ZREMRANGEBYRANK', key, 0, -(rate + 1))
+  -- The log keeps only its newest rate entries, or as many as the window
+  -- held before this charge if more (a limiter with a larger Rate on the
+  -- same state, after a plan upgrade, counts them: trimmed to this rate,
+  -- 90 of its 100 were lost): a decision at this rate reads no further
+  -- back (it is allowed only with fewer than rate in the window, and a
+  -- denial's retry is the (rate-n)-th newest), and settles charging past
+  -- the limit again and again grew the log to rate x 1000 entries (143 MB
+  -- at 1,000 an hour, and a 389 ms trim once they left the window). The
+  -- key owes at most one full window; a refund finds only its entries
+  -- still kept.
+  redis.call('ZREMRANGEBYRANK', key, 0, -(math.max(rate, in_window) + 1))
   local ttl = redis.call('PTTL', key)
   if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
 end
