@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -474,6 +475,46 @@ func TestReserveResetSharedState(t *testing.T) {
 		_, err = rv.Settle(t.Context(), 5)
 		require.NoError(t, err, "the hour-long reservation outlived the minute-long one")
 	})
+}
+
+// Settle's Result is the key's state as AllowN(ctx, key, 0) reports it, on
+// every strategy and a policy, a leaky bucket's Delay (the queue ahead)
+// included (it was 0).
+func TestSettleResultIsReport(t *testing.T) {
+	l := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	type limiter interface {
+		Limiter
+		Reserve(context.Context, string, int) (*Reservation, error)
+	}
+	cases := map[string]func(*testing.T, redis.UniversalClient) limiter{
+		"policy": func(t *testing.T, rdb redis.UniversalClient) limiter {
+			return newPolicy(t, rdb, []Rule{{Strategy: LeakyBucket, Limit: l}, {Strategy: FixedWindow, Limit: PerHour(1000)}})
+		},
+	}
+	for _, s := range Strategies() {
+		cases[s.String()] = func(t *testing.T, rdb redis.UniversalClient) limiter { return newLimiter(t, rdb, s, l) }
+	}
+	for name, make := range cases {
+		for _, used := range []int{0, 3, 7, 10} {
+			t.Run(name+"/used "+strconv.Itoa(used), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				ctx := t.Context()
+				lim := make(t, b.rdb)
+				_, err := lim.AllowN(ctx, "k", 2)
+				require.NoError(t, err)
+				b.advance(150 * time.Millisecond)
+				rv, err := lim.Reserve(ctx, "k", 7)
+				require.NoError(t, err)
+				require.True(t, rv.Result().Allowed)
+				b.advance(250 * time.Millisecond)
+				got, err := rv.Settle(ctx, used)
+				require.NoError(t, err)
+				want, err := lim.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				assert.Equal(t, want, got, "Settle's Result against AllowN(0)")
+			})
+		}
+	}
 }
 
 // Settle's used is bounded as AllowN's n is, on Redis and in the fallback:

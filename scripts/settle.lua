@@ -147,13 +147,14 @@ for i = 1, nrules do
 end
 
 -- The state after settling, as n = 0 reports it.
-local min_now, reset, fewest = nil, 0, 1
+local min_now, reset, fewest, delay = nil, 0, 1, 0
 for i = 1, nrules do
   local strat, rate, period, burst, per_call = rule(i)
   local ok, avail, w, reset_now = S[strat](KEYS[i], rate, period, burst, strat)
+  if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
   if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end
 end
 if min_now < 0 then min_now = 0 end
-return {0, math.floor(min_now), 0, math.ceil(reset), fewest}
+return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest}
