@@ -166,6 +166,9 @@ type engine struct {
 	// noFunctions: the server cannot run the rules' Redis Function
 	// (WithRedisFunctions); the script decides instead.
 	noFunctions atomic.Bool
+	// waitRTT is the round trip of WaitN's latest call (ns): WaitN keeps
+	// twice it before the deadline (see waitMargin).
+	waitRTT atomic.Int64
 }
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
@@ -296,17 +299,21 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		maxDelay := time.Duration(-1)
 		deadline, hasDeadline := ctx.Deadline()
 		if hasDeadline {
-			// Keep a margin for the round trip: a leaky bucket slot whose
-			// delay ends past the deadline would be taken for nothing.
-			maxDelay = time.Until(deadline) - waitMargin
+			// Keep a margin for the round trip: a leaky bucket's Delay
+			// runs from when the script ran, the sleep from the reply, and
+			// a slot whose sleep ends past the deadline is taken for
+			// nothing.
+			maxDelay = time.Until(deadline) - max(waitMargin, 2*time.Duration(e.waitRTT.Load()))
 			if maxDelay <= 0 {
 				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
 			}
 		}
+		sent := time.Now()
 		res, why, err := e.call(ctx, key, n, maxDelay, rs, nil)
 		if err != nil {
 			return err
 		}
+		e.waitRTT.Store(int64(time.Since(sent)))
 		if res.Allowed {
 			return sleep(ctx, res.Delay)
 		}
@@ -323,8 +330,10 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 	}
 }
 
-// waitMargin is the time WaitN keeps, before ctx's deadline, for the round
-// trip that takes a leaky bucket slot.
+// waitMargin is the least time WaitN keeps, before ctx's deadline, for the
+// round trip that takes a leaky bucket slot: it keeps twice the round trip
+// of its latest call if more (with 1 ms, a 2 ms round trip took slots whose
+// sleep then ended past the deadline).
 const waitMargin = time.Millisecond
 
 // sleep waits for d or until ctx is done.

@@ -109,3 +109,47 @@ func TestLeakyBucketWaitKeepsSlot(t *testing.T) {
 		assert.Equal(t, 200*time.Millisecond, waited, "Wait slept %v, want the slot's delay of 200ms", waited)
 	})
 }
+
+// A leaky bucket's WaitN keeps twice its latest round trip before the
+// deadline: a slot whose sleep, from the reply, would end after it is
+// refused at once (with a 1 ms margin and a 4 ms round trip, WaitN took
+// the slot, slept to the deadline and failed, the slot lost).
+func TestWaitLeakyRoundTrip(t *testing.T) {
+	for _, timeout := range []time.Duration{96 * time.Millisecond, 97 * time.Millisecond, 98 * time.Millisecond, 99 * time.Millisecond} {
+		t.Run(timeout.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb := bubbleClient(t)
+				rdb.AddHook(latencyHook{oneWay: 2 * time.Millisecond})
+				lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 3})
+				ctx := context.Background()
+				require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
+				_, err := lim.AllowN(ctx, "k", 1)          // the queue's first slot
+				require.NoError(t, err)
+				short, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				start := time.Now()
+				err = lim.Wait(short, "k")
+				waited := time.Since(start)
+				if err != nil {
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+					assert.LessOrEqual(t, waited, 10*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
+				}
+			})
+		})
+	}
+}
+
+// latencyHook delays every command by oneWay each way.
+type latencyHook struct {
+	passHooks
+	oneWay time.Duration
+}
+
+func (h latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(h.oneWay)
+		err := next(ctx, cmd)
+		time.Sleep(h.oneWay)
+		return err
+	}
+}
