@@ -264,15 +264,21 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 			perCall: ru.perCall,
 		}
 		c := float64(ru.capacity()) * share
-		if lr.queue {
-			lr.capacity = max(int(math.Floor(c)), 1)
-		} else {
-			lr.burst = max(int(math.Ceil(c)), 1)
-			lr.capacity = lr.burst
+		lr.capacity = max(int(math.Ceil(c)), 1)
+		if !lr.queue {
+			lr.burst = lr.capacity
 		}
 		lr.lim = rate.NewLimiter(rate.Limit(lr.every), lr.burst)
-		if !lr.queue && rand.Float64() < float64(lr.burst)-c {
-			lr.lim.AllowN(now, 1)
+		// A fractional capacity is kept on average: the stand-in starts
+		// one event short with the probability of the fraction left out
+		// (a queue too: with 1 slot for a capacity of 0.25 each, 20
+		// instances at 1/20 of 5 took 20 at once).
+		if rand.Float64() < float64(lr.capacity)-c {
+			if lr.queue {
+				lr.lim.ReserveN(now, 1) // a slot taken: the next waits its interval
+			} else {
+				lr.lim.AllowN(now, 1)
+			}
 		}
 		set.lims[i] = lr
 	}

@@ -136,7 +136,10 @@ func WithPingInterval(d time.Duration) Option {
 // WithFallbackShare scales the in-process fallback limits to this
 // instance's share of the global limit, in (0, 1]. With N instances behind
 // one Redis, 1/N makes the fleet admit about the global limit during an
-// outage, instead of N times it. The default is 1.
+// outage, instead of N times it. The default is 1. A capacity that the
+// share makes fractional (5 × 1/20 = 0.25) is kept on average: each
+// instance's stand-in starts one event short with the probability of the
+// fraction left out, so that 20 instances admit about 5 between them.
 //
 // The trade-off: with 1/N, keys whose traffic reaches only some instances
 // (sticky sessions, one client's connection) get less than the global limit
