@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,7 +122,7 @@ func TestLimitFuncDenyCacheAndFallback(t *testing.T) {
 		assert.Equal(t, want, res.Allowed, "fallback call %d under PerHour(2)", i)
 	}
 	plan.Store(PerHour(5))
-	assert.Equal(t, 5, allowedOf(t, lim, "j", 8), "a new stand-in for PerHour(5)")
+	assert.Equal(t, 3, allowedOf(t, lim, "j", 8), "the stand-in for PerHour(5) keeps the 2 used, as Redis's state would")
 }
 
 // A Policy's rules function: per-plan rules, and the policy's own for nil.
@@ -154,4 +155,30 @@ func TestRulesFunc(t *testing.T) {
 	assert.Equal(t, 3, count("pro:b"), "the bucket is the tighter at once")
 	_, err := p.Allow(ctx, "bad:c")
 	require.ErrorIs(t, err, ErrInvalidLimit, "two rules with one state")
+}
+
+// In the fallback, limits that alternate for one key (WithLimitFunc) keep
+// what was used, as Redis's shared state does: 2 and 3 a minute in turn
+// admit 3 of 100 calls, on Redis and off it (off it, each switch made a
+// full stand-in: 100 of 100).
+func TestFallbackLimitsAlternate(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, FixedWindow, LeakyBucket} {
+		for _, down := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/down %v", s, down), func(t *testing.T) {
+				b, m := miniBackend(t)
+				var i atomic.Int64
+				lim := newLimiter(t, b.rdb, s, PerMinute(2), WithPingInterval(time.Hour),
+					WithLimitFunc(func(context.Context, string) (Limit, error) {
+						if i.Add(1)%2 == 0 {
+							return PerMinute(2), nil
+						}
+						return PerMinute(3), nil
+					}))
+				if down {
+					m.Close()
+				}
+				assert.LessOrEqual(t, allowedOf(t, lim, "k", 100), 3)
+			})
+		}
+	}
 }

@@ -20,6 +20,7 @@ type localSet struct {
 }
 
 type localRule struct {
+	state    string // the rule's state in Redis (rule.suffix: strategy and Period)
 	lim      *rate.Limiter
 	every    float64 // events per second
 	burst    int     // capacity of lim (1 for a queue)
@@ -70,9 +71,51 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
 		// WithLimitFunc gave this key other limits: follow the latest.
-		set.sig, set.lims = rs.sig, r.newLocal(rs).lims
+		r.follow(set, rs, time.Now())
 	}
 	return r.decideLocked(set, n, maxDelay, rs, rc)
+}
+
+// standIn returns set's stand-in of state, or nil. set.mu is held.
+func (set *localSet) standIn(state string) *localRule {
+	for i := range set.lims {
+		if set.lims[i].state == state {
+			return &set.lims[i]
+		}
+	}
+	return nil
+}
+
+// follow gives set the stand-ins of rs, each carrying over what was used
+// in set's stand-in of the same state (strategy and Period), as Redis
+// shares that state between limits that differ in Rate or Burst: a key
+// whose limits alternate no longer starts full on every switch (2 and 3 a
+// minute in turn admitted 100 of 100 calls). set.mu is held.
+func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
+	fresh := r.newLocal(rs).lims
+	for i := range fresh {
+		nl := &fresh[i]
+		for j := range set.lims {
+			ol := &set.lims[j]
+			if ol.state != nl.state {
+				continue
+			}
+			var used float64 // events in use: taken from a bucket, or queued
+			if ol.queue {
+				rv := ol.lim.ReserveN(now, 1)
+				used = rv.DelayFrom(now).Seconds() * ol.every
+				rv.CancelAt(now)
+			} else {
+				used = float64(ol.burst) - ol.lim.TokensAt(now)
+			}
+			nl.lim = rate.NewLimiter(rate.Limit(nl.every), nl.burst)
+			if k := int(math.Ceil(used - 1e-9)); k > 0 {
+				reserveAt(nl.lim, now, k)
+			}
+			break
+		}
+	}
+	set.sig, set.lims = rs.sig, fresh
 }
 
 // verdict is one stand-in's answer, before the set commits or cancels it.
@@ -153,8 +196,9 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		return res, reasonAllowed, nil
 	}
 	if rc != nil {
-		hold := &localHold{set: set, lims: set.lims, paidAt: make([]time.Time, len(set.lims))}
+		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims))}
 		for i := range set.lims {
+			hold.states[i] = set.lims[i].state
 			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
 		}
 		rc.local = hold
@@ -258,6 +302,7 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 	for i := range rs.rules {
 		ru := &rs.rules[i]
 		lr := localRule{
+			state:   ru.suffix,
 			every:   float64(ru.limit.Rate) / ru.limit.Period.Seconds() * share,
 			queue:   ru.alg.queue,
 			burst:   1,

@@ -60,11 +60,12 @@ type reserveCall struct {
 // reservation.
 type localHold struct {
 	set *localSet
-	// lims are the stand-ins the reservation took from: the set's when it
-	// was taken (other limits for the key, from WithLimitFunc or
-	// WithRulesFunc, replace the set's, and settling then goes to these,
-	// which no call uses any more).
-	lims []localRule
+	// states are the states (localRule.state) of the stand-ins the
+	// reservation took from: other limits for the key, from WithLimitFunc
+	// or WithRulesFunc, replace the set's stand-ins, carrying over what
+	// was used in each state (see rescue.follow), and settling goes to the
+	// set's stand-in of each state now, if there is one.
+	states []string
 	// paidAt is, per stand-in, when its refill would have paid back what
 	// was used before the reservation: from then on it pays back the
 	// reservation's events (see settleLocal).
@@ -270,9 +271,11 @@ func (r *Reservation) settleLocal(used int) Result {
 	h.set.mu.Lock()
 	defer h.set.mu.Unlock()
 	now := time.Now()
-	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
-	for i := range h.lims {
-		lr := &h.lims[i]
+	for i, state := range h.states {
+		lr := h.set.standIn(state)
+		if lr == nil {
+			continue // the key's limits have no such rule any more
+		}
 		delta := lr.count(used) - lr.count(r.n)
 		if delta < 0 {
 			// Give back at most what the refill cannot have paid back yet,
@@ -285,6 +288,10 @@ func (r *Reservation) settleLocal(used int) Result {
 		if delta > 0 {
 			reserveAt(lr.lim, now, delta) // a debt when the tokens are not there
 		}
+	}
+	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
+	for i := range h.set.lims {
+		lr := &h.set.lims[i]
 		tokens := lr.lim.TokensAt(now)
 		if i == 0 || int(tokens) < res.Remaining {
 			res.Remaining = max(int(tokens), 0)

@@ -382,9 +382,9 @@ func TestReserveFallbackAllowSettles(t *testing.T) {
 	assert.Equal(t, 10, remaining(t, lim, "k"), "Redis charged for what it never admitted")
 }
 
-// A reservation the fallback took settles against the stand-ins it took
-// from, even after the key's rules changed and replaced them (it indexed
-// the new ones: a panic with more rules than before).
+// A reservation the fallback took settles into the key's stand-ins of the
+// same rules, even after the key's rules changed and replaced them (it
+// indexed the new ones: a panic with more rules than before).
 func TestReserveFallbackRulesChange(t *testing.T) {
 	b, m := miniBackend(t)
 	hour := Rule{Name: "hour", Strategy: TokenBucket, Limit: Limit{Rate: 1, Period: time.Hour, Burst: 100}}
@@ -412,7 +412,7 @@ func TestReserveFallbackRulesChange(t *testing.T) {
 	assert.True(t, settled.Degraded)
 	res, err = p.AllowN(ctx, "k", 0)
 	require.NoError(t, err)
-	assert.Equal(t, 99, res.Remaining, "the new stand-ins: one call, nothing given back to them")
+	assert.Equal(t, 98, res.Remaining, "hour: 10 reserved and carried over, 9 given back, and 1 call; minute: 1 call")
 }
 
 // Reset forgets the key's pending reservations whichever limiter took them:
