@@ -67,10 +67,12 @@ const (
 // are not copied to Redis: when Redis is back, new leases are counted in
 // Redis only, so a key can briefly have up to max in Redis plus those
 // still held in process. A lease taken on Redis and released while Redis
-// is unavailable cannot be removed from Redis: its slot there comes back
-// when its ttl ends (Release returns nil, or an error wrapping
-// ErrUnavailable under FallbackError); it cannot be extended (Extend
-// returns an error wrapping ErrUnavailable).
+// is unavailable cannot be removed from Redis then (Release returns nil, or
+// an error wrapping ErrUnavailable under FallbackError): the release is
+// made again every ping interval once Redis is back, so its slot comes
+// back then, or when its ttl ends if that is sooner (up to 10,000 such
+// releases pending, until Close); it cannot be extended (Extend returns an
+// error wrapping ErrUnavailable).
 //
 // The options that apply are WithPrefix, WithFallback, WithPingInterval,
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
@@ -96,7 +98,26 @@ type Concurrency struct {
 	wakeCap int
 	done    chan struct{} // closed by Close
 	once    sync.Once
+
+	// Releases of Redis leases that Redis did not take (see lostRelease),
+	// made again by retryReleases once it is back.
+	relMu      sync.Mutex
+	pending    []pendingRelease
+	relRunning bool
+	relWG      sync.WaitGroup
 }
+
+// pendingRelease is a Redis lease released while Redis was unavailable: it
+// is released again once Redis is back, until its ttl would have ended
+// anyway.
+type pendingRelease struct {
+	state, id string
+	until     time.Time
+}
+
+// maxPendingReleases bounds the releases a Concurrency keeps to make
+// again; past it, a lease's slot comes back when its ttl ends.
+const maxPendingReleases = 10_000
 
 // concurrencyAlg is the rule a Concurrency gives its engine: the engine
 // supplies the options, the key scheme and the fallback monitor; the
@@ -306,6 +327,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 // It is safe to call more than once.
 func (c *Concurrency) Close() error {
 	c.once.Do(func() { close(c.done) })
+	c.relWG.Wait() // retryReleases sees done
 	return c.e.close()
 }
 
@@ -450,9 +472,10 @@ type Lease struct {
 // cannot free another holder's slot). A Release whose ctx is already done
 // (a deferred Release after the request's context was cancelled) still
 // frees the slot, with a context detached from ctx and bounded by 1s.
-// While Redis is unavailable a lease taken on Redis cannot be removed: its
-// slot comes back when its ttl ends, and Release returns nil (an error
-// wrapping ErrUnavailable under FallbackError). A lease taken in process
+// While Redis is unavailable a lease taken on Redis cannot be removed:
+// Release returns nil (an error wrapping ErrUnavailable under
+// FallbackError) and releases it again once Redis is back (see
+// Concurrency), or its slot comes back when its ttl ends. A lease taken in process
 // is released in process. Release works after Close. Releasing a nil
 // Lease does nothing; a Lease that Acquire did not return (a zero Lease)
 // is an error wrapping ErrInvalidArgument.
@@ -497,12 +520,72 @@ func (l *Lease) Release(ctx context.Context) error {
 	return fmt.Errorf("redlimit: release %q: %w", l.key, err)
 }
 
-// lostRelease is Release of a Redis lease while Redis is unavailable.
+// lostRelease is Release of a Redis lease while Redis is unavailable (or
+// the call could not reach it, a full client pool included): the release
+// is made again once Redis is back (retryReleases), so that the slot need
+// not wait for the lease's ttl.
 func (c *Concurrency) lostRelease(l *Lease) error {
+	c.relMu.Lock()
+	select {
+	case <-c.done:
+	default:
+		if len(c.pending) < maxPendingReleases {
+			c.pending = append(c.pending, pendingRelease{state: l.state, id: l.id, until: time.Now().Add(c.limit.Period)})
+			if !c.relRunning {
+				c.relRunning = true
+				c.relWG.Add(1)
+				go c.retryReleases()
+			}
+		}
+	}
+	c.relMu.Unlock()
 	if c.e.cfg.fallback == FallbackError {
-		return fmt.Errorf("redlimit: release %q (its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
+		return fmt.Errorf("redlimit: release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
+}
+
+// retryReleases makes the pending releases again, every ping interval,
+// those whose node is not marked down, until none is left or Close.
+func (c *Concurrency) retryReleases() {
+	defer c.relWG.Done()
+	tick := time.NewTicker(c.e.cfg.pingInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-tick.C:
+		}
+		c.relMu.Lock()
+		batch := c.pending
+		c.pending = nil
+		c.relMu.Unlock()
+		var keep []pendingRelease
+		for _, p := range batch {
+			if !time.Now().Before(p.until) {
+				continue // its ttl ended: the slot is back
+			}
+			if c.e.rescue.isDown(p.state) {
+				keep = append(keep, p)
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+			cancel()
+			if err != nil {
+				keep = append(keep, p)
+			}
+		}
+		c.relMu.Lock()
+		c.pending = append(keep, c.pending...)
+		if len(c.pending) == 0 {
+			c.relRunning = false
+			c.relMu.Unlock()
+			return
+		}
+		c.relMu.Unlock()
+	}
 }
 
 // Extend renews the lease's ttl from now. A lease that expired (or was
