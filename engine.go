@@ -299,21 +299,26 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		maxDelay := time.Duration(-1)
 		deadline, hasDeadline := ctx.Deadline()
 		if hasDeadline {
+			left := time.Until(deadline)
+			if left <= waitMargin {
+				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
+			}
 			// Keep a margin for the round trip: a leaky bucket's Delay
 			// runs from when the script ran, the sleep from the reply, and
 			// a slot whose sleep ends past the deadline is taken for
-			// nothing.
-			maxDelay = time.Until(deadline) - max(waitMargin, 2*time.Duration(e.waitRTT.Load()))
-			if maxDelay <= 0 {
-				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
-			}
+			// nothing. Twice the latest round trip, but at most a quarter
+			// of the time left, so that one slow call cannot end later
+			// waits before they ask.
+			maxDelay = max(left-max(waitMargin, min(2*time.Duration(e.waitRTT.Load()), left/4)), 0)
 		}
 		sent := time.Now()
 		res, why, err := e.call(ctx, key, n, maxDelay, rs, nil)
 		if err != nil {
 			return err
 		}
-		e.waitRTT.Store(int64(time.Since(sent)))
+		if !res.Degraded && why != reasonDenyCache { // a round trip Redis answered
+			e.waitRTT.Store(int64(time.Since(sent)))
+		}
 		if res.Allowed {
 			return sleep(ctx, res.Delay)
 		}
@@ -332,8 +337,9 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 
 // waitMargin is the least time WaitN keeps, before ctx's deadline, for the
 // round trip that takes a leaky bucket slot: it keeps twice the round trip
-// of its latest call if more (with 1 ms, a 2 ms round trip took slots whose
-// sleep then ended past the deadline).
+// of its latest call that Redis answered if more, up to a quarter of the
+// time left (with 1 ms, a 2 ms round trip took slots whose sleep then
+// ended past the deadline).
 const waitMargin = time.Millisecond
 
 // sleep waits for d or until ctx is done.

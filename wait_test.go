@@ -119,7 +119,7 @@ func TestWaitLeakyRoundTrip(t *testing.T) {
 		t.Run(timeout.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb := bubbleClient(t)
-				rdb.AddHook(latencyHook{oneWay: 2 * time.Millisecond})
+				rdb.AddHook(&latencyHook{oneWay: 2 * time.Millisecond})
 				lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 3})
 				ctx := context.Background()
 				require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
@@ -133,6 +133,33 @@ func TestWaitLeakyRoundTrip(t *testing.T) {
 				if err != nil {
 					require.ErrorIs(t, err, context.DeadlineExceeded)
 					assert.LessOrEqual(t, waited, 10*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
+				} else {
+					assert.LessOrEqual(t, waited, timeout, "Wait returned after its deadline")
+				}
+			})
+		})
+	}
+}
+
+// One slow round trip does not end later waits before they ask: the
+// margin kept for it is at most a quarter of the time left (a 600 ms one
+// made every WaitN with a 1 s deadline fail at once, for good).
+func TestWaitAfterSlowRoundTrip(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb := bubbleClient(t)
+				slow := &latencyHook{oneWay: 300 * time.Millisecond}
+				rdb.AddHook(slow)
+				lim := newLimiter(t, rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 1})
+				ctx := context.Background()
+				require.NoError(t, lim.Wait(ctx, "k")) // 600 ms, measured
+				slow.oneWay = 0
+				for i := range 5 {
+					short, cancel := context.WithTimeout(ctx, time.Second)
+					err := lim.Wait(short, "k") // 100 ms per event
+					cancel()
+					require.NoError(t, err, "wait %d after the slow one", i)
 				}
 			})
 		})
@@ -145,7 +172,7 @@ type latencyHook struct {
 	oneWay time.Duration
 }
 
-func (h latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		time.Sleep(h.oneWay)
 		err := next(ctx, cmd)
