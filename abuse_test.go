@@ -75,16 +75,36 @@ func TestBlockShorterThanLimit(t *testing.T) {
 			require.False(t, res.Allowed, "%+v", res)
 			assert.Equal(t, DeniedByBlock, seen.last().DeniedBy)
 			assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked: %+v", res)
-			b.advance(res.RetryAfter - time.Millisecond)
-			res, err = lim.Allow(ctx, "k")
-			require.NoError(t, err)
-			require.False(t, res.Allowed, "1ms before RetryAfter: %+v", res)
-			b.advance(time.Millisecond)
+			b.advance(res.RetryAfter) // (a call before it would be denied, and blocked anew)
 			res, err = lim.Allow(ctx, "k")
 			require.NoError(t, err)
 			assert.True(t, res.Allowed, "at RetryAfter: %+v", res)
 		})
 	}
+}
+
+// The block lasts d: a large n's denial tells the blocked calls to retry
+// when that n would fit, but once d is over a smaller n is the limit's to
+// decide (the block lasted as long as the large n's wait: 6 minutes).
+func TestBlockLastsItsLength(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Hour, Burst: 100}, WithBlock(time.Second))
+	ctx := t.Context()
+	res, err := lim.AllowN(ctx, "k", 50)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	denied, err := lim.AllowN(ctx, "k", 60)
+	require.NoError(t, err)
+	require.False(t, denied.Allowed, "%+v", denied)
+	b.advance(500 * time.Millisecond)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "blocked: %+v", res)
+	assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked until the 60 would fit: %+v", res)
+	b.advance(500 * time.Millisecond)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
 }
 
 // resetAfterOne is ResetAfter after one event of a 1-per-second limit at a

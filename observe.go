@@ -65,11 +65,12 @@ func WithShadow() Option {
 }
 
 // WithBlock sets a penalty: once a key is denied by the limit, every call
-// for it is denied for d, or until the limit would allow the denied call
-// again if that is longer (so that a client that waits RetryAfter is not
-// denied by the limit), with RetryAfter the time left. The block lives in
-// Redis, in the same cluster slot as the key's state, set by the same script
-// that denies; Reset lifts it. The default is 0, no block.
+// for it is denied for d, with RetryAfter the time left, or the time until
+// the limit would allow the denied call again if that is longer (so that a
+// client that waits RetryAfter is not denied again by the limit). The
+// block lives in Redis, in the same cluster slot as the key's state, set
+// by the same script that denies; Reset lifts it. The default is 0, no
+// block.
 func WithBlock(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.block = d })
 }

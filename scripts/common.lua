@@ -17,8 +17,8 @@
 -- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
 -- ARGV[4]  max delay in µs the caller can wait (leaky bucket), -1 = any
 -- ARGV[5]  block in µs: once denied by a limit, deny everything for this
---          long (or until the limit would allow the denied n again, if
---          longer); 0 = off
+--          long (with a RetryAfter until the limit would allow the denied
+--          n again, if that is later); 0 = off
 -- ARGV[6]  reservation id, or '': record an admitted call as a reservation
 --          that settle.lua can settle once (see reserve.go)
 -- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);

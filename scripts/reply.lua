@@ -15,12 +15,13 @@ if denied and n > 0 then
   -- rule over its allowance) and never writes.
   -- A lease's denial (lease.go: its id starts with 'lease:') is not a
   -- call's: it sets no block.
-  -- The block lasts block, or until the limit would allow this n again if
-  -- that is longer: a client that waits its RetryAfter is not denied
-  -- again by the limit.
+  -- The block lasts block; while it does, a call is told to retry when
+  -- this n would be allowed again, if that is later (the key's value), so
+  -- that a client that waits its RetryAfter is not denied again by the
+  -- limit, and after the block smaller calls are the limit's to decide.
   if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
     if retry < block then retry = block end
-    rcall('SET', KEYS[nkeys], now + retry, 'PX', ms(retry))
+    rcall('SET', KEYS[nkeys], now + retry, 'PX', ms(block))
     if reset_denied < retry then reset_denied = retry end
     min_now = 0
   end
