@@ -88,21 +88,23 @@ func (c *lru[V]) getOrAddKeep(key string, make func() V, keep func(V) bool) (v V
 }
 
 // evictLocked replaces with e the entry under the clock hand that was not
-// used since the hand last passed it and that keep does not keep. It
-// reports false, and replaces none, when the hand went twice round the
-// ring without finding one (every entry kept).
+// used since the hand last passed it and that keep does not keep. After
+// twice round the ring (lookups can flag entries again meanwhile), it
+// replaces the first that keep does not keep, used or not; it reports
+// false, and replaces none, only when keep keeps every entry.
 func (s *lruShard[V]) evictLocked(e *lruEntry[V], keep func(V) bool) bool {
-	for range 2 * len(s.ring) {
+	n := len(s.ring)
+	for i := range 3 * n {
 		old := s.ring[s.hand]
-		if old == nil || (!old.used.Swap(false) && (keep == nil || !keep(old.value))) {
+		if old == nil || ((i >= 2*n || !old.used.Swap(false)) && (keep == nil || !keep(old.value))) {
 			if old != nil {
 				delete(s.items, old.key)
 			}
 			s.ring[s.hand] = e
-			s.hand = (s.hand + 1) % len(s.ring)
+			s.hand = (s.hand + 1) % n
 			return true
 		}
-		s.hand = (s.hand + 1) % len(s.ring)
+		s.hand = (s.hand + 1) % n
 	}
 	return false
 }

@@ -43,3 +43,25 @@ func TestLRUConcurrent(t *testing.T) {
 	wg.Wait()
 	require.LessOrEqual(t, c.len(), 64, "keys held")
 }
+
+// Eviction never gives up while an entry can go: lookups that flag entries
+// again during the sweep (here, keep does it for them) only delay it to the
+// third time round, when the first entry keep does not keep goes, used or
+// not (after two, getOrAdd returned no value: a nil deref in its callers).
+func TestLRUEvictionGoesOn(t *testing.T) {
+	kept := &lruEntry[int]{key: "kept", value: 1}
+	other := &lruEntry[int]{key: "other", value: 2}
+	s := &lruShard[int]{max: 2, items: map[string]*lruEntry[int]{"kept": kept, "other": other}, ring: []*lruEntry[int]{kept, other}}
+	keep := func(v int) bool {
+		other.used.Store(true) // a reader, between the hand's steps
+		return v == 1
+	}
+	e := &lruEntry[int]{key: "new", value: 3}
+	require.True(t, s.evictLocked(e, keep), "an entry keep does not keep was there to go")
+	assert.Equal(t, []*lruEntry[int]{kept, e}, s.ring)
+	assert.NotContains(t, s.items, "other")
+
+	all := func(int) bool { return true }
+	assert.False(t, s.evictLocked(&lruEntry[int]{key: "newer", value: 4}, all), "every entry kept")
+	assert.Equal(t, []*lruEntry[int]{kept, e}, s.ring, "nothing replaced")
+}
