@@ -387,7 +387,10 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	}
 	// The reservations too (and so the leases): settled after the reset,
 	// one would give its events back into the fresh state.
-	keys = append(keys, first+blockSuffix, reservesKey(first, rs))
+	keys = append(keys, first+blockSuffix)
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(first, rs, i)+reserveSuffix)
+	}
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}
@@ -427,15 +430,6 @@ func ruleKey(first string, rs *ruleSet, i int) string {
 		return first
 	}
 	return first[:len(first)-len(rs.rules[0].suffix)] + rs.rules[i].suffix
-}
-
-// reservesKey returns the key of the reservations (see reserve.go) of the
-// limited key whose rule 0 state key is first: named by the limited key
-// alone (<prefix>:{<key>}:r), not by a rule, so that every limiter and
-// policy that shares one of its rules' state finds it (a Reset deletes
-// it, whichever rule comes first).
-func reservesKey(first string, rs *ruleSet) string {
-	return first[:len(first)-len(rs.rules[0].suffix)] + "}" + reserveSuffix
 }
 
 // reason says what decided: the first field of a script reply, or a local one.
@@ -564,7 +558,9 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	ridArg, life := argNoRID, argZero
 	if rc != nil {
 		ridArg, life = rc.id, e.cfg.argReserveTTL
-		a.keys = append(a.keys, reservesKey(first, rs))
+		for i := range rs.rules {
+			a.keys = append(a.keys, ruleKey(first, rs, i)+reserveSuffix)
+		}
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
 	script := rs.script

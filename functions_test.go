@@ -441,12 +441,14 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 			}
 			keysA, keysB := slices.Clone(ruleKeysA), slices.Clone(ruleKeysB)
 			for _, p := range []*[]string{&keysA, &keysB} {
-				first := (*p)[0]
+				rules := slices.Clone(*p)
 				if block > 0 {
-					*p = append(*p, first+blockSuffix)
+					*p = append(*p, rules[0]+blockSuffix)
 				}
 				if rid != "" {
-					*p = append(*p, first+reserveSuffix)
+					for _, k := range rules {
+						*p = append(*p, k+reserveSuffix)
+					}
 				}
 			}
 			corrupt := rng.IntN(40) == 0

@@ -71,9 +71,10 @@ func (l *RateLimiter) WaitN(ctx context.Context, key string, n int) error {
 }
 
 // Reset forgets all state of key: its Redis key (counter, log or bucket),
-// its penalty block, its pending reservations (settling one afterwards
-// returns ErrSettled and gives nothing back into the fresh state) and so
-// the unused events of leases, and this process's fallback and deny-cache
+// its penalty block, the pending reservations on that state, whichever
+// limiter took them (settling one afterwards gives nothing back into the
+// fresh state, and returns ErrSettled if it held nothing else) and so the
+// unused events of leases, and this process's fallback and deny-cache
 // entries.
 func (l *RateLimiter) Reset(ctx context.Context, key string) error {
 	return l.reset(ctx, key)

@@ -134,8 +134,9 @@ func (r *Reservation) Result() Result {
 // entries still in the log, the buckets return only the reservation's
 // tokens that the refill cannot have paid back yet (counted from when
 // what was used before the reservation would have been paid back). Reset
-// forgets the key's pending reservations: settling one afterwards returns
-// ErrSettled.
+// forgets the pending reservations on the states it resets, whichever
+// limiter took them: a rule whose state was reset since gets nothing back,
+// and a reservation forgotten for every rule returns ErrSettled.
 //
 // The Result is the key's state after settling, as AllowN(ctx, key, 0)
 // reports it. A reservation taken in shadow mode that the limit denied
@@ -210,11 +211,13 @@ var settleScript = redis.NewScript(decisionHead(allStrategyFiles) +
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs
-	keys := make([]string, 0, len(rs.rules)+1)
+	keys := make([]string, 0, 2*len(rs.rules))
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(r.state, rs, i))
 	}
-	keys = append(keys, reservesKey(r.state, rs))
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(r.state, rs, i)+reserveSuffix)
+	}
 	now := argZero
 	if e.clock != nil {
 		us, err := e.clock.nowMicros(ctx)

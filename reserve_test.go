@@ -415,10 +415,11 @@ func TestReserveFallbackRulesChange(t *testing.T) {
 	assert.Equal(t, 98, res.Remaining, "hour: 10 reserved and carried over, 9 given back, and 1 call; minute: 1 call")
 }
 
-// Reset forgets the key's pending reservations whichever limiter took them:
-// one taken by a policy whose first rule is another, or before its rules
-// came in another order, no longer gives its events back into the fresh
-// state (10 more in one µs on a burst of 10).
+// Reset forgets a pending reservation for the rules whose state it resets,
+// whichever limiter took it, and for those only: one taken by a policy
+// whose first rule is another, or before its rules came in another order,
+// no longer gives its events back into the fresh state (10 more in one µs
+// on a burst of 10), and one on an unrelated state is still settled.
 func TestReserveResetSharedState(t *testing.T) {
 	second := Rule{Name: "second", Strategy: TokenBucket, Limit: PerSecond(10)}
 	hour := Rule{Name: "hour", Strategy: FixedWindow, Limit: PerHour(1000)}
@@ -442,8 +443,15 @@ func TestReserveResetSharedState(t *testing.T) {
 		require.True(t, rv.Result().Allowed)
 		require.NoError(t, tb.Reset(t.Context(), "k"))
 		require.Equal(t, 10, admit(t, tb), "a fresh bucket")
-		require.ErrorIs(t, rv.Cancel(t.Context()), ErrSettled, "Reset forgets pending reservations")
+		require.NoError(t, rv.Cancel(t.Context()), "the hour's window is settled still")
 		assert.Zero(t, admit(t, tb), "admitted after the Cancel, in the same µs")
+		rep, err := p.AllowN(t.Context(), "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 0, rep.Remaining, "the bucket, reset and used again: nothing given back to it")
+		hourly := newLimiter(t, b.rdb, FixedWindow, PerHour(1000))
+		rep, err = hourly.AllowN(t.Context(), "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, 1000, rep.Remaining, "the hour: the reservation's 10 given back")
 	})
 	t.Run("a policy whose rules came in another order", func(t *testing.T) {
 		b, _ := miniBackend(t)
@@ -460,13 +468,24 @@ func TestReserveResetSharedState(t *testing.T) {
 		swapped.Store(true)
 		require.NoError(t, p.Reset(t.Context(), "k"))
 		require.Equal(t, 10, admit(t, p))
-		require.ErrorIs(t, rv.Cancel(t.Context()), ErrSettled, "Reset forgets pending reservations")
+		require.ErrorIs(t, rv.Cancel(t.Context()), ErrSettled, "Reset forgot it for every rule")
 		assert.Zero(t, admit(t, p), "admitted after the Cancel, in the same µs")
+	})
+	t.Run("a limiter on another state", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		perSecond := newLimiter(t, b.rdb, TokenBucket, PerSecond(10))
+		daily := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: 24 * time.Hour})
+		rv, err := daily.Reserve(t.Context(), "k", 10)
+		require.NoError(t, err)
+		require.NoError(t, perSecond.Reset(t.Context(), "k"))
+		res, err := rv.Settle(t.Context(), 50)
+		require.NoError(t, err, "another state's Reset does not forget it")
+		assert.Equal(t, 50, res.Remaining, "the 40 more charged")
 	})
 	t.Run("a shorter life does not end a longer one's", func(t *testing.T) {
 		b, _ := miniBackend(t)
 		long := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithReservationTTL(time.Hour))
-		short := newLimiter(t, b.rdb, FixedWindow, PerHour(1000), WithReservationTTL(time.Minute))
+		short := newLimiter(t, b.rdb, TokenBucket, PerSecond(10), WithReservationTTL(time.Minute)) // the same state
 		rv, err := long.Reserve(t.Context(), "k", 5)
 		require.NoError(t, err)
 		_, err = short.Reserve(t.Context(), "k", 1)
@@ -547,10 +566,10 @@ func TestSettleUsedBounded(t *testing.T) {
 			rv, err := lim.Reserve(ctx, "k", 1)
 			require.NoError(t, err)
 			state := lim.stateKey("k")
-			before := []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, reservesKey(state, lim.own))}
+			before := []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}
 			_, err = rv.Settle(ctx, tc.used)
 			require.ErrorIs(t, err, tc.want, "used %d", tc.used)
-			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, reservesKey(state, lim.own))}, "a refused settle wrote nothing")
+			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}, "a refused settle wrote nothing")
 			capacity := lim.own.maxN
 			if tc.s == SlidingLog {
 				capacity = MaxSlidingLogN
@@ -754,7 +773,7 @@ func TestReserveDropsLapsedGradually(t *testing.T) {
 			first = rv
 		}
 	}
-	rkey := reservesKey(lim.stateKey("k"), lim.own)
+	rkey := lim.stateKey("k") + reserveSuffix
 	// One more, 30 s on, keeps the set alive past the first 100's lapse.
 	b.advance(30 * time.Second)
 	_, err := lim.Reserve(ctx, "k", 1)

@@ -10,8 +10,9 @@
 -- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
 --             tag (one cluster slot)
 -- KEYS[k+1]   the penalty block key; present only when ARGV[5] > 0
--- KEYS[k+1 or k+2]  the reservations (a sorted set); present only when
---             ARGV[6] is not empty
+-- KEYS[k+1 .. 2k, or k+2 .. 2k+1]  each rule's reservations (a sorted
+--             set beside its state key); present only when ARGV[6] is not
+--             empty
 -- ARGV[1]  n: events asked for (integer >= 0; 0 reports without consuming)
 -- ARGV[2]  k: the number of rules (1 to 16)
 -- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME

@@ -57,22 +57,26 @@ if rid == '' and pack then
 end
 local reply = {0, min_after, delay, reset_ok, fewest}
 if rid ~= '' then
-  -- The reservation: a member of a sorted set scored by when it lapses,
-  -- so that settle.lua finds it once, and lapsed ones are dropped here.
-  local rkey = KEYS[nkeys + 1]
+  -- The reservation: a member of a sorted set of each rule's state (so
+  -- that a Reset of a rule's state, by whichever limiter, forgets it for
+  -- that rule), scored by when it lapses, so that settle.lua finds it
+  -- once, and lapsed ones are dropped here.
   local life = (ARGV[7] or 0) + 0
-  -- Lapsed ones have the lowest scores; at most 16 go per call (one
-  -- comes), so that a call never clears a backlog at once: 360,000
-  -- reservations left to lapse took one reserve 102 ms.
-  local lapsed = rcall('ZCOUNT', rkey, '-inf', now)
-  if lapsed > 0 then
-    if lapsed > 16 then lapsed = 16 end
-    rcall('ZREMRANGEBYRANK', rkey, 0, lapsed - 1)
+  for i = 1, nrules do
+    local rkey = KEYS[nkeys + i]
+    -- Lapsed ones have the lowest scores; at most 16 go per call (one
+    -- comes), so that a call never clears a backlog at once: 360,000
+    -- reservations left to lapse took one reserve 102 ms.
+    local lapsed = rcall('ZCOUNT', rkey, '-inf', now)
+    if lapsed > 0 then
+      if lapsed > 16 then lapsed = 16 end
+      rcall('ZREMRANGEBYRANK', rkey, 0, lapsed - 1)
+    end
+    rcall('ZADD', rkey, now + life * 1000, rid)
+    -- Limiters that share the state share the set: its life only grows,
+    -- so that a shorter one does not end a longer one's.
+    if rcall('PTTL', rkey) < life then rcall('PEXPIRE', rkey, life) end
+    reply[5 + i] = tags[i]
   end
-  rcall('ZADD', rkey, now + life * 1000, rid)
-  -- The set is the limited key's, shared by every limiter on it: its life
-  -- only grows, so that a shorter one does not end a longer one's.
-  if rcall('PTTL', rkey) < life then rcall('PEXPIRE', rkey, life) end
-  for i = 1, nrules do reply[5 + i] = tags[i] end
 end
 return reply

@@ -17,18 +17,26 @@
 -- window pays it back (a sliding log owes at most one full window, see
 -- A.sl).
 --
--- Reply: {-1} when the reservation is unknown: settled already, lapsed, or
--- never recorded (nothing changes); else the state after settling, as a
--- decision with n = 0 replies.
+-- Reply: {-1} when the reservation is unknown: settled already, lapsed,
+-- never recorded, or forgotten by a Reset of every rule's state (nothing
+-- changes); else the state after settling, as a decision with n = 0
+-- replies.
 
-local rkey = KEYS[nrules + 1]
 local used = tonumber(ARGV[7])
 local base = 8 + 4 * nrules
 local reserved = tonumber(ARGV[base])
-local lapses = redis.call('ZSCORE', rkey, rid)
-if not lapses then return {-1} end
-redis.call('ZREM', rkey, rid)
-if tonumber(lapses) <= now then return {-1} end
+-- KEYS[nrules + i]: rule i's reservations. A rule whose set no longer has
+-- the reservation had its state reset since (by any limiter on it): that
+-- rule is not settled.
+local held, lapses = {}, nil
+for i = 1, nrules do
+  local s = redis.call('ZSCORE', KEYS[nrules + i], rid)
+  if s then
+    redis.call('ZREM', KEYS[nrules + i], rid)
+    held[i], lapses = true, s
+  end
+end
+if not lapses or tonumber(lapses) <= now then return {-1} end
 local delta = used - reserved
 
 local A = {}
@@ -141,7 +149,7 @@ for i = 1, nrules do
     delta, taken = 0, 1
     if used == 0 then delta = -1 end
   end
-  if delta ~= 0 then
+  if delta ~= 0 and held[i] then
     A[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
   end
 end
