@@ -111,8 +111,8 @@ type Concurrency struct {
 // is released again once Redis is back, until its ttl would have ended
 // anyway.
 type pendingRelease struct {
-	state, id string
-	until     time.Time
+	key, state, id string
+	until          time.Time
 }
 
 // maxPendingReleases bounds the releases a Concurrency keeps to make
@@ -323,11 +323,17 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 
 // Close stops the fallback monitor, if one runs, and makes later calls
 // return ErrClosed (Acquire returns at once). Leases still held can be
-// released after Close, not extended. It does not close the Redis client.
-// It is safe to call more than once.
+// released after Close, not extended; releases made while Redis could not
+// be reached and not made again yet are dropped (their slots come back
+// when their ttls end). It does not close the Redis client. It is safe to
+// call more than once.
 func (c *Concurrency) Close() error {
-	c.once.Do(func() { close(c.done) })
-	c.relWG.Wait() // retryReleases sees done
+	c.once.Do(func() {
+		c.relMu.Lock() // so that lostRelease starts no retryReleases after this
+		close(c.done)
+		c.relMu.Unlock()
+	})
+	c.relWG.Wait() // retryReleases sees done, at most one release's timeout later
 	return c.e.close()
 }
 
@@ -530,7 +536,7 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 	case <-c.done:
 	default:
 		if len(c.pending) < maxPendingReleases {
-			c.pending = append(c.pending, pendingRelease{state: l.state, id: l.id, until: time.Now().Add(c.limit.Period)})
+			c.pending = append(c.pending, pendingRelease{key: l.key, state: l.state, id: l.id, until: time.Now().Add(c.limit.Period)})
 			if !c.relRunning {
 				c.relRunning = true
 				c.relWG.Add(1)
@@ -546,11 +552,21 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 }
 
 // retryReleases makes the pending releases again, every ping interval,
-// those whose node is not marked down, until none is left or Close.
+// those whose node is not marked down, until none is left or Close (which
+// ends the one in flight).
 func (c *Concurrency) retryReleases() {
 	defer c.relWG.Done()
 	tick := time.NewTicker(c.e.cfg.pingInterval)
 	defer tick.Stop()
+	closing, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.done:
+			cancel()
+		case <-closing.Done():
+		}
+	}()
 	for {
 		select {
 		case <-c.done:
@@ -563,18 +579,20 @@ func (c *Concurrency) retryReleases() {
 		c.relMu.Unlock()
 		var keep []pendingRelease
 		for _, p := range batch {
-			if !time.Now().Before(p.until) {
-				continue // its ttl ended: the slot is back
-			}
-			if c.e.rescue.isDown(p.state) {
+			switch {
+			case closing.Err() != nil: // Close: the slots come back when their ttls end
+			case !time.Now().Before(p.until): // its ttl ended: the slot is back
+			case c.e.rescue.isDown(p.state):
 				keep = append(keep, p)
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
-			cancel()
-			if err != nil {
-				keep = append(keep, p)
+			default:
+				ctx, cancel := context.WithTimeout(closing, releaseTimeout)
+				_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+				cancel()
+				if err != nil {
+					keep = append(keep, p)
+				} else {
+					c.wake(p.key)
+				}
 			}
 		}
 		c.relMu.Lock()
