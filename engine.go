@@ -394,9 +394,14 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}
+	// Again: a call sent between the first forget and the DEL was decided
+	// on the old state, and its denial, or a lease it took, must not
+	// outlive it (the lease's reservation went with the DEL: given back,
+	// it gives nothing).
+	if e.leases != nil {
+		e.leases.drop(ctx, first)
+	}
 	if e.denies != nil {
-		// Again: a call sent between the first forget and the DEL was
-		// decided on the old state, and its denial must not outlive it.
 		e.denies.forget(first)
 	}
 	return nil

@@ -37,10 +37,10 @@ import (
 // (settled, one script call) and the next call takes a new lease. Close
 // and Reset give leases back at once. Calls that find a lease being taken
 // wait for it (or for their context). A lease is taken apart from the call
-// that asked for it (with its context's values, not its end, and for at
-// most a second): a call whose context ends first returns its context's
-// error, and the lease still comes to the key, so that it loses no more
-// than a call without leases would.
+// that asked for it (with its context's values, not its end, for at most a
+// second or until the call's deadline if later): a call whose context ends
+// first returns its context's error, and the lease still comes to the key,
+// so that it loses no more than a call without leases would.
 //
 // What it guarantees. No over-admission: every event served here was taken
 // in Redis first, so the instances together never admit more than the
@@ -434,9 +434,13 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 // call that asked for it, and puts it on the key (or gives it back, if a
 // Reset or Close came since epoch), then answers f. It runs apart from the
 // call, with the call's context values but not its end, bounded by
-// leaseReturnTimeout.
+// leaseReturnTimeout or the call's deadline, whichever is later.
 func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, key, state string, k, n int, rs *ruleSet, now int64, epoch uint64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), leaseReturnTimeout)
+	budget := leaseReturnTimeout
+	if deadline, ok := callCtx.Deadline(); ok {
+		budget = max(budget, time.Until(deadline))
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), budget)
 	defer cancel()
 	res, why, ls, err := l.take(ctx, key, state, k, rs, now)
 
