@@ -177,7 +177,7 @@ func TestFallbackLimitsAlternate(t *testing.T) {
 				if down {
 					m.Close()
 				}
-				assert.LessOrEqual(t, allowedOf(t, lim, "k", 100), 3)
+				assert.Equal(t, 3, allowedOf(t, lim, "k", 100))
 			})
 		}
 	}

@@ -236,6 +236,9 @@ func TestSlidingLogChargeKeepsLargerRate(t *testing.T) {
 	res, err = lim.Allow(ctx, "k")
 	require.NoError(t, err)
 	assert.False(t, res.Allowed, "101 used in 3 s under 100 a minute: %+v", res)
+	n, err := b.rdb.ZCount(ctx, lim.stateKey("k"), "-inf", "+inf").Result()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, int64(100), "the log kept what the window held before the charge (the charge's 1 may go)")
 }
 
 // Events that leave the window together go at most 2n + 64 an admission,

@@ -102,7 +102,8 @@ A.sl = function(key, rate, period, tag)
   -- The log keeps only its newest rate entries, or as many as the window
   -- held before this charge if more (a limiter with a larger Rate on the
   -- same state, after a plan upgrade, counts them: trimmed to this rate,
-  -- 90 of its 100 were lost): a decision at this rate reads no further
+  -- 90 of its 100 were lost; it may still see up to this charge's add
+  -- fewer, never more, than were used): a decision at this rate reads no further
   -- back (it is allowed only with fewer than rate in the window, and a
   -- denial's retry is the (rate-n)-th newest), and settles charging past
   -- the limit again and again grew the log to rate x 1000 entries (143 MB
