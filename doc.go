@@ -91,9 +91,11 @@
 //
 //	<prefix>:{<key>}:<strategy code><Period in µs>
 //
-// with '%', '{' and '}' in key percent-encoded (a key longer than MaxKeyLen
-// is written as "%h" and its SHA-256 in hex instead), so any non-empty string
-// (braces, spaces, newlines, invalid UTF-8, 10 KB keys) is safe, two keys
+// (with ":b" after it for a penalty block, and ":r" for pending
+// reservations), with '%', '{' and '}' in key percent-encoded (a key longer
+// than MaxKeyLen is written as "%h" and its SHA-256 in hex instead), so any
+// non-empty string (braces, spaces, newlines, invalid UTF-8, 10 KB keys) is
+// safe, two keys
 // never share a Redis key, and every key a call touches is in the key's one
 // Redis Cluster slot. Two limiters with different strategies or Periods
 // never share state, so a key can be limited at 10 per second and 1000 per

@@ -341,7 +341,9 @@ func (c *config) validate() error {
 // default is "redlimit". It must not be empty or contain '{' or '}'.
 // Keys look like "<prefix>:{<key>}:<strategy><period in µs>", with '%', '{'
 // and '}' in key percent-encoded, or, for a key longer than MaxKeyLen,
-// "%h" and its SHA-256 in hex in its place.
+// "%h" and its SHA-256 in hex in its place; beside it, with WithBlock, the
+// penalty block (":b" after the first rule's key) and, with reservations
+// or leases, each rule's pending reservations (":r" after its key).
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }
