@@ -29,6 +29,14 @@ type localRule struct {
 	perCall  bool // counts a call as one event (Rule.PerCall)
 }
 
+// ahead is how long an event would wait in a queue's stand-in at now:
+// one reservation, cancelled at once.
+func (lr *localRule) ahead(now time.Time) time.Duration {
+	rv := lr.lim.ReserveN(now, 1)
+	defer rv.CancelAt(now)
+	return rv.DelayFrom(now)
+}
+
 // count is the events the stand-in counts for a call of n.
 func (lr *localRule) count(n int) int {
 	if lr.perCall {
@@ -102,9 +110,7 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 			}
 			var used float64 // events in use: taken from a bucket, or queued
 			if ol.queue {
-				rv := ol.lim.ReserveN(now, 1)
-				used = rv.DelayFrom(now).Seconds() * ol.every
-				rv.CancelAt(now)
+				used = ol.ahead(now).Seconds() * ol.every
 			} else {
 				used = float64(ol.burst) - ol.lim.TokensAt(now)
 			}
@@ -239,10 +245,7 @@ func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Durati
 func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
 	interval := seconds(1 / lr.every)
 	if n == 0 {
-		// Report: one reservation, cancelled at once.
-		rv := lr.lim.ReserveN(now, 1)
-		d := rv.DelayFrom(now)
-		rv.CancelAt(now)
+		d := lr.ahead(now)
 		return verdict{ok: true, avail: max(lr.capacity-int(d/interval), 0), resetNow: d, resetAfter: d}
 	}
 	// The first event, then the others in one reservation: the same as n
