@@ -166,9 +166,11 @@ type engine struct {
 	// noFunctions: the server cannot run the rules' Redis Function
 	// (WithRedisFunctions); the script decides instead.
 	noFunctions atomic.Bool
-	// waitRTT is the round trip of WaitN's latest call (ns): WaitN keeps
-	// twice it before the deadline (see waitMargin).
-	waitRTT atomic.Int64
+	// delayRTT is the round trip (ns) of the latest call Redis answered
+	// that bounded a leaky bucket's Delay (WaitN's, or a middleware's
+	// through calldelay): the next such call keeps twice it for the reply
+	// (see delayBound).
+	delayRTT atomic.Int64
 }
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
@@ -280,12 +282,36 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	maxDelay := time.Duration(-1)
-	if d, ok := calldelay.From(ctx); ok { // httplimit's or grpclimit's bound
-		maxDelay = d
+	d, deadline, bounded := calldelay.From(ctx) // httplimit's or grpclimit's bound
+	switch {
+	case !bounded:
+		res, _, err := e.call(ctx, key, n, -1, rs, nil)
+		return res, err
+	case deadline.IsZero(): // a longest Delay
+		res, _, err := e.call(ctx, key, n, d, rs, nil)
+		return res, err
 	}
-	res, _, err := e.call(ctx, key, n, maxDelay, rs, nil)
+	sent := time.Now()
+	res, why, err := e.call(ctx, key, n, e.delayBound(time.Until(deadline)-waitMargin), rs, nil)
+	e.sawRTT(sent, res, why, err)
 	return res, err
+}
+
+// delayBound is the Delay a call may be given when its caller can wait d
+// from the reply: d less twice the latest round trip, but at most a
+// quarter of d, so that one slow call cannot shrink later ones to nothing
+// (a leaky bucket's Delay runs from when the script ran, the wait from the
+// reply).
+func (e *engine) delayBound(d time.Duration) time.Duration {
+	return max(d-min(2*time.Duration(e.delayRTT.Load()), d/4), 0)
+}
+
+// sawRTT records the round trip of a call sent at sent, if Redis answered
+// it (not the fallback, not the deny cache).
+func (e *engine) sawRTT(sent time.Time, res Result, why reason, err error) {
+	if err == nil && !res.Degraded && why != reasonDenyCache {
+		e.delayRTT.Store(int64(time.Since(sent)))
+	}
 }
 
 // waitN is WaitN for either kind of limiter. It asks Redis about once per
@@ -299,25 +325,19 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		maxDelay := time.Duration(-1)
 		deadline, hasDeadline := ctx.Deadline()
 		if hasDeadline {
-			left := time.Until(deadline)
-			if left <= waitMargin {
+			left := time.Until(deadline) - waitMargin
+			if left <= 0 {
 				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
 			}
-			// Keep a margin for the round trip: a leaky bucket's Delay
-			// runs from when the script ran, the sleep from the reply, and
-			// a slot whose sleep ends past the deadline is taken for
-			// nothing. Twice the latest round trip, but at most a quarter
-			// of the time left, so that one slow call cannot end later
-			// waits before they ask.
-			maxDelay = max(left-max(waitMargin, min(2*time.Duration(e.waitRTT.Load()), left/4)), 0)
+			// A slot whose sleep would end past the deadline would be
+			// taken for nothing.
+			maxDelay = e.delayBound(left)
 		}
 		sent := time.Now()
 		res, why, err := e.call(ctx, key, n, maxDelay, rs, nil)
+		e.sawRTT(sent, res, why, err)
 		if err != nil {
 			return err
-		}
-		if !res.Degraded && why != reasonDenyCache { // a round trip Redis answered
-			e.waitRTT.Store(int64(time.Since(sent)))
 		}
 		if res.Allowed {
 			return sleep(ctx, res.Delay)
@@ -336,9 +356,8 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 }
 
 // waitMargin is the least time WaitN keeps, before ctx's deadline, for the
-// round trip that takes a leaky bucket slot: it keeps twice the round trip
-// of its latest call that Redis answered if more, up to a quarter of the
-// time left (with 1 ms, a 2 ms round trip took slots whose sleep then
+// round trip that takes a leaky bucket slot; delayBound keeps more for a
+// slow one (with 1 ms only, a 2 ms round trip took slots whose sleep then
 // ended past the deadline).
 const waitMargin = time.Millisecond
 

@@ -345,9 +345,9 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 	callCtx := ctx
 	if deadline, ok := ctx.Deadline(); ok {
 		// A leaky bucket then refuses, taking nothing, a slot whose Delay
-		// would end after the call's deadline (less a margin for the
-		// round trip, as WaitN keeps).
-		callCtx = calldelay.With(ctx, time.Until(deadline)-time.Millisecond)
+		// would end after the call's deadline (the limiter keeps a margin
+		// for the round trip, as WaitN does).
+		callCtx = calldelay.Until(ctx, deadline)
 	}
 	res, rules, err := in.policies.Allow(callCtx, in.lim, key)
 	if err != nil {
