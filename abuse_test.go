@@ -107,6 +107,32 @@ func TestBlockLastsItsLength(t *testing.T) {
 	assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
 }
 
+// With the deny cache, a blocked call's denial is kept only as long as the
+// block, though it tells the caller to retry when the large call that set
+// the block would fit: after the block, a small call is the limit's (the
+// cache denied it for the large call's 6 minutes).
+func TestBlockWithDenyCache(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Hour, Burst: 100}, WithBlock(time.Second), WithDenyCache(100))
+	ctx := t.Context()
+	res, err := lim.AllowN(ctx, "k", 50)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	denied, err := lim.AllowN(ctx, "k", 60)
+	require.NoError(t, err)
+	require.False(t, denied.Allowed, "%+v", denied)
+	b.advance(500 * time.Millisecond)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "blocked: %+v", res)
+	require.Greater(t, res.RetryAfter, time.Minute, "told to retry when the 60 would fit: %+v", res)
+	time.Sleep(1100 * time.Millisecond) // the cache's clock is the process's
+	b.advance(600 * time.Millisecond)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
+}
+
 // resetAfterOne is ResetAfter after one event of a 1-per-second limit at a
 // window start.
 func resetAfterOne(s Strategy) time.Duration {
@@ -409,7 +435,7 @@ func TestReportNeverBlocks(t *testing.T) {
 func TestDenyCacheBounded(t *testing.T) {
 	c := newDenyCache(lruShards * 10)
 	for i := range 10_000 {
-		c.remember(fmt.Sprint("k", i), 1, 0, Result{RetryAfter: time.Hour}, 0)
+		c.remember(fmt.Sprint("k", i), 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
 	}
 	n := 0
 	for i := range c.shards {

@@ -99,7 +99,7 @@ func BenchmarkRateAllow(b *testing.B) {
 
 func BenchmarkDenyCacheHit(b *testing.B) {
 	c := newDenyCache(10_000)
-	c.remember("hot", 1, 0, Result{RetryAfter: time.Hour}, 0)
+	c.remember("hot", 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -113,7 +113,7 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 func BenchmarkDenyCacheMiss(b *testing.B) {
 	c := newDenyCache(10_000)
 	for i := range 5000 {
-		c.remember("k"+strconv.Itoa(i), 1, 0, Result{RetryAfter: time.Hour}, 0)
+		c.remember("k"+strconv.Itoa(i), 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
 	}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

@@ -32,7 +32,8 @@ type denyShard struct {
 }
 
 type denial struct {
-	until int64  // ns since epoch0 (monotonic): RetryAfter ends
+	until int64  // ns since epoch0 (monotonic): the entry ends
+	retry int64  // the same, for Redis's RetryAfter (at or after until)
 	reset int64  // the same, for ResetAfter
 	n     int    // the n that was denied
 	sig   uint64 // the limits that denied it
@@ -69,21 +70,22 @@ func (c *denyCache) lookup(key string, n int, sig uint64) (Result, bool) {
 	if !ok || n != d.n || sig != d.sig {
 		return Result{}, false
 	}
-	left := d.until - monoNow()
-	if left <= 0 {
+	now := monoNow()
+	if d.until <= now {
 		return Result{}, false
 	}
 	res := d.res
-	res.RetryAfter = time.Duration(left)
-	res.ResetAfter = time.Duration(max(d.reset-d.until, 0) + left)
+	res.RetryAfter = time.Duration(d.retry - now)
+	res.ResetAfter = time.Duration(max(d.reset, d.retry) - now)
 	return res, true
 }
 
 // remember records Redis's denial res of n events for key under the
-// limits sig, for its RetryAfter from now, unless a Reset came after epoch
-// (read before the call).
-func (c *denyCache) remember(key string, n int, sig uint64, res Result, epoch uint64) {
-	if res.RetryAfter <= 0 {
+// limits sig, for d from now (at most its RetryAfter), unless a Reset came
+// after epoch (read before the call).
+func (c *denyCache) remember(key string, n int, sig uint64, res Result, d time.Duration, epoch uint64) {
+	d = min(d, res.RetryAfter)
+	if d <= 0 {
 		return
 	}
 	now := monoNow()
@@ -110,7 +112,7 @@ func (c *denyCache) remember(key string, n int, sig uint64, res Result, epoch ui
 			delete(s.until, k)
 		}
 	}
-	s.until[key] = denial{until: now + int64(res.RetryAfter), reset: now + int64(res.ResetAfter), n: n, sig: sig, res: res}
+	s.until[key] = denial{until: now + int64(d), retry: now + int64(res.RetryAfter), reset: now + int64(res.ResetAfter), n: n, sig: sig, res: res}
 }
 
 // forget drops key, and any denial of any key still in flight.

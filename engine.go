@@ -110,6 +110,7 @@ type ruleSet struct {
 	maxN  int    // the smallest capacity over the rules
 	sig   uint64 // identifies the limits, for the deny cache and the fallback
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
+	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
@@ -138,6 +139,7 @@ func newRuleSet(rules []rule) *ruleSet {
 		if r.alg.strategy == SlidingLog && !r.perCall {
 			rs.logs++
 		}
+		rs.queue = rs.queue || r.alg.queue
 		mix(int64(r.alg.strategy))
 		mix(int64(r.limit.Rate))
 		mix(int64(r.limit.Period))
@@ -166,10 +168,10 @@ type engine struct {
 	// noFunctions: the server cannot run the rules' Redis Function
 	// (WithRedisFunctions); the script decides instead.
 	noFunctions atomic.Bool
-	// delayRTT is the round trip (ns) of the latest call Redis answered
-	// that bounded a leaky bucket's Delay (WaitN's, or a middleware's
-	// through calldelay): the next such call keeps twice it for the reply
-	// (see delayBound).
+	// delayRTT is the round trip (ns) of the latest script call of rules
+	// with a leaky bucket: the next call that bounds its Delay (WaitN's
+	// with a deadline, or grpclimit's through calldelay) keeps twice it for
+	// the reply (see delayBound).
 	delayRTT atomic.Int64
 }
 
@@ -282,36 +284,25 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	d, deadline, bounded := calldelay.From(ctx) // httplimit's or grpclimit's bound
-	switch {
-	case !bounded:
-		res, _, err := e.call(ctx, key, n, -1, rs, nil)
-		return res, err
-	case deadline.IsZero(): // a longest Delay
-		res, _, err := e.call(ctx, key, n, d, rs, nil)
-		return res, err
+	maxDelay := time.Duration(-1)
+	if d, deadline, ok := calldelay.From(ctx); ok { // httplimit's or grpclimit's bound
+		maxDelay = d // a longest Delay
+		if !deadline.IsZero() {
+			maxDelay = e.delayBound(time.Until(deadline) - waitMargin)
+		}
 	}
-	sent := time.Now()
-	res, why, err := e.call(ctx, key, n, e.delayBound(time.Until(deadline)-waitMargin), rs, nil)
-	e.sawRTT(sent, res, why, err)
+	res, _, err := e.call(ctx, key, n, maxDelay, rs, nil)
 	return res, err
 }
 
-// delayBound is the Delay a call may be given when its caller can wait d
-// from the reply: d less twice the latest round trip, but at most a
-// quarter of d, so that one slow call cannot shrink later ones to nothing
-// (a leaky bucket's Delay runs from when the script ran, the wait from the
-// reply).
+// delayBound is the Delay a call may be given when its caller must be done
+// waiting it, from the reply, within d: d less twice the latest round trip
+// of a bounded call (a leaky bucket's Delay runs from when the script ran,
+// the wait from the reply). At 0, the call still asks Redis (a bucket
+// that delays nothing allows), and its round trip is measured again, so
+// one slow call does not end later ones for good.
 func (e *engine) delayBound(d time.Duration) time.Duration {
-	return max(d-min(2*time.Duration(e.delayRTT.Load()), d/4), 0)
-}
-
-// sawRTT records the round trip of a call sent at sent, if Redis answered
-// it (not the fallback, not the deny cache).
-func (e *engine) sawRTT(sent time.Time, res Result, why reason, err error) {
-	if err == nil && !res.Degraded && why != reasonDenyCache {
-		e.delayRTT.Store(int64(time.Since(sent)))
-	}
+	return max(d-2*time.Duration(e.delayRTT.Load()), 0)
 }
 
 // waitN is WaitN for either kind of limiter. It asks Redis about once per
@@ -333,9 +324,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 			// taken for nothing.
 			maxDelay = e.delayBound(left)
 		}
-		sent := time.Now()
 		res, why, err := e.call(ctx, key, n, maxDelay, rs, nil)
-		e.sawRTT(sent, res, why, err)
 		if err != nil {
 			return err
 		}
@@ -377,7 +366,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // reset forgets all state of key for the given rules: their Redis keys, the
-// penalty block, and this process's fallback and deny-cache entries.
+// penalty block, the pending reservations on those states (and so the
+// key's leases here), and this process's fallback and deny-cache entries.
 func (e *engine) reset(ctx context.Context, key string) error {
 	if e.closed.Load() {
 		return ErrClosed
@@ -400,16 +390,14 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	if e.denies != nil {
 		e.denies.forget(first)
 	}
-	keys := make([]string, 0, len(rs.rules)+1)
+	keys := make([]string, 0, 2*len(rs.rules)+1)
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(first, rs, i))
 	}
 	// The reservations too (and so the leases): settled after the reset,
 	// one would give its events back into the fresh state.
 	keys = append(keys, first+blockSuffix)
-	for i := range rs.rules {
-		keys = append(keys, ruleKey(first, rs, i)+reserveSuffix)
-	}
+	keys = appendReserveKeys(keys, first, rs)
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}
@@ -454,6 +442,16 @@ func ruleKey(first string, rs *ruleSet, i int) string {
 		return first
 	}
 	return first[:len(first)-len(rs.rules[0].suffix)] + rs.rules[i].suffix
+}
+
+// appendReserveKeys appends to keys the keys of the pending reservations of
+// each rule of rs (see reserve.go), from the state key of rule 0: beside
+// each rule's state, so that a Reset of that state forgets them.
+func appendReserveKeys(keys []string, first string, rs *ruleSet) []string {
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(first, rs, i)+reserveSuffix)
+	}
+	return keys
 }
 
 // reason says what decided: the first field of a script reply, or a local one.
@@ -508,7 +506,14 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
-		e.denies.remember(state, n, rs.sig, res, epoch)
+		keep := res.RetryAfter
+		if why == reasonBlock {
+			// A blocked call is told to retry when the call that set the
+			// block would fit, which can be after the block: then the
+			// limit decides smaller calls.
+			keep = e.cfg.block
+		}
+		e.denies.remember(state, n, rs.sig, res, keep, epoch)
 	}
 	return res, why, nil
 }
@@ -582,9 +587,7 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	ridArg, life := argNoRID, argZero
 	if rc != nil {
 		ridArg, life = rc.id, e.cfg.argReserveTTL
-		for i := range rs.rules {
-			a.keys = append(a.keys, ruleKey(first, rs, i)+reserveSuffix)
-		}
+		a.keys = appendReserveKeys(a.keys, first, rs)
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
 	script := rs.script
@@ -599,6 +602,9 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		for len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
 			a.args = a.args[:len(a.args)-1]
 		}
+	}
+	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
+		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
 	}
 	if rs.fn != nil && !e.noFunctions.Load() {
 		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {

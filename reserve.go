@@ -13,15 +13,17 @@ import (
 )
 
 // ErrSettled is returned by Settle and Cancel for a reservation that is
-// settled already (by an earlier call, also one whose reply was lost), or
-// that lapsed: it was not settled within the reservation lifetime (see
-// [WithReservationTTL]) and stands as taken. Nothing changes.
+// settled already (by an earlier call, also one whose reply was lost), that
+// lapsed (it was not settled within the reservation lifetime, see
+// [WithReservationTTL], and stands as taken), or that a Reset of every
+// rule's state forgot. Nothing changes.
 var ErrSettled = errors.New("redlimit: reservation already settled or lapsed")
 
 // WithReservationTTL sets how long a reservation can be settled. After it
 // the reservation stands as taken and Settle returns ErrSettled. Redis keeps
-// one sorted-set member per reservation that is neither settled nor lapsed
-// (about 30 bytes each, in the key's slot). The default is one hour; it
+// one sorted-set member per reservation and rule that is neither settled
+// nor lapsed (about 30 bytes each, beside the rule's state, in the key's
+// slot). The default is one hour; it
 // must be between 1s and MaxPeriod.
 func WithReservationTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.reserveTTL = d })
@@ -215,9 +217,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(r.state, rs, i))
 	}
-	for i := range rs.rules {
-		keys = append(keys, ruleKey(r.state, rs, i)+reserveSuffix)
-	}
+	keys = appendReserveKeys(keys, r.state, rs)
 	now := argZero
 	if e.clock != nil {
 		us, err := e.clock.nowMicros(ctx)

@@ -141,6 +141,28 @@ func TestWaitLeakyRoundTrip(t *testing.T) {
 	}
 }
 
+// With a round trip that is a large part of the time left (10 ms of 28),
+// WaitN keeps all of twice it: a margin capped at a quarter of the time
+// left took a slot 20 ms ahead, slept past the deadline and lost it.
+func TestWaitLeakyLongRoundTrip(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rdb := bubbleClient(t)
+		rdb.AddHook(&latencyHook{oneWay: 5 * time.Millisecond})
+		lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 100, Period: time.Second, Burst: 5})
+		ctx := context.Background()
+		require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
+		_, err := lim.AllowN(ctx, "k", 3)           // slots at 0, 10 and 20 ms
+		require.NoError(t, err)
+		short, cancel := context.WithTimeout(ctx, 28*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err = lim.Wait(short, "k")
+		waited := time.Since(start)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.LessOrEqual(t, waited, 12*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
+	})
+}
+
 // One slow round trip does not end later waits before they ask: the
 // margin kept for it is at most a quarter of the time left (a 600 ms one
 // made every WaitN with a 1 s deadline fail at once, for good).
