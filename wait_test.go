@@ -151,7 +151,7 @@ func TestWaitLeakyLongRoundTrip(t *testing.T) {
 		lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 100, Period: time.Second, Burst: 5})
 		ctx := context.Background()
 		require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
-		_, err := lim.AllowN(ctx, "k", 3)           // slots at 0, 10 and 20 ms
+		_, err := lim.AllowN(ctx, "k", 3)          // slots at 0, 10 and 20 ms
 		require.NoError(t, err)
 		short, cancel := context.WithTimeout(ctx, 28*time.Millisecond)
 		defer cancel()
