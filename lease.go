@@ -110,8 +110,8 @@ const (
 	leaseKeys = 16 * 1024
 	// leaseMaxAge is the longest maxAge.
 	leaseMaxAge = time.Minute
-	// leaseReturnTimeout bounds giving leases back at Close, and each
-	// sweep.
+	// leaseReturnTimeout bounds giving leases back at Close, each sweep,
+	// and taking a lease (or the call's deadline, if later; Close ends it).
 	leaseReturnTimeout = time.Second
 	// leaseIDPrefix starts a lease's reservation id; reply.lua sets no
 	// penalty block when it denies a lease (it is not a call's denial).
@@ -218,6 +218,9 @@ type leases struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	fetches sync.WaitGroup // leases being taken (fetch)
+	// closing ends, at Close, the leases still being taken.
+	closing    context.Context
+	endFetches context.CancelFunc
 }
 
 // leaseEntry is one key's lease state in this process. Its fields are
@@ -264,14 +267,17 @@ type lease struct {
 }
 
 func newLeases(e *engine) *leases {
+	closing, endFetches := context.WithCancel(context.Background())
 	return &leases{
-		e:      e,
-		size:   e.cfg.lease.size,
-		maxAge: int64(e.cfg.lease.maxAge),
-		keys:   newLRU[*leaseEntry](leaseKeys),
-		held:   make(map[*lease]struct{}),
-		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		e:          e,
+		size:       e.cfg.lease.size,
+		maxAge:     int64(e.cfg.lease.maxAge),
+		keys:       newLRU[*leaseEntry](leaseKeys),
+		held:       make(map[*lease]struct{}),
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		closing:    closing,
+		endFetches: endFetches,
 	}
 }
 
@@ -442,6 +448,7 @@ func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, k
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), budget)
 	defer cancel()
+	defer context.AfterFunc(l.closing, cancel)() // Close ends it
 	res, why, ls, err := l.take(ctx, key, state, k, rs, now)
 
 	en.mu.Lock()
@@ -752,8 +759,9 @@ func (l *leases) close() {
 		close(l.stop)
 		l.wg.Wait()
 	}
-	// A lease being taken lands given back (track finds the limiter
-	// closed), within leaseReturnTimeout; no fetch starts from now on.
+	// A lease being taken ends (given back if it landed: track finds the
+	// limiter closed); no fetch starts from now on.
+	l.endFetches()
 	l.fetches.Wait()
 	l.mu.Lock()
 	all := make([]*lease, 0, len(l.held))
