@@ -297,10 +297,10 @@ func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) 
 
 // delayBound is the Delay a call may be given when its caller must be done
 // waiting it, from the reply, within d: d less twice the latest round trip
-// of a bounded call (a leaky bucket's Delay runs from when the script ran,
-// the wait from the reply). At 0, the call still asks Redis (a bucket
-// that delays nothing allows), and its round trip is measured again, so
-// one slow call does not end later ones for good.
+// of a leaky bucket's rules (its Delay runs from when the script ran, the
+// wait from the reply). At 0, the call still asks Redis (a bucket that
+// delays nothing allows), and its round trip is measured again, so one
+// slow call does not end later ones for good.
 func (e *engine) delayBound(d time.Duration) time.Duration {
 	return max(d-2*time.Duration(e.delayRTT.Load()), 0)
 }
