@@ -85,52 +85,38 @@ func TestBlockShorterThanLimit(t *testing.T) {
 
 // The block lasts d: a large n's denial tells the blocked calls to retry
 // when that n would fit, but once d is over a smaller n is the limit's to
-// decide (the block lasted as long as the large n's wait: 6 minutes).
+// decide (the block lasted as long as the large n's wait: 6 minutes), with
+// the deny cache too, which keeps a blocked call's denial only as long as
+// the block (it denied the small call for the large call's 6 minutes).
 func TestBlockLastsItsLength(t *testing.T) {
-	b, _ := miniBackend(t)
-	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Hour, Burst: 100}, WithBlock(time.Second))
-	ctx := t.Context()
-	res, err := lim.AllowN(ctx, "k", 50)
-	require.NoError(t, err)
-	require.True(t, res.Allowed, "%+v", res)
-	denied, err := lim.AllowN(ctx, "k", 60)
-	require.NoError(t, err)
-	require.False(t, denied.Allowed, "%+v", denied)
-	b.advance(500 * time.Millisecond)
-	res, err = lim.Allow(ctx, "k")
-	require.NoError(t, err)
-	require.False(t, res.Allowed, "blocked: %+v", res)
-	assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked until the 60 would fit: %+v", res)
-	b.advance(500 * time.Millisecond)
-	res, err = lim.Allow(ctx, "k")
-	require.NoError(t, err)
-	assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
-}
-
-// With the deny cache, a blocked call's denial is kept only as long as the
-// block, though it tells the caller to retry when the large call that set
-// the block would fit: after the block, a small call is the limit's (the
-// cache denied it for the large call's 6 minutes).
-func TestBlockWithDenyCache(t *testing.T) {
-	b, _ := miniBackend(t)
-	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Hour, Burst: 100}, WithBlock(time.Second), WithDenyCache(100))
-	ctx := t.Context()
-	res, err := lim.AllowN(ctx, "k", 50)
-	require.NoError(t, err)
-	require.True(t, res.Allowed, "%+v", res)
-	denied, err := lim.AllowN(ctx, "k", 60)
-	require.NoError(t, err)
-	require.False(t, denied.Allowed, "%+v", denied)
-	b.advance(500 * time.Millisecond)
-	res, err = lim.Allow(ctx, "k")
-	require.NoError(t, err)
-	require.False(t, res.Allowed, "blocked: %+v", res)
-	require.Greater(t, res.RetryAfter, time.Minute, "told to retry when the 60 would fit: %+v", res)
-	time.Sleep(1100 * time.Millisecond) // the cache's clock is the process's
-	b.advance(600 * time.Millisecond)
-	res, err = lim.Allow(ctx, "k")
-	require.NoError(t, err)
-	assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
+	for name, opts := range map[string][]Option{
+		"without the deny cache": nil,
+		"with the deny cache":    {WithDenyCache(100)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 100, Period: time.Hour, Burst: 100}, append(opts, WithBlock(time.Second))...)
+			ctx := t.Context()
+			res, err := lim.AllowN(ctx, "k", 50)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			denied, err := lim.AllowN(ctx, "k", 60)
+			require.NoError(t, err)
+			require.False(t, denied.Allowed, "%+v", denied)
+			b.advance(500 * time.Millisecond)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked: %+v", res)
+			assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked until the 60 would fit: %+v", res)
+			if opts != nil {
+				time.Sleep(time.Second) // the cache's clock is the process's
+			}
+			b.advance(500 * time.Millisecond)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "the block is over, and 50 are left: %+v", res)
+		})
+	}
 }
 
 // resetAfterOne is ResetAfter after one event of a 1-per-second limit at a

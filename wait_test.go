@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -112,55 +113,50 @@ func TestLeakyBucketWaitKeepsSlot(t *testing.T) {
 
 // A leaky bucket's WaitN keeps twice its latest round trip before the
 // deadline: a slot whose sleep, from the reply, would end after it is
-// refused at once (with a 1 ms margin and a 4 ms round trip, WaitN took
-// the slot, slept to the deadline and failed, the slot lost).
+// refused at once. With a 1 ms margin and a 4 ms round trip, WaitN took
+// the slot, slept to the deadline and failed, the slot lost; with the
+// margin capped at a quarter of the time left, a 10 ms round trip and 28
+// ms left did the same.
 func TestWaitLeakyRoundTrip(t *testing.T) {
-	for _, timeout := range []time.Duration{96 * time.Millisecond, 97 * time.Millisecond, 98 * time.Millisecond, 99 * time.Millisecond} {
-		t.Run(timeout.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		oneWay   time.Duration
+		limit    Limit
+		queued   int // slots taken before the Wait, 1/Rate apart from now
+		timeout  time.Duration
+		mustFail bool // no slot fits: Wait must be refused at once
+	}{
+		{2 * time.Millisecond, Limit{Rate: 10, Period: time.Second, Burst: 3}, 1, 96 * time.Millisecond, false},
+		{2 * time.Millisecond, Limit{Rate: 10, Period: time.Second, Burst: 3}, 1, 97 * time.Millisecond, false},
+		{2 * time.Millisecond, Limit{Rate: 10, Period: time.Second, Burst: 3}, 1, 98 * time.Millisecond, false},
+		{2 * time.Millisecond, Limit{Rate: 10, Period: time.Second, Burst: 3}, 1, 99 * time.Millisecond, false},
+		{5 * time.Millisecond, Limit{Rate: 100, Period: time.Second, Burst: 5}, 3, 28 * time.Millisecond, true},
+	} {
+		t.Run(fmt.Sprintf("rtt %v/timeout %v", 2*tc.oneWay, tc.timeout), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb := bubbleClient(t)
-				rdb.AddHook(&latencyHook{oneWay: 2 * time.Millisecond})
-				lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 10, Period: time.Second, Burst: 3})
+				rdb.AddHook(&latencyHook{oneWay: tc.oneWay})
+				lim := newLimiter(t, rdb, LeakyBucket, tc.limit)
 				ctx := context.Background()
 				require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
-				_, err := lim.AllowN(ctx, "k", 1)          // the queue's first slot
+				_, err := lim.AllowN(ctx, "k", tc.queued)
 				require.NoError(t, err)
-				short, cancel := context.WithTimeout(ctx, timeout)
+				short, cancel := context.WithTimeout(ctx, tc.timeout)
 				defer cancel()
 				start := time.Now()
 				err = lim.Wait(short, "k")
 				waited := time.Since(start)
+				if tc.mustFail {
+					require.Error(t, err)
+				}
 				if err != nil {
 					require.ErrorIs(t, err, context.DeadlineExceeded)
-					assert.LessOrEqual(t, waited, 10*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
+					assert.LessOrEqual(t, waited, 2*tc.oneWay+2*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
 				} else {
-					assert.LessOrEqual(t, waited, timeout, "Wait returned after its deadline")
+					assert.LessOrEqual(t, waited, tc.timeout, "Wait returned after its deadline")
 				}
 			})
 		})
 	}
-}
-
-// With a round trip that is a large part of the time left (10 ms of 28),
-// WaitN keeps all of twice it: a margin capped at a quarter of the time
-// left took a slot 20 ms ahead, slept past the deadline and lost it.
-func TestWaitLeakyLongRoundTrip(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		rdb := bubbleClient(t)
-		rdb.AddHook(&latencyHook{oneWay: 5 * time.Millisecond})
-		lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 100, Period: time.Second, Burst: 5})
-		ctx := context.Background()
-		require.NoError(t, lim.Wait(ctx, "other")) // the round trip, measured
-		_, err := lim.AllowN(ctx, "k", 3)          // slots at 0, 10 and 20 ms
-		require.NoError(t, err)
-		short, cancel := context.WithTimeout(ctx, 28*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		err = lim.Wait(short, "k")
-		waited := time.Since(start)
-		require.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.LessOrEqual(t, waited, 12*time.Millisecond, "Wait failed after %v: it took a slot it could not use", waited)
-	})
 }
 
 // One slow round trip does not end later waits before they ask: the
