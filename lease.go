@@ -244,13 +244,13 @@ type leaseEntry struct {
 type leaseFetch struct {
 	done chan struct{}
 	ok   bool // a lease is on the key: serve from it
-	// What the call that asked for the lease is answered: served from it
-	// (mine), or, where no lease came, the error, a block, or nothing (the
-	// call is then decided on its own).
-	mine, block Result
-	served      bool
-	blocked     bool
-	err         error
+	// The answer of the call that asked for the lease, when decided (served
+	// from it, or denied by a block), or its error; else the call is
+	// decided on its own.
+	res     Result
+	why     reason
+	decided bool
+	err     error
 }
 
 // lease is k events taken in Redis for one key, served here.
@@ -424,12 +424,10 @@ func (l *leases) eval(ctx context.Context, key, state string, n int, rs *ruleSet
 			return Result{}, 0, ctx.Err()
 		}
 		switch {
-		case f.served:
-			return f.mine, reasonAllowed, nil
 		case f.err != nil:
 			return Result{}, 0, f.err
-		case f.blocked:
-			return f.block, reasonBlock, nil // a block denies any n: the call's answer
+		case f.decided:
+			return f.res, f.why, nil
 		}
 		// Fewer than k left: the call is decided on its own.
 		return l.direct(ctx, en, state, n, rs)
@@ -464,7 +462,9 @@ func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, k
 	l.sawWindow(en, rs, now, res)
 	if ls == nil {
 		en.mu.Unlock()
-		f.block, f.blocked = res, why == reasonBlock
+		if why == reasonBlock { // a block denies any n: the call's answer
+			f.res, f.why, f.decided = res, why, true
+		}
 		l.nheld.Add(-1)
 		close(f.done)
 		return
@@ -472,7 +472,7 @@ func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, k
 	ls.entry, ls.used = en, n
 	l.taken.Add(1)
 	l.unused.Add(int64(k - n))
-	f.mine, f.served = ls.result(now), true
+	f.res, f.why, f.decided = ls.result(now), reasonAllowed, true
 	// A Reset or Close that came while the lease was taken: the call
 	// is admitted, the rest goes back.
 	if l.track(ls, en.epoch == epoch) {
