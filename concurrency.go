@@ -377,13 +377,14 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 // fallback answers TryAcquire while Redis is unavailable, by the policy.
 func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	cfg := &c.e.cfg
+	wait := cfg.pingInterval
+	denied := Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}
 	switch cfg.fallback {
 	case FallbackAllow:
 		return &Lease{c: c, key: key, state: state, free: true},
 			Result{Allowed: true, Limit: c.limit, Remaining: c.limit.Rate, Degraded: true}, nil
 	case FallbackDeny:
-		wait := cfg.pingInterval
-		return nil, Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, nil
+		return nil, denied, nil
 	case FallbackError:
 		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause(state))
 	}
@@ -394,8 +395,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
-		wait := cfg.pingInterval
-		return nil, Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}, nil
+		return nil, denied, nil
 	}
 	id, res := sem.acquire(now, c.limit.Period)
 	res.Limit, res.Degraded = c.limit, true
