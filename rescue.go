@@ -210,6 +210,13 @@ type node struct {
 // (which a replica, a full memory, a loading or a down slot refuses).
 var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1], '1', 'PX', 1000) return 1`)
 
+// clientClockProbe is probeScript for a limiter with WithClientClock, whose
+// decisions never call TIME in a script: the servers it is for refuse that,
+// and would refuse every probe. (Its clock reads the plain TIME command,
+// again after an outage: a decision that cannot get it fails as any
+// other.)
+var clientClockProbe = redis.NewScript(`redis.call('SET', KEYS[1], '1', 'PX', 1000) return 1`)
+
 // probeSuffix ends every probe key, which is <prefix>:{<tag>}:p with a tag
 // of 1 to 3 letters or digits chosen for its slot. No state key ends so.
 const probeSuffix = ":p"
@@ -498,6 +505,9 @@ const probeTimeout = time.Second
 func (r *rescue) probe(n *node) error {
 	ctx, cancel := context.WithTimeout(r.ctx, max(r.e.cfg.pingInterval, probeTimeout))
 	defer cancel()
+	if r.e.clock != nil {
+		return clientClockProbe.Run(ctx, n.probe, []string{n.key}).Err()
+	}
 	return probeScript.Run(ctx, n.probe, []string{n.key}).Err()
 }
 

@@ -460,3 +460,63 @@ func TestOnTransitionPanics(t *testing.T) {
 			"outage %d: %d hook calls, want %d", outage, calls.Load(), 2*(outage+1))
 	}
 }
+
+// noScriptTime refuses, as ElastiCache Serverless does, the scripts that
+// call TIME: here the probe's (the decision scripts of a client-clock
+// limiter never reach their TIME).
+type noScriptTime struct{ passHooks }
+
+func (noScriptTime) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+			if s := fmt.Sprint(a[1]); s == probeScript.Hash() || strings.Contains(s, "redis.call('TIME')") {
+				err := redisError("ERR This Redis command is not allowed from script")
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}
+
+// A client-clock limiter comes back from an outage on a server that
+// refuses TIME in scripts: its probe does not ask for it. (It probed with
+// the server-clock script, which such a server refuses, and stayed on the
+// fallback for good.)
+func TestClientClockRecovers(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	rdb.AddHook(noScriptTime{})
+	var tr transitions
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(100), WithClientClock(),
+		WithPingInterval(10*time.Millisecond), WithOnTransition(tr.record))
+	ctx := context.Background()
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Degraded, "healthy: %+v", res)
+
+	m.Close()
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Degraded, "during the outage: %+v", res)
+
+	require.NoError(t, m.Restart())
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		if !res.Degraded {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "still degraded 3s after Redis came back; transitions %+v", tr.list())
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := tr.list()
+	require.Len(t, got, 2, "transitions = %+v, want down and back", got)
+	require.False(t, got[1].Down, "transitions = %+v, want down and back", got)
+}
