@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,4 +212,79 @@ func TestBucketHugeState(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, res.Allowed, "the second burst: %+v", res)
 	assert.Equal(t, time.Hour, res.RetryAfter)
+}
+
+// Calls whose clocks take turns, one 5ms ahead of the other (two
+// instances with client clocks, or a server clock stepped back and
+// forth), get no more than the refill up to the later time: the state
+// keeps the later time, so the refill between the two is given once.
+// (Written as of the earlier time, each call from the clock ahead was
+// refilled 5ms again: every call admitted.)
+func TestBucketClocksTakingTurns(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		for _, start := range []time.Duration{0, 300 * time.Microsecond, 999 * time.Microsecond} {
+			t.Run(fmt.Sprintf("%v/%v", s, start), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				lim := newLimiter(t, b.rdb, s, Limit{Rate: 1000, Period: time.Second, Burst: 10})
+				ctx := t.Context()
+				b.setClock(start)
+				res, err := lim.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				admitted := 0
+				// (200 calls: miniredis takes each step forward off a key's
+				// TTL, and none back, so more would expire the key.)
+				for i := range 200 {
+					at := start
+					if i%2 == 0 {
+						at += 5 * time.Millisecond
+					}
+					b.setClock(at)
+					res, err := lim.Allow(ctx, "k")
+					require.NoError(t, err)
+					if res.Allowed {
+						admitted++
+					}
+				}
+				assert.Equal(t, 5, admitted, "5ms of refill at 1000/s, given once")
+
+				// Behind the state, a denial's RetryAfter counts to when the
+				// state refills, not from this clock: after it, the call fits.
+				b.setClock(start)
+				res, err = lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.False(t, res.Allowed)
+				b.setClock(start + res.RetryAfter)
+				res, err = lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				assert.True(t, res.Allowed, "after the RetryAfter the clock behind was given")
+			})
+		}
+	}
+}
+
+// A clock stepped back by more than a second (the server's, by hand) does
+// not stop a bucket's refill until it catches up: the next write is as of
+// the new time, and the bucket refills from there.
+func TestBucketClockSteppedBack(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 10})
+			ctx := t.Context()
+			b.setClock(time.Minute)
+			res, err := lim.AllowN(ctx, "k", 5)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			b.setClock(50 * time.Second) // 10s back: no refill
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			assert.Equal(t, 4, res.Remaining)
+			b.setClock(51 * time.Second)
+			res, err = lim.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "a second after the step, full again")
+		})
+	}
 }

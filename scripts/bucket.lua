@@ -33,10 +33,23 @@
 
 local TMOD = 1000000000 -- 1e9 ms
 
--- bucket_read returns D, what is used, at now.
+-- bucket_read returns D, what is used, at now, and 0; or, when now is
+-- before the state's time by less than a second (a client clock behind
+-- another instance's, see WithClientClock, or a clock that went back a
+-- little), D as of the state's time, with no refill, and how far that is
+-- ahead of now (µs). The caller then writes as of the state's time too
+-- (bucket_write's lag): written as of now, the next call at the later time
+-- would be given the refill between the two again, and two instances a
+-- millisecond apart, taking turns, would never drain the bucket. A state
+-- further ahead is a clock stepped back: it is read with no refill and
+-- written as of now, so that the key is not frozen until the clock
+-- catches up (the refill of the step is then given once, at most a full
+-- bucket). (The second is written as a number: one more local in the
+-- script's chunk made miniredis's Lua, gopher-lua 1.1.1, lose another's
+-- value in a script with 16 rules written in, as scripts.go says of n0.)
 local function bucket_read(key, rate)
   local v = rcall('GET', key)
-  if not v then return 0 end
+  if not v then return 0, 0 end
   local d0, elapsed
   local sep = string.find(v, ':', 1, true)
   if sep then
@@ -54,23 +67,28 @@ local function bucket_read(key, rate)
     if d > TMOD / 2 then d = d - TMOD end -- the clock went back
     elapsed = d * 1000 + now % 1000
   end
-  if elapsed < 0 then elapsed = 0 end -- the clock went back: no refill
+  if elapsed < 0 then -- the state is ahead: no refill
+    if elapsed > -1000000 then return d0, -elapsed end -- 1 s
+    return d0, 0
+  end
   local used = d0 - elapsed * rate
   if used < 0 then used = 0 end
-  return used
+  return used, 0
 end
 
--- bucket_write returns the value that stores D = used (> 0) at now, its
--- lifetime in ms (for PX) and the time until the bucket is full again.
+-- bucket_write returns the value that stores D = used (> 0) at now + lag
+-- (see bucket_read), its lifetime in ms (for PX) and the time until the
+-- bucket is full again, from now.
 -- pxs, where the rule is written in, is the PX of one period as a string:
 -- the usual lifetime, passed without Redis converting a number (a
 -- '%.17g' in Redis 7.0).
-local function bucket_write(used, rate, period, pxs)
-  local life = ceil_div(used, rate)
+local function bucket_write(used, rate, period, pxs, lag)
+  local t = now + lag
+  local life = ceil_div(used, rate) + lag
   local ttl = life
   if ttl < period then ttl = period end
   local value
-  local at_ms = used + (now % 1000) * rate -- D at the start of the ms
+  local at_ms = used + (t % 1000) * rate -- D at the start of the ms
   if ttl <= TMOD * 500 and at_ms < 1e17 then
     -- M = ceil(at_ms / 10^e) for the least e that makes M < 1e8, that
     -- is at_ms <= 99999999 * 10^e.
@@ -81,9 +99,9 @@ local function bucket_write(used, rate, period, pxs)
     local m = at_ms
     if e > 0 then m = ceil_div(at_ms, p) end
     -- m * 10 + e printed is m's digits then e's (one conversion fewer).
-    value = string.format('%d%09d', m * 10 + e, (now - now % 1000) / 1000 % TMOD)
+    value = string.format('%d%09d', m * 10 + e, (t - t % 1000) / 1000 % TMOD)
   else
-    value = string.format('%.17g:%d', used, now) -- exact for a double; %d would wrap past 2^63
+    value = string.format('%.17g:%d', used, t) -- exact for a double; %d would wrap past 2^63
   end
   if pxs and ttl == period then return value, pxs, life end
   return value, ms(ttl), life
@@ -93,16 +111,16 @@ end
 -- the leaky bucket.
 local function check_tb(key, rate, period, burst, code, pxs)
   local leaky = code == 'lb'
-  local used = bucket_read(key, rate)
+  local used, lag = bucket_read(key, rate)
   local cap = burst * period
   local avail, reset_now = burst, 0 -- a full bucket (a key at rest): no division
   if used > 0 then
     avail = floor_div(cap - used, period)
-    reset_now = ceil_div(used, rate)
+    reset_now = ceil_div(used, rate) + lag
   end
   local over = used + n * period - cap
   if over > 0 then
-    return false, avail, ceil_div(over, rate), reset_now, reset_now
+    return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now
   end
   local delay = 0
   if leaky then
@@ -114,13 +132,13 @@ local function check_tb(key, rate, period, burst, code, pxs)
   if n == 0 then
     return true, avail, delay, reset_now, reset_now
   end
-  local value, px, life = bucket_write(used + n * period, rate, period, pxs)
+  local value, px, life = bucket_write(used + n * period, rate, period, pxs, lag)
   write('SET', key, value, 'PX', px)
   if rid == '' then return true, avail, delay, reset_now, life, 0 end
   -- A reservation's tag: when the refill would have paid back what was
   -- used before these n events (µs, rounded down), from which settle.lua
   -- bounds a refund.
-  return true, avail, delay, reset_now, life, now + (used - used % rate) / rate
+  return true, avail, delay, reset_now, life, now + lag + (used - used % rate) / rate
 end
 
 local check_lb = check_tb

@@ -115,7 +115,7 @@ A.sl = function(key, rate, period, tag)
   if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
 end
 A.tb = function(key, rate, period, tag, taken)
-  local d = bucket_read(key, rate)
+  local d, lag = bucket_read(key, rate)
   if delta < 0 then
     -- Tokens are alike, so what the reservation still holds is bounded
     -- from below: after the refill has paid back what was used before it
@@ -123,7 +123,7 @@ A.tb = function(key, rate, period, tag, taken)
     -- traffic only delays that. Giving back at most that never re-credits
     -- refill, however the key was used since (a reservation recorded
     -- without its tag, 0, gives back nothing).
-    local paid = now - tag
+    local paid = now + lag - tag
     if paid < 0 then paid = 0 end
     local back = math.min(-delta * period, taken * period - paid * rate)
     if back <= 0 then return end
@@ -134,7 +134,7 @@ A.tb = function(key, rate, period, tag, taken)
   if d <= 0 then
     redis.call('DEL', key)
   else
-    local value, px = bucket_write(d, rate, period)
+    local value, px = bucket_write(d, rate, period, nil, lag)
     redis.call('SET', key, value, 'PX', px)
   end
 end
