@@ -58,8 +58,13 @@ func WithObserver(f func(Decision)) Option {
 
 // WithShadow turns on shadow mode, for rolling out a new limit safely: the
 // limiter decides and records everything as usual (in Redis, blocks
-// included), but always allows. A result that the limit denied has Allowed
-// true and Shadowed true; the observer sees the would-be denial.
+// included), but allows what the limit or a block denied: such a result
+// has Allowed true and Shadowed true, and the observer sees the would-be
+// denial. A leaky bucket still shapes: an allowed call keeps its Delay
+// (which WaitN and the middleware wait), and a call whose wait would pass
+// the caller's deadline or the middleware's max delay is still refused
+// (DeniedByDeadline: it could not have waited anyway). To dry-run a leaky
+// bucket, do not wait Result.Delay.
 func WithShadow() Option {
 	return optionFunc(func(c *config) { c.shadow = true })
 }
