@@ -17,21 +17,30 @@ import (
 // default, the server's clock, is exact and needs nothing.
 //
 // Client clocks disagree across a fleet, so the limiter does not send its
-// own clock as it is: it measures the offset of its clock to the server's
-// with the plain TIME command (allowed where the in-script one is not),
-// Cristian's method, before its first decision, again every
-// [ClockResyncInterval], and after Redis comes back from an outage. Every
-// instance then sends the server's time to within half a round trip plus
-// the drift since the last measurement, so instances whose clocks are off
-// by seconds still share one limit. Time sent by one limiter never goes
-// backwards.
+// own clock as it is: it reads the server's time with the plain TIME
+// command (allowed where the in-script one is not) and sends that time
+// plus the time elapsed since on its monotonic clock, so that setting the
+// machine's clock (an NTP step) does not move the time it sends. It reads
+// TIME twice in a row and keeps the reading with the shorter round trip,
+// taken to be from its middle (Cristian's method): the first round trip
+// may include dialing and the connection's handshake. It reads again every
+// [ClockResyncInterval] (the clocks drift apart), after Redis comes back
+// from an outage, and when its wall and monotonic clocks disagree (the
+// clock was set, or the machine slept). Calls that need a reading share
+// the one under way, each waiting no longer than its context allows. Time
+// sent by one limiter never goes backwards.
 //
 // Accuracy: with the server's clock (the default), every decision uses the
-// one clock, exact to the µs. With WithClientClock, instances may disagree
-// by up to about one round trip (typically under a millisecond): a bucket
-// may admit up to Rate × that much more or less, a window's edge moves by
-// that much. Clusters: TIME is asked of the node the command goes to; the
-// nodes' clocks should agree (NTP) as they do for key expiry.
+// one clock, exact to the µs. With WithClientClock, each instance sends
+// the server's time to within half the shorter round trip plus the drift
+// since its last reading, so instances may disagree by up to about one
+// round trip (typically under a millisecond), even when their clocks are
+// off by seconds: a window's edge moves by that much, and a bucket refills
+// as of the latest time an instance wrote it (a call from a clock behind
+// that gets no refill until its clock gets there), so the refill between
+// two clocks is given once. Clusters: TIME is asked of the node
+// the command goes to; the nodes' clocks should agree (NTP) as they do for
+// key expiry.
 func WithClientClock() Option {
 	return optionFunc(func(c *config) { c.clientClock = true })
 }
@@ -40,21 +49,54 @@ func WithClientClock() Option {
 // measures its clock's offset to the Redis server's again.
 const ClockResyncInterval = 10 * time.Second
 
+// clockStepTolerance is how far a client clock may seem to go back, or its
+// wall and monotonic readings drift apart, before the limiter takes it for
+// a step and reads the server's time again. Goroutines that read the
+// clock in one order and use it in the other make it seem to go back by
+// a scheduling delay, well under that.
+const clockStepTolerance = 100 * time.Millisecond
+
+// clockMeasureTimeout bounds one measurement (two TIME round trips),
+// beyond the client's own timeouts. The measurement does not end with the
+// context of the call that started it, as other calls may be waiting for
+// it; it keeps that context's values.
+const clockMeasureTimeout = time.Second
+
 // withClock sets the clock a client-clock limiter reads (tests).
 func withClock(now func() time.Time) Option {
 	return optionFunc(func(c *config) { c.now = now })
 }
 
 // clientClock is the client clock of WithClientClock, corrected to the
-// server's.
+// server's. It is safe for concurrent use.
 type clientClock struct {
 	rdb redis.UniversalClient
 	now func() time.Time
 
-	offset   atomic.Int64 // server minus client, µs
-	measured atomic.Int64 // when it was measured, on now (unix µs); 0: never
-	last     atomic.Int64 // the last time sent, µs
-	mu       sync.Mutex   // one measurement at a time
+	base atomic.Pointer[clockBase] // the latest measurement; nil: none, or stale
+	last atomic.Int64              // the last time sent, µs
+
+	mu     sync.Mutex
+	flight *measurement // the measurement under way, if any; guarded by mu
+}
+
+// clockBase is one measurement: the server's time at a reading of the
+// client's clock. Only seen changes.
+type clockBase struct {
+	at     time.Time // client's clock, with its monotonic reading (time.Now)
+	server int64     // the server's time at at, µs
+	// seen is the longest time since at read so far (ns): a clock that
+	// reads less went back. Goroutines may store it out of order, which
+	// lowers it by a scheduling delay.
+	seen atomic.Int64
+}
+
+// measurement is one measurement under way: the calls that wait for it
+// take its result when done is closed.
+type measurement struct {
+	done chan struct{}
+	base *clockBase
+	err  error
 }
 
 func newClientClock(rdb redis.UniversalClient, now func() time.Time) *clientClock {
@@ -63,56 +105,143 @@ func newClientClock(rdb redis.UniversalClient, now func() time.Time) *clientCloc
 
 // stale makes the next call measure the offset again (after an outage: the
 // server may have restarted on another machine).
-func (c *clientClock) stale() { c.measured.Store(0) }
+func (c *clientClock) stale() { c.base.Store(nil) }
 
 // nowMicros returns the server's time in µs, estimated from the client's
-// clock and the measured offset, never less than what it returned before.
+// clock and the latest measurement, never less than what it returned
+// before.
+//
+// A measurement that is due (older than ClockResyncInterval) is made by
+// one call while the others go on with the old one; one that is missing,
+// or that a step of the client's clock or a long time (twice the
+// interval: the limiter was idle, or measurements kept failing) makes
+// unfit, is waited for, by every call, until its context ends.
 func (c *clientClock) nowMicros(ctx context.Context) (int64, error) {
-	local := c.now().UnixMicro()
-	at := c.measured.Load()
-	if at == 0 || local-at > int64(ClockResyncInterval/time.Microsecond) || local < at {
-		if err := c.measure(ctx, at == 0); err != nil {
-			return 0, err
+	for {
+		b := c.base.Load()
+		now := c.now()
+		var elapsed time.Duration
+		fit := false
+		if b != nil {
+			var ok bool
+			elapsed, ok = b.since(now)
+			fit = ok && elapsed <= 2*ClockResyncInterval
+			if fit && elapsed <= ClockResyncInterval {
+				return c.send(b, elapsed), nil
+			}
 		}
-		local = c.now().UnixMicro()
+		m, started := c.join(ctx, b)
+		if m == nil {
+			continue // measured meanwhile
+		}
+		if fit && !started {
+			return c.send(b, elapsed), nil // one call measures, the others go on
+		}
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("redlimit: client clock: %w", ctx.Err())
+		}
+		switch {
+		case m.err == nil:
+			return c.send(m.base, max(c.now().Sub(m.base.at), 0)), nil
+		case fit:
+			return c.send(b, elapsed), nil // the next call measures again
+		}
+		return 0, m.err
 	}
-	t := local + c.offset.Load()
+}
+
+// since returns the time from b to now on the client's clock (its
+// monotonic clock when both readings have one), and whether the clock can
+// have measured it: not if its wall and monotonic readings disagree (the
+// wall clock was set, or the machine slept, which stops the monotonic
+// clock), nor if it went back (a clock without monotonic readings, as in
+// tests, that was set back).
+func (b *clockBase) since(now time.Time) (time.Duration, bool) {
+	elapsed := now.Sub(b.at)
+	wall := now.Round(0).Sub(b.at.Round(0)) // Round(0) drops the monotonic reading
+	if (wall - elapsed).Abs() > clockStepTolerance {
+		return elapsed, false
+	}
+	seen := time.Duration(b.seen.Load())
+	if elapsed > seen {
+		b.seen.Store(int64(elapsed))
+	}
+	return elapsed, elapsed >= seen-clockStepTolerance
+}
+
+// send returns the server's time elapsed after b, or the last time sent
+// if that is later, and records it as the last.
+func (c *clientClock) send(b *clockBase, elapsed time.Duration) int64 {
+	t := b.server + elapsed.Microseconds()
 	for {
 		last := c.last.Load()
 		if t <= last {
-			return last, nil
+			return last
 		}
 		if c.last.CompareAndSwap(last, t) {
-			return t, nil
+			return t
 		}
 	}
 }
 
-// measure reads the server's TIME and sets the offset (Cristian's method:
-// the server's answer is taken to be from the middle of the round trip).
-// Without a measurement yet (must), the caller waits for one; else one
-// caller measures while the others go on with the old offset.
-func (c *clientClock) measure(ctx context.Context, must bool) error {
-	if must {
-		c.mu.Lock()
-	} else if !c.mu.TryLock() {
-		return nil
-	}
+// join returns the measurement under way, starting one if none is (then
+// started is true); or nil if the base is no longer b: a measurement
+// ended since the caller read it.
+func (c *clientClock) join(ctx context.Context, b *clockBase) (m *measurement, started bool) {
+	c.mu.Lock()
 	defer c.mu.Unlock()
-	if must && c.measured.Load() != 0 {
-		return nil // measured by another caller meanwhile
+	if c.flight != nil {
+		return c.flight, false
 	}
-	before := c.now()
-	srv, err := c.rdb.Time(ctx).Result()
-	if err != nil {
-		if must {
-			return fmt.Errorf("redlimit: client clock: TIME: %w", err)
+	if c.base.Load() != b {
+		return nil, false
+	}
+	m = &measurement{done: make(chan struct{})}
+	c.flight = m
+	go c.measure(context.WithoutCancel(ctx), m)
+	return m, true
+}
+
+// measure makes the measurement m, sets the base if it succeeds, and
+// hands m to its waiters.
+func (c *clientClock) measure(ctx context.Context, m *measurement) {
+	ctx, cancel := context.WithTimeout(ctx, clockMeasureTimeout)
+	defer cancel()
+	m.base, m.err = c.read(ctx)
+	c.mu.Lock()
+	if m.err == nil {
+		c.base.Store(m.base)
+	}
+	c.flight = nil
+	c.mu.Unlock()
+	close(m.done)
+}
+
+// read reads the server's TIME twice in a row and keeps the reading with
+// the shorter round trip, taking the server's answer to be from its middle
+// (Cristian's method: off by at most half that round trip). The first
+// round trip includes whatever comes before TIME is sent: a dial, the
+// connection's handshake (TLS, HELLO, AUTH), a wait for the pool; the
+// second, on the connection the first left ready, seldom does.
+func (c *clientClock) read(ctx context.Context) (*clockBase, error) {
+	var best *clockBase
+	var bestRTT time.Duration
+	for range 2 {
+		before := c.now()
+		srv, err := c.rdb.Time(ctx).Result()
+		if err != nil {
+			if best != nil {
+				break // the first reading will do
+			}
+			return nil, fmt.Errorf("redlimit: client clock: TIME: %w", err)
 		}
-		return nil // keep the old offset; the next call tries again
+		rtt := c.now().Sub(before)
+		if best == nil || rtt < bestRTT {
+			best = &clockBase{at: before.Add(rtt / 2), server: srv.UnixMicro()}
+			bestRTT = rtt
+		}
 	}
-	after := c.now()
-	mid := before.UnixMicro() + after.Sub(before).Microseconds()/2
-	c.offset.Store(srv.UnixMicro() - mid)
-	c.measured.Store(after.UnixMicro())
-	return nil
+	return best, nil
 }
