@@ -11,7 +11,6 @@ package ratelimitfields
 
 import (
 	"context"
-	"math"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -44,27 +43,50 @@ func Quota(s redlimit.Strategy, l redlimit.Limit) (q, w int64, ok bool) {
 	default:
 		capacity = max(l.Rate, l.Burst)
 	}
-	span, ok := mulDiv(uint64(capacity), uint64(l.Period), uint64(l.Rate))
-	if !ok {
+	// w = ceil(capacity × Period / (Rate × 1s)), the span rounded up to
+	// whole seconds exactly, so that Rate × w × 1s >= capacity × Period
+	// and q >= capacity. (The span rounded down to whole nanoseconds
+	// first lost that: Burst 244609 at 1002 per 12.289ms fills in 3s and
+	// 0.998ns, which came to w = 3 and q = Burst - 1.) The product takes
+	// 128 bits; ceil(ceil(x/a)/b) = ceil(x/(a×b)).
+	hi, lo := bits.Mul64(uint64(capacity), uint64(l.Period))
+	hi, lo = divCeil(hi, lo, uint64(l.Rate))
+	hi, lo = divCeil(hi, lo, uint64(time.Second))
+	if hi != 0 || lo > MaxInteger {
 		return 0, 0, false
 	}
-	w = max(int64((span+uint64(time.Second)-1)/uint64(time.Second)), 1)
-	uq, ok := mulDiv(uint64(l.Rate), uint64(w)*uint64(time.Second), uint64(l.Period))
-	if !ok || uq > MaxInteger || w > MaxInteger {
+	w = max(int64(lo), 1)
+	// q = floor(Rate × w × 1s / Period): with Rate × w = a × Period + r,
+	// q = a × 1s + floor(r × 1s / Period), every step in 128 bits.
+	hi, lo = bits.Mul64(uint64(l.Rate), uint64(w))
+	if hi >= uint64(l.Period) { // a >= 2^64
+		return 0, 0, false
+	}
+	a, r := bits.Div64(hi, lo, uint64(l.Period))
+	if a > MaxInteger/uint64(time.Second) {
+		return 0, 0, false
+	}
+	fhi, flo := bits.Mul64(r, uint64(time.Second))
+	f, _ := bits.Div64(fhi, flo, uint64(l.Period)) // < 1s, as r < Period
+	uq := a*uint64(time.Second) + f
+	if uq > MaxInteger {
 		return 0, 0, false
 	}
 	return int64(uq), w, true
 }
 
-// mulDiv returns a × b / c rounded down (c > 0), and false if it does not
-// fit an int64.
-func mulDiv(a, b, c uint64) (uint64, bool) {
-	hi, lo := bits.Mul64(a, b)
-	if hi >= c {
-		return 0, false
+// divCeil returns (hi×2^64 + lo) / c rounded up, for c > 0, as the high
+// and low halves of the quotient.
+func divCeil(hi, lo, c uint64) (qhi, qlo uint64) {
+	qhi, r := hi/c, hi%c
+	qlo, r = bits.Div64(r, lo, c)
+	if r != 0 {
+		qlo++
+		if qlo == 0 {
+			qhi++
+		}
 	}
-	q, _ := bits.Div64(hi, lo, c)
-	return q, q <= math.MaxInt64
+	return qhi, qlo
 }
 
 // Policy is one quota policy: a name, and the limit and strategy it stands
