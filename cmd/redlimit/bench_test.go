@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"math"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +14,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit"
 )
 
 // TestBenchEmbedded runs every strategy briefly on the embedded miniredis.
@@ -172,4 +177,100 @@ func TestBenchLimitFirst(t *testing.T) {
 		}
 	}
 	assert.Zero(t, conns.Load(), "bench connected to Redis before it checked the limit")
+}
+
+// TestBenchTimeoutBound checks that -timeout past a minute is a usage
+// error: 1000000h made the dial timeout (2.5 × -timeout) overflow to a
+// negative duration, and every dial failed at once with an i/o timeout.
+// newClient saturates the dial timeout anyway.
+func TestBenchTimeoutBound(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ value, want string }{
+		{"1000000h", "redlimit: bench: -timeout 1000000h0m0s must be at most 1m0s"},
+		{"61s", "redlimit: bench: -timeout 1m1s must be at most 1m0s"},
+	} {
+		for _, redis := range []string{"127.0.0.1:1", ""} {
+			code, stdout, stderr := runT(t, "bench", "-redis", redis, "-duration", "10ms", "-timeout", tt.value)
+			first, _, _ := strings.Cut(stderr, "\n")
+			assert.Equal(t, 2, code, "-timeout %s -redis %q: exit %d, want 2; stderr %q", tt.value, redis, code, stderr)
+			assert.Equal(t, tt.want, first, "-timeout %s -redis %q: stderr %q", tt.value, redis, stderr)
+			assert.Empty(t, stdout, "-timeout %s -redis %q: stdout", tt.value, redis)
+		}
+	}
+	f := &benchFlags{strategy: strategyValue{all: true, allowAll: true}, duration: time.Second,
+		concurrency: 1, keys: 1, rate: 10, period: time.Second, timeout: time.Minute}
+	assert.NoError(t, f.check(), "check with -timeout 1m")
+
+	for _, tt := range []struct{ timeout, want time.Duration }{
+		{defaultTimeout, 250 * time.Millisecond},
+		{time.Minute, 150 * time.Second},
+		{1000000 * time.Hour, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		rdb := newClient("127.0.0.1:1", 1, tt.timeout)
+		got := rdb.Options().DialTimeout
+		rdb.Close()
+		assert.Equal(t, tt.want, got, "newClient with timeout %v: dial timeout %v, want %v", tt.timeout, got, tt.want)
+	}
+}
+
+// TestBenchInterrupted checks that bench deletes its keys when it is
+// interrupted (Ctrl-C cancels its context), as it does when it ends: it
+// used to return at once and leave them in the user's Redis.
+func TestBenchInterrupted(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	require.NoError(t, m.Set("user-data", "keep"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	var code int
+	var stdout, stderr bytes.Buffer
+	go func() {
+		defer close(done)
+		code = run(ctx, []string{"bench", "-redis", m.Addr(), "-strategy", "token-bucket", "-duration", "1m", "-keys", "50", "-timeout", "2s"}, &stdout, &stderr)
+	}()
+	// Interrupt it once it has written state.
+	require.Eventually(t, func() bool { return len(m.Keys()) > 20 }, 30*time.Second, time.Millisecond, "bench wrote no state")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "bench did not end when interrupted")
+	}
+	assert.Equal(t, 1, code, "exit %d, stderr %q", code, stderr.String())
+	last := strings.TrimSuffix(stderr.String(), "\n")
+	last = last[strings.LastIndex(last, "\n")+1:] // after any progress lines
+	assert.Equal(t, "redlimit: context canceled", last, "stderr %q", stderr.String())
+	got := m.Keys()
+	assert.Equal(t, []string{"user-data"}, got, "keys after an interrupted bench = %d keys %.200q, want [user-data]", len(got), got)
+}
+
+// TestBenchResetAll checks that resetAll deletes the state, block and
+// reservation keys of every key, over several pipelines and a partial
+// last command, and nothing else.
+func TestBenchResetAll(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	require.NoError(t, m.Set("user-data", "keep"))
+	rdb := newClient(m.Addr(), 2, 2*time.Second)
+	defer rdb.Close()
+	lim, err := newLimiter(rdb, redlimit.SlidingLog, redlimit.PerSecond(10), redlimit.WithPrefix(benchPrefix))
+	require.NoError(t, err)
+	defer lim.Close()
+	keys := make([]string, 2345)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+		for j, name := range stateKeys(benchPrefix, redlimit.SlidingLog, time.Second, keys[i]) {
+			if i%(j+1) == 0 { // every state, every other block, every third reservation set
+				require.NoError(t, m.Set(name, "x"))
+			}
+		}
+	}
+	require.NoError(t, m.Set(stateKey(benchPrefix, redlimit.TokenBucket, time.Second, "k1"), "other strategy"))
+	require.NoError(t, resetAll(context.Background(), rdb, lim, keys))
+	got := m.Keys()
+	want := []string{"redlimit-bench:{k1}:tb1000000", "user-data"}
+	assert.Equal(t, want, got, "keys after resetAll: %d keys %.200q, want %q", len(got), got, want)
 }

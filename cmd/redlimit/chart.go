@@ -17,6 +17,8 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/redlimit/redlimit"
 )
 
 // Chart layout: one panel per strategy, stacked, under a title.
@@ -74,8 +76,7 @@ func writeFile(path string, w io.WriterTo) error {
 
 // drawChart draws the title and one panel per outcome on dc.
 func drawChart(dc draw.Canvas, sim *simulation, outs []*outcome) {
-	end := chartEnd(sim, outs)
-	n := int((end + sim.step - 1) / sim.step)
+	n := int(chartSteps(sim, outs)) // at most maxBuckets, which run checks
 	offered := perStep(sim.arrivals, sim.step, n)
 	ymax := maxOf(offered)
 	panels := make([][]*plot.Plot, len(outs))
@@ -87,7 +88,7 @@ func drawChart(dc draw.Canvas, sim *simulation, outs []*outcome) {
 	for i, row := range panels {
 		p := row[0]
 		p.Y.Min, p.Y.Max = 0, ymax*1.45 // room for the legend above the data
-		p.X.Min, p.X.Max = 0, end.Seconds()
+		p.X.Min, p.X.Max = 0, float64(n)*sim.step.Seconds()
 		p.X.Tick.Marker = periodTicks(sim.limit.Period)
 		if i == len(panels)-1 {
 			p.X.Label.Text = "time (s)"
@@ -152,13 +153,13 @@ func newPanel(sim *simulation, o *outcome, offered, admitted []float64, c color.
 func stepLine(counts []float64, step time.Duration) *plotter.Line {
 	xys := make(plotter.XYs, len(counts)+1)
 	for i, c := range counts {
-		xys[i] = plotter.XY{X: (time.Duration(i) * step).Seconds(), Y: c}
+		xys[i] = plotter.XY{X: float64(i) * step.Seconds(), Y: c}
 	}
 	last := 0.0
 	if len(counts) > 0 {
 		last = counts[len(counts)-1]
 	}
-	xys[len(counts)] = plotter.XY{X: (time.Duration(len(counts)) * step).Seconds(), Y: last}
+	xys[len(counts)] = plotter.XY{X: float64(len(counts)) * step.Seconds(), Y: last}
 	l, err := plotter.NewLine(xys)
 	if err != nil {
 		panic(err) // only for NaN or infinite values, which counts never hold
@@ -167,16 +168,46 @@ func stepLine(counts []float64, step time.Duration) *plotter.Line {
 	return l
 }
 
-// chartEnd returns the end of the chart's time axis: the end of the
-// traffic, or later if a leaky bucket lets requests out after it.
-func chartEnd(sim *simulation, outs []*outcome) time.Duration {
-	end := sim.duration
+// chartSteps returns the number of steps on the chart's time axis: to the
+// end of the traffic, or one step past the last admitted request if a leaky
+// bucket lets it out later. Steps are counted by dividing, never by adding
+// or multiplying durations: the end of the axis in nanoseconds can be past
+// what a Duration holds (with -step 1000000h it overflowed, and the chart
+// asked for a slice of negative length).
+func chartSteps(sim *simulation, outs []*outcome) int64 {
+	n := ceilDiv(sim.duration, sim.step)
 	for _, o := range outs {
 		if k := len(o.admitted); k > 0 {
-			end = max(end, o.admitted[k-1]+sim.step)
+			n = max(n, ceilDiv(o.admitted[k-1], sim.step)+1)
 		}
 	}
-	return (end + sim.step - 1) / sim.step * sim.step
+	return n
+}
+
+// ceilDiv returns a/b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b time.Duration) int64 {
+	n := int64(a / b)
+	if a%b != 0 {
+		n++
+	}
+	return n
+}
+
+// chartTooLong returns the error for a chart of n steps, more than
+// maxBuckets: only a leaky bucket's delays, which let requests out after
+// the traffic, can make it (simulation checked the rest). It suggests a
+// step that fits.
+func chartTooLong(sim *simulation, outs []*outcome, n int64) error {
+	last, who := time.Duration(0), redlimit.LeakyBucket
+	for _, o := range outs {
+		if k := len(o.admitted); k > 0 && o.admitted[k-1] > last {
+			last, who = o.admitted[k-1], o.strategy
+		}
+	}
+	// With step > last/(maxBuckets-2), ceilDiv(last, step)+1 < maxBuckets.
+	step := (last/(maxBuckets-2)/time.Millisecond + 1) * time.Millisecond
+	return usagef("simulate", "%v lets its last request out at %v, after the delay of its queue: with -step %v the chart needs %d points per line, more than %d; use a -step of at least %v",
+		who, last, sim.step, n, maxBuckets, max(step, sim.step))
 }
 
 // perStep counts the times of ts in each of n steps [i×step, (i+1)×step).

@@ -24,12 +24,17 @@ var inspectCmd = &command{
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
 for KEY now, without consuming anything (AllowN with n = 0): allowed,
-remaining, retry-after and reset-after (and the delay of a leaky bucket).
-Then it lists the Redis keys that hold KEY's state, with their type, time to
-live and value:
+remaining, retry-after and reset-after (and the delay of a leaky bucket),
+and whether a penalty block (WithBlock) is in force: then every call that
+asks for events is denied for the time that blocked shows, and remaining
+is 0 and reset-after that time, as the limiter itself reports them for
+n = 0. Then it lists the Redis keys that hold KEY's state, with their type,
+time to live and value:
 
 	<prefix>:{<KEY>}:<code><period in µs>     the state
 	<prefix>:{<KEY>}:<code><period in µs>:b   the penalty block (WithBlock)
+	<prefix>:{<KEY>}:<code><period in µs>:r   the pending reservations
+	                                         (Reserve, and leases)
 
 where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
 sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
@@ -49,9 +54,10 @@ var resetCmd = &command{
 	short: "forget the state of one limited key",
 	long: `
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
-given strategy and period (its state and its penalty block), as the
-limiter's Reset method does: KEY starts again with its full allowance. The
-rate does not matter, since it is not part of the key names.
+given strategy and period, as the limiter's Reset method does: its state,
+its penalty block and its pending reservations (see inspect). KEY starts
+again with its full allowance. The rate does not matter, since it is not
+part of the key names.
 
 Reset prints KEY and the Redis keys it deleted quoted, as Go strings, as
 inspect does.`,
@@ -95,9 +101,16 @@ func (f *keyFlags) check(cmd string, args []string) (string, error) {
 // connect returns a client for f.addr that answered a ping, and a limiter
 // of f's strategy with limit. A bad limit or prefix fails before any
 // network traffic.
+//
+// The limiter has a penalty block (WithBlock), so that its decisions read
+// the key's block as the limiter that set it does: without one, inspect
+// showed a blocked key's limit alone (allowed, 2 remaining) while every
+// call was denied. Its length does not matter: only a denial sets a
+// block, and inspect asks for n = 0, which is never denied, and reset
+// decides nothing.
 func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Client, *redlimit.RateLimiter, error) {
-	opt := redlimit.WithPrefix(f.prefix)
-	if err := checkLimit(f.strategy.s, limit, opt); err != nil {
+	opts := []redlimit.Option{redlimit.WithPrefix(f.prefix), redlimit.WithBlock(time.Second)}
+	if err := checkLimit(f.strategy.s, limit, opts...); err != nil {
 		return nil, nil, err
 	}
 	rdb := newClient(f.addr, 2, defaultTimeout)
@@ -105,7 +118,7 @@ func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Cl
 		rdb.Close()
 		return nil, nil, err
 	}
-	lim, err := newLimiter(rdb, f.strategy.s, limit, opt)
+	lim, err := newLimiter(rdb, f.strategy.s, limit, opts...)
 	if err != nil {
 		rdb.Close()
 		return nil, nil, err
@@ -137,11 +150,22 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// inspect prints the decision for n = 0 and the Redis keys of key.
+// inspect prints the decision for n = 0 and the Redis keys of key. lim
+// must have a penalty block (see connect), so that the decision reads the
+// key's block.
 func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, prefix, key string, w io.Writer) error {
+	keys := stateKeys(prefix, lim.Strategy(), lim.Limit().Period, key)
 	res, err := lim.AllowN(ctx, key, 0)
 	if err != nil {
 		return err
+	}
+	// While a block is in force, n = 0 reports it as reset-after: the
+	// retry-after every call that asks for events is denied with. (The
+	// block key is read after the decision: one that ends in between
+	// shows as none, one set in between with the limit's reset-after.)
+	blocked, err := rdb.Exists(ctx, keys[1]).Result()
+	if err != nil {
+		return fmt.Errorf("inspect %q: %w", keys[1], err)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "key\t%q\n", key)
@@ -154,13 +178,17 @@ func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, 
 	if lim.Strategy() == redlimit.LeakyBucket {
 		fmt.Fprintf(tw, "delay\t%v\n", res.Delay)
 	}
+	if blocked > 0 {
+		fmt.Fprintf(tw, "blocked\t%v\n", res.ResetAfter)
+	} else {
+		fmt.Fprintf(tw, "blocked\tno\n")
+	}
 	tw.Flush()
 
-	state := stateKey(prefix, lim.Strategy(), lim.Limit().Period, key)
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "redis key\ttype\tttl\tvalue")
-	for _, k := range []string{state, state + blockSuffix} {
+	for _, k := range keys {
 		typ, ttl, val, err := describeKey(ctx, rdb, k)
 		if err != nil {
 			return fmt.Errorf("inspect %q: %w", k, err)
@@ -242,9 +270,10 @@ func setupReset(fs *flag.FlagSet) runFunc {
 		}
 		defer rdb.Close()
 		defer lim.Close()
-		state := stateKey(f.prefix, f.strategy.s, f.period, key)
+		keys := stateKeys(f.prefix, f.strategy.s, f.period, key)
+		state := keys[0]
 		var found []string
-		for _, k := range []string{state, state + blockSuffix} {
+		for _, k := range keys {
 			n, err := rdb.Exists(ctx, k).Result()
 			if err != nil {
 				return fmt.Errorf("reset %q: %w", key, err)

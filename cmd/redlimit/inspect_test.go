@@ -144,8 +144,11 @@ func TestInspectStrategies(t *testing.T) {
 // grows them past it, and a huge key: the library writes real state, and
 // that state must be the one key stateKey names, found by inspect and
 // deleted by reset.
+//
+// It runs alone, not in parallel: its 900 commands each get inspect's
+// 100ms timeout, which miniredis under the race detector missed now and
+// then while the simulations and benchmarks of the other tests ran.
 func TestKeyNamesMatchLibrary(t *testing.T) {
-	t.Parallel()
 	const alnum = "abcdefghijklmnopqrstuvwxyz0123456789"
 	var keys []string
 	for n := 1; n <= 300; n++ { // 0 is refused, below
@@ -230,7 +233,7 @@ func TestKeysQuoted(t *testing.T) {
 	assert.Equal(t, "0", field(stdout, "remaining"), "inspect: remaining is not 0 (but the key's forged 999?):\n%s", stdout)
 	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(state)+` +string +1s +100000000456000250\n`, stdout, "inspect: no quoted row of the state key")
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
-	assert.Len(t, lines, 11, "inspect: want 7 lines of decision, a blank one, a header and 2 Redis keys:\n%s", stdout)
+	assert.Len(t, lines, 13, "inspect: want 8 lines of decision, a blank one, a header and 3 Redis keys:\n%s", stdout)
 	for _, name := range []string{"allowed", "remaining"} {
 		n := 0
 		for _, l := range lines {
@@ -257,4 +260,110 @@ func TestKeysQuoted(t *testing.T) {
 	_, stdout, _ = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", "héllo-1")
 	want = `reset "héllo-1": no state in Redis ("redlimit:{héllo-1}:tb1000000")` + "\n"
 	assert.Equal(t, want, stdout, "reset of an ordinary key: stdout %q, want %q", stdout, want)
+}
+
+// TestInspectBlocked checks that inspect shows a penalty block as the
+// limiter that set it reports it: inspect used to decide without the block
+// and showed a blocked key as allowed with 2 remaining, while every call
+// was denied for 59s more.
+func TestInspectBlocked(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	ctx := context.Background()
+	limit := redlimit.Limit{Rate: 3, Period: time.Second}
+	l, err := redlimit.New(rdb, redlimit.FixedWindow, limit, redlimit.WithBlock(time.Minute))
+	require.NoError(t, err)
+	lim := l.(*redlimit.RateLimiter)
+	defer lim.Close()
+	res, err := lim.AllowN(ctx, "blocked", 1)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "first call: %+v", res)
+	res, err = lim.AllowN(ctx, "blocked", 3) // past the limit: blocks for a minute
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "second call: %+v", res)
+	// One window later: by the limit alone, 3 remain.
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 1, 250_000_000, time.UTC))
+
+	// What the limiter that set the block says now, for n = 0 and n = 1
+	// (a call denied by the block writes nothing).
+	report, err := lim.AllowN(ctx, "blocked", 0)
+	require.NoError(t, err)
+	denied, err := lim.AllowN(ctx, "blocked", 1)
+	require.NoError(t, err)
+	require.False(t, denied.Allowed, "a blocked call: %+v", denied)
+	require.Equal(t, 59*time.Second, denied.RetryAfter, "a blocked call: %+v", denied)
+
+	code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", "fixed-window", "-rate", "3", "-period", "1s", "blocked")
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	const state = "redlimit:{blocked}:fw1000000"
+	for name, want := range map[string]string{
+		"allowed":     strconv.FormatBool(report.Allowed), // n = 0 is never denied
+		"remaining":   strconv.Itoa(report.Remaining),     // 0
+		"retry-after": report.RetryAfter.String(),         // 0s
+		"reset-after": report.ResetAfter.String(),         // 59s
+		"blocked":     denied.RetryAfter.String(),         // 59s
+		// The block's end in µs on the server's clock; it lives a minute.
+		`"` + state + blockSuffix + `"`: "string 59s 1893456060250000",
+	} {
+		got := field(stdout, name)
+		assert.Equal(t, want, got, "%s = %q, want %q\n%s", name, got, want, stdout)
+	}
+	assert.Equal(t, "0", field(stdout, "remaining"), "remaining of a blocked key\n%s", stdout)
+
+	// Without the block, the limit decides; and blocked says no.
+	m.SetTime(time.Date(2030, 1, 1, 0, 1, 1, 250_000_000, time.UTC))
+	code, stdout, stderr = runT(t, "inspect", "-redis", m.Addr(), "-strategy", "fixed-window", "-rate", "3", "-period", "1s", "blocked")
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	for name, want := range map[string]string{
+		"allowed":                       "true",
+		"remaining":                     "3",
+		"blocked":                       "no",
+		`"` + state + blockSuffix + `"`: "(missing) - -",
+	} {
+		got := field(stdout, name)
+		assert.Equal(t, want, got, "after the block: %s = %q, want %q\n%s", name, got, want, stdout)
+	}
+}
+
+// TestInspectResetReservations checks that inspect lists, and reset
+// reports, the sorted set of a key's pending reservations (":r" after the
+// state key), which the limiter's Reset deletes: both named only the state
+// and the block, and reset deleted the reservations without saying so.
+func TestInspectResetReservations(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	ctx := context.Background()
+	l, err := redlimit.New(rdb, redlimit.TokenBucket, redlimit.PerSecond(10))
+	require.NoError(t, err)
+	lim := l.(*redlimit.RateLimiter)
+	defer lim.Close()
+	r, err := lim.Reserve(ctx, "u", 4)
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed, "Reserve: %+v", r.Result())
+	const state = "redlimit:{u}:tb1000000"
+	require.ElementsMatch(t, []string{state, state + reserveSuffix}, m.Keys(), "keys the library wrote")
+
+	code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", "token-bucket", "-rate", "10", "-period", "1s", "u")
+	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
+	assert.Equal(t, "6", field(stdout, "remaining"), "inspect:\n%s", stdout)
+	row := rowOf(stdout, strconv.Quote(state+reserveSuffix))
+	require.Len(t, row, 5, "inspect: no row for the reservations:\n%s", stdout)
+	assert.Equal(t, []string{"zset", "1", "members"}, []string{row[1], row[3], row[4]}, "inspect: the reservations' row:\n%s", stdout)
+
+	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "token-bucket", "-period", "1s", "u")
+	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
+	want := `reset "u": deleted "` + state + `", "` + state + reserveSuffix + `"` + "\n"
+	assert.Equal(t, want, stdout, "reset: stdout %q, want %q", stdout, want)
+	assert.Empty(t, m.Keys(), "reset left keys in Redis")
+	_, err = r.Settle(ctx, 1)
+	assert.ErrorIs(t, err, redlimit.ErrSettled, "Settle after reset")
+
+	// The help names the reservations among the keys.
+	for _, cmd := range []string{"inspect", "reset"} {
+		code, stdout, _ := runT(t, "help", cmd)
+		require.Zero(t, code)
+		assert.Contains(t, stdout, "pending reservations", "help %s:\n%s", cmd, stdout)
+	}
+	_, stdout, _ = runT(t, "help", "inspect")
+	assert.Contains(t, stdout, "<prefix>:{<KEY>}:<code><period in µs>:r   the pending reservations", "help inspect:\n%s", stdout)
 }

@@ -31,11 +31,12 @@ func seconds(s float64) time.Duration {
 }
 
 // evenly returns n times spread evenly over [from, from+width), the first
-// at from, keeping those before end.
+// at from, keeping those before end. It stops once ts holds more than
+// maxArrivals times, which the caller refuses anyway.
 func evenly(ts []time.Duration, n int, from, width, end time.Duration) []time.Duration {
 	for i := range n {
 		t := from + seconds(width.Seconds()*float64(i)/float64(n))
-		if t >= end {
+		if t >= end || len(ts) > maxArrivals {
 			break
 		}
 		ts = append(ts, t)
@@ -45,21 +46,25 @@ func evenly(ts []time.Duration, n int, from, width, end time.Duration) []time.Du
 
 // steady sends requests evenly spaced at the offered rate, from time 0.
 func steady(offered float64, _, duration time.Duration) []time.Duration {
-	n := int(math.Round(offered * duration.Seconds()))
-	return evenly(nil, n, 0, duration, duration)
+	return evenly(nil, count(offered*duration.Seconds()), 0, duration, duration)
 }
 
 // bursty sends, every 2 periods, the 2×period×offered requests of those
 // periods in one burst spread over period/10 and centred on the window
-// boundary at 1, 3, 5... periods.
+// boundary at 1, 3, 5... periods. period must be positive.
 func bursty(offered float64, period, duration time.Duration) []time.Duration {
-	n := int(math.Round(offered * 2 * period.Seconds()))
+	n := count(offered * 2 * period.Seconds())
 	width := period / 10
 	var ts []time.Duration
-	for c := period; c-width/2 < duration; c += 2 * period {
+	for c := period; ; c += 2 * period {
 		ts = evenly(ts, n, c-width/2, width, duration)
+		// The next burst starts 2 periods later, if before duration
+		// (compared without adding: c+2×period can overflow for periods
+		// of years).
+		if c-width/2 >= duration-2*period {
+			return ts
+		}
 	}
-	return ts
 }
 
 // ramp sends at a rate growing linearly from 0 to 2×offered over duration:
@@ -67,7 +72,7 @@ func bursty(offered float64, period, duration time.Duration) []time.Duration {
 // comes when that count reaches i+½.
 func ramp(offered float64, _, duration time.Duration) []time.Duration {
 	d := duration.Seconds()
-	n := int(math.Round(offered * d))
+	n := min(count(offered*d), maxArrivals+1) // the caller refuses more
 	ts := make([]time.Duration, 0, n)
 	for i := range n {
 		t := seconds(math.Sqrt((float64(i) + 0.5) * d / offered))
@@ -80,15 +85,27 @@ func ramp(offered float64, _, duration time.Duration) []time.Duration {
 }
 
 // onOff sends at 2×offered for 2 periods, then nothing for 2 periods, and
-// so on.
+// so on. period must be positive.
 func onOff(offered float64, period, duration time.Duration) []time.Duration {
 	on := 2 * period
-	n := int(math.Round(2 * offered * on.Seconds()))
+	n := count(2 * offered * on.Seconds())
 	var ts []time.Duration
-	for from := time.Duration(0); from < duration; from += 2 * on {
+	for from := time.Duration(0); ; from += 2 * on {
 		ts = evenly(ts, n, from, on, duration)
+		// The next cycle starts 2×on later, if before duration (compared
+		// without forming 2×on, which can overflow for periods of years).
+		if left := duration - from; left-on <= on {
+			return ts
+		}
 	}
-	return ts
+}
+
+// count returns x, a number of requests, rounded to an int; past
+// math.MaxInt32 it returns that, more than any simulation takes, rather
+// than what the conversion of a huge float gives (a negative number on
+// amd64).
+func count(x float64) int {
+	return int(min(math.Round(x), math.MaxInt32))
 }
 
 // readArrivals reads arrival times from a file: one per line, as a Go

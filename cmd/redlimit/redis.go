@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -27,7 +28,7 @@ const defaultTimeout = 100 * time.Millisecond
 func newClient(addr string, poolSize int, timeout time.Duration) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                  addr,
-		DialTimeout:           timeout * 5 / 2,
+		DialTimeout:           dialTimeout(timeout),
 		ReadTimeout:           timeout,
 		WriteTimeout:          timeout,
 		PoolTimeout:           timeout,
@@ -37,6 +38,15 @@ func newClient(addr string, poolSize int, timeout time.Duration) *redis.Client {
 		ContextTimeoutEnabled: true,
 		DisableIdentity:       true,
 	})
+}
+
+// dialTimeout returns 2.5 × timeout, or the longest Duration if that
+// overflows: a negative dial timeout fails every dial at once.
+func dialTimeout(timeout time.Duration) time.Duration {
+	if timeout > math.MaxInt64/5 {
+		return math.MaxInt64
+	}
+	return timeout * 5 / 2
 }
 
 // newPipeClient returns a client that talks to m over in-memory pipes,
@@ -99,8 +109,13 @@ var strategyCodes = map[redlimit.Strategy]string{
 	redlimit.LeakyBucket:    "lb",
 }
 
-// blockSuffix ends the name of a key's penalty-block key.
-const blockSuffix = ":b"
+// The suffixes of the Redis keys beside a key's state: its penalty block
+// (WithBlock) and its pending reservations (Reserve, and leases); a
+// single-strategy limiter's reservations are those of its one rule.
+const (
+	blockSuffix   = ":b"
+	reserveSuffix = ":r"
+)
 
 // stateKey returns the Redis key in which a limiter of strategy s, period
 // and prefix keeps the state of key, as the package names it:
@@ -109,6 +124,14 @@ const blockSuffix = ":b"
 func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key string) string {
 	return prefix + ":{" + tagKey(key) + "}:" + strategyCodes[s] +
 		strconv.FormatInt(int64(period/time.Microsecond), 10)
+}
+
+// stateKeys returns the Redis keys that hold key's state for a limiter of
+// strategy s, period and prefix, the ones its Reset deletes: the state, the
+// penalty block and the pending reservations.
+func stateKeys(prefix string, s redlimit.Strategy, period time.Duration, key string) []string {
+	state := stateKey(prefix, s, period, key)
+	return []string{state, state + blockSuffix, state + reserveSuffix}
 }
 
 // keyEscaper percent-encodes the bytes that would end or open a hash tag,

@@ -104,6 +104,13 @@ func (f *simFlags) run(ctx context.Context, args []string, set map[string]bool, 
 	if err != nil {
 		return err
 	}
+	// Before the table, so that a refused run prints nothing: a leaky
+	// bucket lets requests out after its queue's delays, which simulation
+	// could not know (a queue of 100000 at 1/s drew a million points per
+	// line, for 42s and 1.3 GB).
+	if n := chartSteps(sim, outs); n > maxBuckets {
+		return chartTooLong(sim, outs, n)
+	}
 	printTable(stdout, sim, outs)
 	if err := writeChart(f.out, sim, outs); err != nil {
 		return err
@@ -128,20 +135,33 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	default:
 		return bad("-out %q: the chart must be a .png or .svg file", f.out)
 	}
+	// The limit first, as bench's check does: the defaults below divide by
+	// the period, and the patterns step by it (with -period 0, bursty and
+	// onoff never ended, a file's arrivals were divided by 0, and the
+	// default -offered was +Inf).
+	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	for _, s := range redlimit.Strategies() {
+		if err := checkLimit(s, limit); err != nil {
+			return nil, err // dispatch makes an invalid limit a usage error
+		}
+	}
 	if f.offered == 0 {
 		f.offered = 3 * float64(f.rate) / f.period.Seconds()
 	}
 	if f.step == 0 {
 		f.step = f.period / 10
 	}
-	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
 	switch {
 	case f.offered < 0 || math.IsInf(f.offered, 0) || math.IsNaN(f.offered):
 		return bad("-offered %v must be a positive number", f.offered)
 	case f.duration <= 0:
 		return bad("-duration %v must be positive", f.duration)
+	case f.duration > redlimit.MaxPeriod:
+		return bad("-duration %v must be at most %v", f.duration, redlimit.MaxPeriod)
 	case f.step < time.Microsecond:
 		return bad("-step %v must be at least 1µs", f.step)
+	case f.step > redlimit.MaxPeriod:
+		return bad("-step %v must be at most %v", f.step, redlimit.MaxPeriod)
 	case f.pattern == "file" && f.file == "":
 		return bad("-pattern file needs -file")
 	case f.pattern != "file" && f.file != "":
@@ -173,7 +193,10 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	if f.seed != 0 {
 		arrivals = jitter(arrivals, f.seed, f.duration)
 	}
-	if n := (f.duration + f.period) / f.step; n > maxBuckets {
+	// The chart runs to the end of the traffic, and maybe on for a leaky
+	// bucket's delays (checked again after the run, see chartSteps):
+	// divided before adding, as duration + period can overflow.
+	if n := f.duration/f.step + f.period/f.step + 2; n > maxBuckets {
 		return bad("-step %v makes %d chart points; use a longer step", f.step, n)
 	}
 	return &simulation{

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -302,4 +303,149 @@ func rowOf(out, name string) []string {
 		}
 	}
 	return nil
+}
+
+// runBounded runs a command line as runT does, but fails the test, instead
+// of hanging or crashing it, if the command panics or takes longer than d.
+func runBounded(t *testing.T, d time.Duration, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	type result struct {
+		code           int
+		stdout, stderr string
+		panicked       any
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			r.panicked = recover()
+			done <- r
+		}()
+		var out, errw bytes.Buffer
+		r.code = run(context.Background(), args, &out, &errw)
+		r.stdout, r.stderr = out.String(), errw.String()
+	}()
+	select {
+	case r := <-done:
+		require.Nil(t, r.panicked, "%q panicked: %v", args, r.panicked)
+		return r.code, r.stdout, r.stderr
+	case <-time.After(d):
+		require.FailNow(t, "command did not end", "%q still running after %v", args, d)
+		return 0, "", ""
+	}
+}
+
+// TestSimulateChecksLimitFirst checks that simulate refuses a bad limit
+// before it builds any traffic: the patterns step by the period, so a
+// period of 0 never ended (bursty, onoff), a negative one spun for
+// seconds, a file's arrivals were divided by it, and the default -offered
+// became +Inf.
+func TestSimulateChecksLimitFirst(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	arrivals := filepath.Join(dir, "arrivals.txt")
+	require.NoError(t, os.WriteFile(arrivals, []byte("0.5\n1.5\n"), 0o644))
+	const zero = "redlimit: simulate: fixed-window: limit 10/0s: Period must be at least 1ms: invalid limit"
+	tests := []struct {
+		args []string
+		want string // the first line of stderr
+	}{
+		{[]string{"-pattern", "bursty", "-period", "0", "-offered", "5", "-step", "1ms"}, zero},
+		{[]string{"-pattern", "onoff", "-period", "0", "-offered", "5", "-step", "1ms"}, zero},
+		{[]string{"-pattern", "file", "-file", arrivals, "-period", "0", "-offered", "1", "-step", "1ms"}, zero},
+		{[]string{"-period", "0"}, zero},
+		{[]string{"-period", "-1s"}, "redlimit: simulate: fixed-window: limit 10/-1s: Period must be at least 1ms: invalid limit"},
+		{[]string{"-pattern", "bursty", "-rate", "0"}, "redlimit: simulate: fixed-window: limit 0/1s: Rate must be at least 1: invalid limit"},
+		// Only the sliding log refuses this one: every strategy is checked.
+		{[]string{"-rate", "2000000", "-offered", "1"}, "redlimit: simulate: sliding-log: limit 2000000/1s: Rate must be at most 100000: invalid limit"},
+		{[]string{"-pattern", "ramp", "-burst", "-1"}, "redlimit: simulate: fixed-window: limit 10/1s burst -1: Burst must not be negative: invalid limit"},
+	}
+	for i, tt := range tests {
+		out := filepath.Join(dir, "c"+strconv.Itoa(i)+".png")
+		args := append([]string{"simulate", "-out", out}, tt.args...)
+		code, stdout, stderr := runBounded(t, 5*time.Second, args...)
+		first, _, _ := strings.Cut(stderr, "\n")
+		assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", tt.args, code, stderr)
+		assert.Equal(t, tt.want, first, "%q: stderr %q", tt.args, stderr)
+		assert.Empty(t, stdout, "%q: stdout", tt.args)
+		assert.NoFileExists(t, out, "%q: chart written", tt.args)
+	}
+}
+
+// TestSimulateHugeDurations checks -duration and -step at and past their
+// bounds: past redlimit.MaxPeriod they are usage errors (-step 1000000h
+// printed the table, then panicked making the chart, as the end of its
+// axis overflowed; -duration 2000000h made duration + period overflow, so
+// that the bound on chart points let it through), and at it the chart is
+// drawn without overflow.
+func TestSimulateHugeDurations(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tests := []struct {
+		args []string
+		want string // the first line of stderr
+	}{
+		{[]string{"-step", "1000000h"}, "redlimit: simulate: -step 1000000h0m0s must be at most 876000h0m0s"},
+		{[]string{"-duration", "2000000h", "-period", "876000h", "-offered", "1e-12", "-step", "1h"}, "redlimit: simulate: -duration 2000000h0m0s must be at most 876000h0m0s"},
+		{[]string{"-duration", "2562047h", "-offered", "1e-12"}, "redlimit: simulate: -duration 2562047h0m0s must be at most 876000h0m0s"},
+		{[]string{"-duration", "876000h", "-offered", "1e-12", "-step", "1ms"}, "redlimit: simulate: -step 1ms makes 3153600001002 chart points; use a longer step"},
+	}
+	for i, tt := range tests {
+		out := filepath.Join(dir, "c"+strconv.Itoa(i)+".png")
+		args := append([]string{"simulate", "-out", out}, tt.args...)
+		code, stdout, stderr := runBounded(t, 10*time.Second, args...)
+		first, _, _ := strings.Cut(stderr, "\n")
+		assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", tt.args, code, stderr)
+		assert.Equal(t, tt.want, first, "%q: stderr %q", tt.args, stderr)
+		assert.Empty(t, stdout, "%q: stdout", tt.args)
+		assert.NoFileExists(t, out, "%q: chart written", tt.args)
+	}
+
+	// At the bounds: one step of 100 years, and bursts and on-off cycles
+	// of a period of 100 years, whose next start is past what a Duration
+	// holds.
+	for i, args := range [][]string{
+		{"-step", "876000h", "-duration", "1s"},
+		{"-pattern", "bursty", "-rate", "1", "-period", "876000h", "-duration", "876000h", "-step", "876000h"},
+		{"-pattern", "onoff", "-rate", "1", "-period", "876000h", "-duration", "876000h", "-step", "876000h"},
+	} {
+		out := filepath.Join(dir, "ok"+strconv.Itoa(i)+".svg")
+		code, stdout, stderr := runBounded(t, 20*time.Second, append([]string{"simulate", "-out", out}, args...)...)
+		require.Zero(t, code, "%q: exit %d, stderr %q", args, code, stderr)
+		assert.Contains(t, stdout, "chart written to "+out, "%q: stdout %q", args, stdout)
+		assert.FileExists(t, out, "%q: no chart", args)
+	}
+}
+
+// TestSimulateLeakyBucketChart checks that a leaky bucket's delays, which
+// let requests out long after the traffic, cannot make a chart of more
+// than maxBuckets points: a queue of 200 at 1/s lets the last of 200
+// requests out at 199s, 199,001 steps of 1ms. simulation's bound
+// (2s + 1s in steps of 1ms) let it through, and the chart had a million
+// points per line for a queue of 100000. It is refused before the table,
+// with a step that fits.
+func TestSimulateLeakyBucketChart(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "c.png")
+	code, stdout, stderr := runBounded(t, 60*time.Second, "simulate", "-rate", "1", "-burst", "200", "-period", "1s",
+		"-duration", "2s", "-offered", "100", "-step", "1ms", "-out", out)
+	first, _, _ := strings.Cut(stderr, "\n")
+	assert.Equal(t, 2, code, "exit %d, want 2; stderr %q", code, stderr)
+	const want = "redlimit: simulate: leaky-bucket lets its last request out at 3m19s, after the delay of its queue: with -step 1ms the chart needs 199001 points per line, more than 100000; use a -step of at least 2ms"
+	assert.Equal(t, want, first, "stderr %q", stderr)
+	assert.Empty(t, stdout, "the table is printed only for a run whose chart can be drawn")
+	assert.NoFileExists(t, out, "chart written")
+
+	// The step it suggests is enough (checked without drawing its 100,000
+	// points, which takes a minute with the race detector).
+	limit := redlimit.Limit{Rate: 1, Period: time.Second, Burst: 200}
+	sim := &simulation{limit: limit, pattern: "steady", arrivals: steady(100, time.Second, 2*time.Second), duration: 2 * time.Second, step: time.Millisecond}
+	outs, err := runSimulation(context.Background(), sim)
+	require.NoError(t, err)
+	require.Equal(t, int64(199_001), chartSteps(sim, outs))
+	err = chartTooLong(sim, outs, chartSteps(sim, outs))
+	require.ErrorContains(t, err, "use a -step of at least 2ms")
+	sim.step = 2 * time.Millisecond
+	got := chartSteps(sim, outs)
+	assert.LessOrEqual(t, got, int64(maxBuckets), "with the suggested -step 2ms: %d chart points", got)
 }
