@@ -506,16 +506,7 @@ func TestClientClockRecovers(t *testing.T) {
 	require.True(t, res.Degraded, "during the outage: %+v", res)
 
 	require.NoError(t, m.Restart())
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		res, err := lim.Allow(ctx, "k")
-		require.NoError(t, err)
-		if !res.Degraded {
-			break
-		}
-		require.False(t, time.Now().After(deadline), "still degraded 3s after Redis came back; transitions %+v", tr.list())
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitBack(t, lim, 3*time.Second)
 	got := tr.list()
 	require.Len(t, got, 2, "transitions = %+v, want down and back", got)
 	require.False(t, got[1].Down, "transitions = %+v, want down and back", got)

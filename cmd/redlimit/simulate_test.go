@@ -335,6 +335,20 @@ func runBounded(t *testing.T, d time.Duration, args ...string) (code int, stdout
 	}
 }
 
+// refused runs simulate with args, within d, and checks
+// that it is refused as a usage error whose first line is want, with
+// nothing on standard output and no chart written.
+func refused(t *testing.T, d time.Duration, args []string, want string) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "chart.png")
+	code, stdout, stderr := runBounded(t, d, append([]string{"simulate", "-out", out}, args...)...)
+	first, _, _ := strings.Cut(stderr, "\n")
+	assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", args, code, stderr)
+	assert.Equal(t, want, first, "%q: stderr %q", args, stderr)
+	assert.Empty(t, stdout, "%q: stdout", args)
+	assert.NoFileExists(t, out, "%q: chart written", args)
+}
+
 // TestSimulateChecksLimitFirst checks that simulate refuses a bad limit
 // before it builds any traffic: the patterns step by the period, so a
 // period of 0 never ended (bursty, onoff), a negative one spun for
@@ -360,15 +374,8 @@ func TestSimulateChecksLimitFirst(t *testing.T) {
 		{[]string{"-rate", "2000000", "-offered", "1"}, "redlimit: simulate: sliding-log: limit 2000000/1s: Rate must be at most 100000: invalid limit"},
 		{[]string{"-pattern", "ramp", "-burst", "-1"}, "redlimit: simulate: fixed-window: limit 10/1s burst -1: Burst must not be negative: invalid limit"},
 	}
-	for i, tt := range tests {
-		out := filepath.Join(dir, "c"+strconv.Itoa(i)+".png")
-		args := append([]string{"simulate", "-out", out}, tt.args...)
-		code, stdout, stderr := runBounded(t, 5*time.Second, args...)
-		first, _, _ := strings.Cut(stderr, "\n")
-		assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", tt.args, code, stderr)
-		assert.Equal(t, tt.want, first, "%q: stderr %q", tt.args, stderr)
-		assert.Empty(t, stdout, "%q: stdout", tt.args)
-		assert.NoFileExists(t, out, "%q: chart written", tt.args)
+	for _, tt := range tests {
+		refused(t, 5*time.Second, tt.args, tt.want)
 	}
 }
 
@@ -390,15 +397,8 @@ func TestSimulateHugeDurations(t *testing.T) {
 		{[]string{"-duration", "2562047h", "-offered", "1e-12"}, "redlimit: simulate: -duration 2562047h0m0s must be at most 876000h0m0s"},
 		{[]string{"-duration", "876000h", "-offered", "1e-12", "-step", "1ms"}, "redlimit: simulate: -step 1ms makes 3153600001002 chart points; use a longer step"},
 	}
-	for i, tt := range tests {
-		out := filepath.Join(dir, "c"+strconv.Itoa(i)+".png")
-		args := append([]string{"simulate", "-out", out}, tt.args...)
-		code, stdout, stderr := runBounded(t, 10*time.Second, args...)
-		first, _, _ := strings.Cut(stderr, "\n")
-		assert.Equal(t, 2, code, "%q: exit %d, want 2; stderr %q", tt.args, code, stderr)
-		assert.Equal(t, tt.want, first, "%q: stderr %q", tt.args, stderr)
-		assert.Empty(t, stdout, "%q: stdout", tt.args)
-		assert.NoFileExists(t, out, "%q: chart written", tt.args)
+	for _, tt := range tests {
+		refused(t, 10*time.Second, tt.args, tt.want)
 	}
 
 	// At the bounds: one step of 100 years, and bursts and on-off cycles
