@@ -27,8 +27,12 @@ import (
 // [ClockResyncInterval] (the clocks drift apart), after Redis comes back
 // from an outage, and when its wall and monotonic clocks disagree (the
 // clock was set, or the machine slept). Calls that need a reading share
-// the one under way, each waiting no longer than its context allows. Time
-// sent by one limiter never goes backwards.
+// the one under way, each waiting no longer than its context allows; a
+// reading that is only due is waited for by the one call that takes it.
+// If TIME keeps failing, the last reading serves for twice
+// ClockResyncInterval; after that, calls fail with TIME's error (an
+// outage's goes to the fallback) until a reading succeeds. Time sent by
+// one limiter never goes backwards.
 //
 // Accuracy: with the server's clock (the default), every decision uses the
 // one clock, exact to the µs. With WithClientClock, each instance sends
@@ -57,9 +61,11 @@ const ClockResyncInterval = 10 * time.Second
 const clockStepTolerance = 100 * time.Millisecond
 
 // clockMeasureTimeout bounds one measurement (two TIME round trips),
-// beyond the client's own timeouts. The measurement does not end with the
-// context of the call that started it, as other calls may be waiting for
-// it; it keeps that context's values.
+// beyond the client's own timeouts, through the context it passes (which
+// go-redis honours with ContextTimeoutEnabled; else the client's dial and
+// read timeouts bound it). The measurement does not end with the context
+// of the call that started it, as other calls may be waiting for it; it
+// keeps that context's values, and ends with the limiter's Close.
 const clockMeasureTimeout = time.Second
 
 // withClock sets the clock a client-clock limiter reads (tests).
@@ -78,6 +84,13 @@ type clientClock struct {
 
 	mu     sync.Mutex
 	flight *measurement // the measurement under way, if any; guarded by mu
+	closed bool         // guarded by mu: no measurement starts
+
+	// The measurements' goroutines: closing ends and waits for them (the
+	// limiter's Close).
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // clockBase is one measurement: the server's time at a reading of the
@@ -100,7 +113,18 @@ type measurement struct {
 }
 
 func newClientClock(rdb redis.UniversalClient, now func() time.Time) *clientClock {
-	return &clientClock{rdb: rdb, now: now}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &clientClock{rdb: rdb, now: now, ctx: ctx, cancel: cancel}
+}
+
+// close ends the measurement under way, if any, and waits for it; later
+// calls that need one get ErrClosed.
+func (c *clientClock) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
 }
 
 // stale makes the next call measure the offset again (after an outage: the
@@ -130,7 +154,10 @@ func (c *clientClock) nowMicros(ctx context.Context) (int64, error) {
 				return c.send(b, elapsed), nil
 			}
 		}
-		m, started := c.join(ctx, b)
+		m, started, err := c.join(ctx, b)
+		if err != nil {
+			return 0, err
+		}
 		if m == nil {
 			continue // measured meanwhile
 		}
@@ -164,6 +191,9 @@ func (b *clockBase) since(now time.Time) (time.Duration, bool) {
 	if (wall - elapsed).Abs() > clockStepTolerance {
 		return elapsed, false
 	}
+	if b.at != b.at.Round(0) {
+		return elapsed, true // monotonic: it cannot go back
+	}
 	seen := time.Duration(b.seen.Load())
 	if elapsed > seen {
 		b.seen.Store(int64(elapsed))
@@ -187,21 +217,32 @@ func (c *clientClock) send(b *clockBase, elapsed time.Duration) int64 {
 }
 
 // join returns the measurement under way, starting one if none is (then
-// started is true); or nil if the base is no longer b: a measurement
-// ended since the caller read it.
-func (c *clientClock) join(ctx context.Context, b *clockBase) (m *measurement, started bool) {
+// started is true); or nil if the base is no longer b (a measurement ended
+// since the caller read it); and ErrClosed once the clock is closed. The measurement keeps the values of the
+// caller's ctx, not its end: other calls may wait for it.
+func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.flight != nil {
-		return c.flight, false
+		return c.flight, false, nil
+	}
+	if c.closed {
+		return nil, false, fmt.Errorf("redlimit: client clock: %w", ErrClosed)
 	}
 	if c.base.Load() != b {
-		return nil, false
+		return nil, false, nil
 	}
-	m = &measurement{done: make(chan struct{})}
+	m := &measurement{done: make(chan struct{})}
 	c.flight = m
-	go c.measure(context.WithoutCancel(ctx), m)
-	return m, true
+	mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer context.AfterFunc(c.ctx, stop)()
+		defer stop()
+		c.measure(mctx, m)
+	}()
+	return m, true, nil
 }
 
 // measure makes the measurement m, sets the base if it succeeds, and

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // timeAnswer answers TIME with answer's time or error, without a server;
@@ -160,17 +161,16 @@ func TestClientClockWaitShared(t *testing.T) {
 	var times atomic.Int32
 	gate := make(chan struct{}) // TIME hangs until it is closed, then fails
 	release := sync.OnceFunc(func() { close(gate) })
-	t.Cleanup(release)
-	rdb := timeClient(t, func(ctx context.Context) (time.Time, error) {
+	// (TIME does not end with the measurement's timeout, which a loaded
+	// machine could reach before release.)
+	rdb := timeClient(t, func(context.Context) (time.Time, error) {
 		times.Add(1)
-		select {
-		case <-gate:
-			return time.Time{}, errTime
-		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
-		}
+		<-gate
+		return time.Time{}, errTime
 	})
 	c := newClientClock(rdb, simAt(t0).now)
+	t.Cleanup(c.close)
+	t.Cleanup(release) // first: the measurement ends, then close
 
 	waiting := make(chan struct{}, 10)
 	awaited := 0 // calls seen waiting
@@ -226,4 +226,29 @@ type waitingCtx struct {
 func (c *waitingCtx) Done() <-chan struct{} {
 	c.once.Do(func() { c.waiting <- struct{}{} })
 	return c.Context.Done()
+}
+
+// Close ends a measurement under way, whose call has gone (its deadline
+// passed) while TIME hangs: no goroutine outlives the limiter. (The
+// measurement ran on for its own timeout, or longer without
+// ContextTimeoutEnabled.)
+func TestClientClockCloseEndsMeasurement(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	rdb := timeClient(t, func(ctx context.Context) (time.Time, error) {
+		<-ctx.Done()
+		return time.Time{}, ctx.Err()
+	})
+	lim, err := NewTokenBucket(rdb, PerSecond(10), WithClientClock())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	_, err = lim.Allow(ctx, "k")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, lim.Close())
+	// (The client, closed at the test's end, keeps its own.)
+	require.NoError(t, goleak.Find(before,
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/maintnotifications.(*CircuitBreakerManager).cleanupLoop")),
+		"a goroutine outlived Close")
+	_, err = lim.engine.clock.nowMicros(t.Context())
+	require.ErrorIs(t, err, ErrClosed, "a measurement after Close")
 }

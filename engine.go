@@ -421,6 +421,9 @@ func (e *engine) close() error {
 			e.leases.close() // gives back what the leases did not serve
 		}
 		e.rescue.close()
+		if e.clock != nil {
+			e.clock.close() // after the leases, whose give-back may read it
+		}
 	}
 	return nil
 }
