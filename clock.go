@@ -218,8 +218,9 @@ func (c *clientClock) send(b *clockBase, elapsed time.Duration) int64 {
 
 // join returns the measurement under way, starting one if none is (then
 // started is true); or nil if the base is no longer b (a measurement ended
-// since the caller read it); and ErrClosed once the clock is closed. The measurement keeps the values of the
-// caller's ctx, not its end: other calls may wait for it.
+// since the caller read it); and ErrClosed once the clock is closed. The
+// measurement keeps the values of the caller's ctx, not its end (other
+// calls may wait for it), and ends after clockMeasureTimeout or at close.
 func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -234,11 +235,10 @@ func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, boo
 	}
 	m := &measurement{done: make(chan struct{})}
 	c.flight = m
-	mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	mctx, stop := detach(ctx, c.ctx, clockMeasureTimeout)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer context.AfterFunc(c.ctx, stop)()
 		defer stop()
 		c.measure(mctx, m)
 	}()
@@ -248,8 +248,6 @@ func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, boo
 // measure makes the measurement m, sets the base if it succeeds, and
 // hands m to its waiters.
 func (c *clientClock) measure(ctx context.Context, m *measurement) {
-	ctx, cancel := context.WithTimeout(ctx, clockMeasureTimeout)
-	defer cancel()
 	m.base, m.err = c.read(ctx)
 	c.mu.Lock()
 	if m.err == nil {

@@ -350,6 +350,19 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 // ended past the deadline).
 const waitMargin = time.Millisecond
 
+// detach returns a context with ctx's values but not its end, which ends
+// after timeout or when life does: work that others wait for, or that
+// must land, goes on when the call that started it returns, and stops at
+// the limiter's Close (a lease being taken, a client-clock measurement).
+func detach(ctx, life context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	stop := context.AfterFunc(life, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
 // sleep waits for d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {

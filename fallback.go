@@ -103,22 +103,19 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 	fresh := r.newLocal(rs).lims
 	for i := range fresh {
 		nl := &fresh[i]
-		for j := range set.lims {
-			ol := &set.lims[j]
-			if ol.state != nl.state {
-				continue
-			}
-			var used float64 // events in use: taken from a bucket, or queued
-			if ol.queue {
-				used = ol.ahead(now).Seconds() * ol.every
-			} else {
-				used = float64(ol.burst) - ol.lim.TokensAt(now)
-			}
-			nl.lim = rate.NewLimiter(rate.Limit(nl.every), nl.burst)
-			if k := int(math.Ceil(used - 1e-9)); k > 0 {
-				reserveAt(nl.lim, now, k)
-			}
-			break
+		ol := set.standIn(nl.state)
+		if ol == nil {
+			continue
+		}
+		var used float64 // events in use: taken from a bucket, or queued
+		if ol.queue {
+			used = ol.ahead(now).Seconds() * ol.every
+		} else {
+			used = float64(ol.burst) - ol.lim.TokensAt(now)
+		}
+		nl.lim = rate.NewLimiter(rate.Limit(nl.every), nl.burst)
+		if k := int(math.Ceil(used - 1e-9)); k > 0 {
+			reserveAt(nl.lim, now, k)
 		}
 	}
 	set.sig, set.lims = rs.sig, fresh

@@ -444,9 +444,8 @@ func (l *leases) fetch(callCtx context.Context, en *leaseEntry, f *leaseFetch, k
 	if deadline, ok := callCtx.Deadline(); ok {
 		budget = max(budget, time.Until(deadline))
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(callCtx), budget)
+	ctx, cancel := detach(callCtx, l.closing, budget) // Close ends it
 	defer cancel()
-	defer context.AfterFunc(l.closing, cancel)() // Close ends it
 	res, why, ls, err := l.take(ctx, key, state, k, rs, now)
 
 	en.mu.Lock()
