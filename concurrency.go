@@ -351,6 +351,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 	if err != nil {
 		return Result{}, 0, err
 	}
+	c.e.evict.poke()
 	if len(reply) != 4 {
 		return Result{}, 0, fmt.Errorf("redlimit: concurrency: script replied %d values, want 4", len(reply))
 	}

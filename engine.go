@@ -161,6 +161,7 @@ type engine struct {
 	clock  *clientClock  // nil: the server's TIME
 
 	rescue *rescue
+	evict  *evictWatch // WithEvictionCheck (evict.go)
 	denies *denyCache
 	leases *leases    // WithLease; nil when off
 	limits limitCache // WithLimitFunc's limits, validated
@@ -206,6 +207,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 		e.clock = newClientClock(rdb, cfg.now)
 	}
 	e.rescue = newRescue(e)
+	e.evict = newEvictWatch(e, cfg.evictEvery)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
 	}
@@ -434,6 +436,7 @@ func (e *engine) close() error {
 			e.leases.close() // gives back what the leases did not serve
 		}
 		e.rescue.close()
+		e.evict.close()
 		if e.clock != nil {
 			e.clock.close() // after the leases, whose give-back may read it
 		}
@@ -521,6 +524,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		}
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
+	e.evict.poke()
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		keep := res.RetryAfter
 		if why == reasonBlock {

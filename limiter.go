@@ -282,8 +282,9 @@ type config struct {
 	limitFunc    func(ctx context.Context, key string) (Limit, error)
 	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
 	reserveTTL   time.Duration
-	lease        leaseConfig // WithLease (lease.go)
-	functions    bool        // WithRedisFunctions (functions.go)
+	lease        leaseConfig   // WithLease (lease.go)
+	functions    bool          // WithRedisFunctions (functions.go)
+	evictEvery   time.Duration // WithEvictionCheck (evict.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -301,6 +302,7 @@ func defaultConfig() config {
 		now:          time.Now,
 		reserveTTL:   time.Hour,
 		functions:    functionsByDefault,
+		evictEvery:   defaultEvictEvery,
 	}
 }
 
@@ -327,6 +329,8 @@ func (c *config) validate() error {
 		return bad("block %v must be at most %v", c.block, MaxPeriod)
 	case c.denyCache < 0:
 		return bad("deny cache size %d must not be negative", c.denyCache)
+	case c.evictEvery < 0:
+		return bad("eviction check interval %v must not be negative", c.evictEvery)
 	case c.now == nil:
 		return bad("nil clock")
 	case c.reserveTTL < time.Second || c.reserveTTL > MaxPeriod:

@@ -106,6 +106,11 @@ type Transition struct {
 	Down   bool          // true: the node marked unavailable; false: back on Redis
 	Err    error         // Down: the error that marked it unavailable
 	Outage time.Duration // back on Redis: how long it was marked unavailable
+	// Evicted, when above 0, makes this a notice, not a switch: the node
+	// (its address, even for a *redis.Client) evicted that many keys
+	// between two samples (see [WithEvictionCheck]); Down is false and
+	// Err wraps ErrEvictionPolicy.
+	Evicted int64
 }
 
 // WithFallback sets what the limiter answers while Redis is unavailable.

@@ -1,0 +1,135 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrEvictionPolicy reports a Redis server that may evict limiter keys: it
+// has a memory limit (maxmemory) and a maxmemory-policy other than
+// noeviction. An evicted key comes back with a full allowance, so such a
+// server admits more than the limits once it is full. See [CheckRedis] and
+// the README's section on Redis memory.
+var ErrEvictionPolicy = errors.New("redlimit: Redis may evict limiter keys")
+
+// CheckRedis reads maxmemory and maxmemory-policy (CONFIG GET) on every
+// master behind rdb (each master of a *redis.ClusterClient, each live
+// shard of a *redis.Ring, the server of a *redis.Client or a failover
+// client) and returns an error wrapping [ErrEvictionPolicy], naming the
+// server and its policy, for each one that may evict limiter keys: one
+// with maxmemory above 0 and a policy other than noeviction. maxmemory 0
+// means no limit on a 64-bit server, which is safe. Replicas are not read:
+// they take their keys, and their deletions, from their master.
+//
+// A server that refuses CONFIG GET (managed services rename or deny it:
+// an unknown-command or NOPERM reply) is skipped, so nil means that no
+// server that answered may evict, not that every one was read. Any other
+// failure (a server that cannot be reached) is returned wrapped. When
+// several servers fail, the errors are joined, in the order of their
+// addresses.
+//
+// A service calls it at start-up and decides what to do; limiters do not
+// call it. A limiter notices evictions as they happen (see
+// [WithEvictionCheck]).
+func CheckRedis(ctx context.Context, rdb redis.UniversalClient) error {
+	if isNilClient(rdb) {
+		return fmt.Errorf("redlimit: check redis: nil Redis client: %w", ErrInvalidArgument)
+	}
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	err := forEachMaster(ctx, rdb, func(ctx context.Context, c redis.Cmdable, addr string) {
+		if err := checkServer(ctx, c, addr); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("redlimit: check redis: %w", err))
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errors.Join(errs...)
+}
+
+// checkServer is CheckRedis for one server, c at addr.
+func checkServer(ctx context.Context, c redis.Cmdable, addr string) error {
+	name := addr
+	if name == "" {
+		name = "(the client's server)"
+	}
+	cfg, err := c.ConfigGet(ctx, "maxmemory*").Result()
+	switch {
+	case refusedCommand(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("redlimit: check redis %s: %w", name, err)
+	}
+	limit, policy := cfg["maxmemory"], cfg["maxmemory-policy"]
+	if limit == "" || policy == "" {
+		return nil // a server that does not have these settings
+	}
+	bytes, err := strconv.ParseInt(limit, 10, 64)
+	if err != nil {
+		return fmt.Errorf("redlimit: check redis %s: maxmemory %q is not a number", name, limit)
+	}
+	if !evicts(bytes, policy) {
+		return nil
+	}
+	return fmt.Errorf("redlimit: Redis %s has maxmemory %d and maxmemory-policy %s: once full it deletes keys, limiter keys among them, which come back with a full allowance (use noeviction, or a Redis of its own for limits): %w",
+		name, bytes, policy, ErrEvictionPolicy)
+}
+
+// evicts tells whether a server with maxmemory bytes and policy may evict
+// keys: 0 is no limit (on a 64-bit server).
+func evicts(bytes int64, policy string) bool {
+	return bytes > 0 && policy != "noeviction"
+}
+
+// refusedCommand tells whether err is a server refusing a command
+// outright: one it does not know (renamed or disabled) or that the user
+// may not run.
+func refusedCommand(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(msg, "unknown command") ||
+		strings.Contains(msg, "unknown subcommand")
+}
+
+// forEachMaster calls f for every master behind rdb, with its address:
+// concurrently for each master of a cluster and each live shard of a
+// ring; once for a *redis.Client with its Addr; once with rdb and "" for
+// any other client. It returns an error when the masters cannot be listed.
+func forEachMaster(ctx context.Context, rdb redis.UniversalClient, f func(ctx context.Context, c redis.Cmdable, addr string)) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			f(ctx, m, m.Options().Addr)
+			return nil
+		})
+	case *redis.Ring:
+		return c.ForEachShard(ctx, func(ctx context.Context, s *redis.Client) error {
+			f(ctx, s, s.Options().Addr)
+			return nil
+		})
+	case *redis.Client:
+		f(ctx, c, c.Options().Addr)
+		return nil
+	}
+	f(ctx, rdb, "")
+	return nil
+}
