@@ -11,6 +11,7 @@
 //	bench      measure decisions per second and latency of each strategy
 //	inspect    show the decision and the Redis keys of one limited key
 //	reset      forget the state of one limited key
+//	check      tell whether a Redis may evict limiter keys
 //
 // Run "redlimit help <command>" for the flags of a command. Errors are
 // printed on standard error as one line starting with "redlimit: ". The exit
@@ -74,7 +75,7 @@ func usagef(cmd, format string, args ...any) error {
 }
 
 // commands lists the subcommands in the order "redlimit help" shows them.
-var commands = []*command{simulateCmd, benchCmd, inspectCmd, resetCmd}
+var commands = []*command{simulateCmd, benchCmd, inspectCmd, resetCmd, checkCmd}
 
 func lookup(name string) *command {
 	for _, c := range commands {
