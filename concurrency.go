@@ -61,18 +61,23 @@ const (
 // process with Result.Degraded set, and a monitor brings them back to
 // Redis as for the rate limiters. FallbackLocal is a semaphore per key in
 // this process, of capacity floor(max × share) but at least 1 (see
-// [WithFallbackShare]): with N instances and a share of 1/N the fleet holds
-// at most max leases of a key when max ≥ N, and N when max < N. Its leases
-// expire after ttl like those in Redis; they are released in process, and
-// are not copied to Redis: when Redis is back, new leases are counted in
-// Redis only, so a key can briefly have up to max in Redis plus those
-// still held in process. A lease taken on Redis and released while Redis
-// is unavailable cannot be removed from Redis then (Release returns nil, or
-// an error wrapping ErrUnavailable under FallbackError): the release is
-// made again every ping interval once Redis is back, so its slot comes
-// back then, or when its ttl ends if that is sooner (up to 10,000 such
-// releases pending, until Close); it cannot be extended (Extend returns an
-// error wrapping ErrUnavailable).
+// [WithFallbackShare]), whose slots the Redis leases this instance still
+// holds on the key take too, until released or expired by their ttl
+// (counted from the reply that granted or extended them): with N instances
+// and a share of 1/N the fleet holds at most max leases of a key when
+// max ≥ N and no instance held more than its share of them when Redis
+// failed (in general, the sum over instances of the larger of its share
+// and the Redis leases it held), and N when max < N. Its leases expire
+// after ttl like those in Redis; they are released in process, and are not
+// copied to Redis: when Redis is back, new leases are counted in Redis
+// only, so a key can briefly have up to max in Redis plus those still held
+// in process. A lease taken on Redis and released while Redis is
+// unavailable cannot be removed from Redis then (Release returns nil, or an
+// error wrapping ErrUnavailable under FallbackError): the release is made
+// again every ping interval once Redis is back, so its slot comes back
+// then, or when its ttl ends if that is sooner (up to 10,000 such releases
+// pending, until Close); it cannot be extended (Extend returns an error
+// wrapping ErrUnavailable).
 //
 // The options that apply are WithPrefix, WithFallback, WithPingInterval,
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
@@ -91,6 +96,7 @@ type Concurrency struct {
 
 	local    *lru[*localSem] // FallbackLocal's semaphores, by state key
 	localCap int             // their capacity: floor(max × share), at least 1
+	held     *heldLeases     // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -185,7 +191,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		e.close()
 		return bad("%s does not apply to a concurrency limit", refused)
 	}
-	return &Concurrency{
+	c := &Concurrency{
 		e:        e,
 		limit:    limit,
 		maxArg:   int64(max),
@@ -196,7 +202,11 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
-	}, nil
+	}
+	if e.cfg.fallback == FallbackLocal {
+		c.held = newHeldLeases(e.cfg.now, ttl)
+	}
+	return c, nil
 }
 
 // fallbackCapacity is an instance's share of max for the in-process
@@ -270,7 +280,9 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	if code != leaseDone {
 		return nil, res, nil
 	}
-	return &Lease{c: c, key: key, state: state, id: id}, res, nil
+	l := &Lease{c: c, key: key, state: state, id: id}
+	c.held.add(l)
+	return l, res, nil
 }
 
 // undo removes the lease id that an acquire whose ctx ended may have
@@ -390,14 +402,15 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	}
 	// A semaphore that holds leases is never dropped for another key's:
 	// its key would start again with every slot free. With every one
-	// held, a new key is denied until one empties.
-	now := time.Now()
+	// held, a new key is denied until one empties. The Redis leases this
+	// instance holds on the key take slots too (heldLeases).
+	now := cfg.now()
 	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
 		return nil, denied, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period)
+	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now))
 	res.Limit, res.Degraded = c.limit, true
 	if !res.Allowed {
 		return nil, res, nil
@@ -471,6 +484,11 @@ type Lease struct {
 	local uint64    // its id in sem
 	free  bool      // FallbackAllow: a lease that holds nothing
 	done  atomic.Bool
+
+	// In c.held, under its lock: the lease's expiry on this process's
+	// clock and its place; nil once released or expired.
+	exp  time.Time
+	elem *list.Element
 }
 
 // Release gives the slot back. It is idempotent: only the first call does
@@ -506,7 +524,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case l.free:
 		return nil
-	case c.e.rescue.isDown(l.state):
+	}
+	c.held.remove(l)
+	if c.e.rescue.isDown(l.state) {
 		return c.lostRelease(l)
 	}
 	if ctx.Err() != nil {
@@ -628,7 +648,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	switch {
 	case l.sem != nil:
-		if !l.sem.extend(l.local, time.Now(), c.limit.Period) {
+		if !l.sem.extend(l.local, c.e.cfg.now(), c.limit.Period) {
 			l.done.Store(true)
 			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
 		}
@@ -650,8 +670,10 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	if code == leaseMissing {
 		l.done.Store(true)
+		c.held.remove(l)
 		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
 	}
+	c.held.extend(l)
 	return nil
 }
 
@@ -688,19 +710,29 @@ func (s *localSem) pruneLocked(now time.Time) {
 	}
 }
 
-// acquire takes a lease of ttl if one is free, and returns its id.
-func (s *localSem) acquire(now time.Time, ttl time.Duration) (uint64, Result) {
+// acquire takes a lease of ttl if one is free, and returns its id. The
+// Redis leases of held take slots too.
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount) (uint64, Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
-	if s.order.Len() >= s.cap {
-		first := s.order.Front().Value.(*localLease)
-		last := s.order.Back().Value.(*localLease)
-		return 0, Result{RetryAfter: first.exp.Sub(now), ResetAfter: last.exp.Sub(now)}
+	if s.order.Len()+held.n >= s.cap {
+		first, last := held.first, held.last
+		if f := s.order.Front(); f != nil {
+			exp := f.Value.(*localLease).exp
+			if held.n == 0 || exp.Before(first) {
+				first = exp
+			}
+			exp = s.order.Back().Value.(*localLease).exp
+			if held.n == 0 || exp.After(last) {
+				last = exp
+			}
+		}
+		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now)}
 	}
 	s.next++
 	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
-	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len(), ResetAfter: ttl}
+	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len() - held.n, ResetAfter: ttl}
 }
 
 // busy reports whether a lease is live at now.
@@ -732,4 +764,134 @@ func (s *localSem) extend(id uint64, now time.Time, ttl time.Duration) bool {
 	e.Value.(*localLease).exp = now.Add(ttl)
 	s.order.MoveToBack(e)
 	return true
+}
+
+// heldLeases is, for FallbackLocal, the Redis leases this Concurrency holds
+// that are live by their ttl on this process's clock, by state key: while
+// Redis is unavailable they take slots of the key's in-process semaphore,
+// so that an instance at its share before the outage takes no more then.
+// The expiry of a lease is counted from the reply that granted or extended
+// it, so a little later than in Redis. Expired leases are pruned when
+// their key is used, and every key's when the map has grown to twice its
+// size after the last sweep; so it holds about the live leases only.
+type heldLeases struct {
+	now func() time.Time
+	ttl time.Duration
+
+	mu      sync.Mutex
+	byState map[string]*list.List // *Lease, earliest expiry first
+	sweepAt int                   // len(byState) at which every key is pruned
+}
+
+// heldCount is the live Redis leases of one key: how many, and the
+// earliest and latest expiry when n > 0.
+type heldCount struct {
+	n           int
+	first, last time.Time
+}
+
+// minHeldSweep is the fewest keys heldLeases keeps before it sweeps.
+const minHeldSweep = 64
+
+func newHeldLeases(now func() time.Time, ttl time.Duration) *heldLeases {
+	return &heldLeases{now: now, ttl: ttl, byState: make(map[string]*list.List), sweepAt: minHeldSweep}
+}
+
+// add counts l, a lease Redis has just granted, from now. h may be nil.
+func (h *heldLeases) add(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	h.pushLocked(l, now)
+	if len(h.byState) >= h.sweepAt {
+		for state, ls := range h.byState {
+			if pruneHeld(ls, now) == 0 {
+				delete(h.byState, state)
+			}
+		}
+		h.sweepAt = max(2*len(h.byState), minHeldSweep)
+	}
+}
+
+func (h *heldLeases) pushLocked(l *Lease, now time.Time) {
+	ls := h.byState[l.state]
+	if ls == nil {
+		ls = list.New()
+		h.byState[l.state] = ls
+	}
+	l.exp = now.Add(h.ttl)
+	l.elem = ls.PushBack(l)
+	pruneHeld(ls, now)
+}
+
+// extend counts l, which Redis has just extended, from now again.
+func (h *heldLeases) extend(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if l.done.Load() {
+		return // released meanwhile
+	}
+	h.removeLocked(l)
+	h.pushLocked(l, h.now())
+}
+
+// remove stops counting l: released, or expired in Redis.
+func (h *heldLeases) remove(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.removeLocked(l)
+}
+
+func (h *heldLeases) removeLocked(l *Lease) {
+	if l.elem == nil {
+		return
+	}
+	ls := h.byState[l.state]
+	ls.Remove(l.elem)
+	l.elem = nil
+	if ls.Len() == 0 {
+		delete(h.byState, l.state)
+	}
+}
+
+// at returns the live Redis leases of state at now. h may be nil.
+func (h *heldLeases) at(state string, now time.Time) heldCount {
+	if h == nil {
+		return heldCount{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ls := h.byState[state]
+	if ls == nil {
+		return heldCount{}
+	}
+	if pruneHeld(ls, now) == 0 {
+		delete(h.byState, state)
+		return heldCount{}
+	}
+	return heldCount{n: ls.Len(), first: ls.Front().Value.(*Lease).exp, last: ls.Back().Value.(*Lease).exp}
+}
+
+// pruneHeld drops the leases of ls that expired by now, and returns how
+// many are left. Every lease lives ttl from its latest add or extend, so
+// the expired ones are at the front.
+func pruneHeld(ls *list.List, now time.Time) int {
+	for e := ls.Front(); e != nil; e = ls.Front() {
+		l := e.Value.(*Lease)
+		if now.Before(l.exp) {
+			break
+		}
+		ls.Remove(e)
+		l.elem = nil
+	}
+	return ls.Len()
 }
