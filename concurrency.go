@@ -105,17 +105,19 @@ type Concurrency struct {
 	done    chan struct{} // closed by Close
 	once    sync.Once
 
-	// Releases of Redis leases that Redis did not take (see lostRelease),
-	// made again by retryReleases once it is back.
+	// Releases of Redis leases that did not complete (see queueRelease),
+	// made again by retryReleases.
 	relMu      sync.Mutex
 	pending    []pendingRelease
 	relRunning bool
+	relKick    chan struct{} // has retryReleases make a pass at once
 	relWG      sync.WaitGroup
 }
 
-// pendingRelease is a Redis lease released while Redis was unavailable: it
-// is released again once Redis is back, until its ttl would have ended
-// anyway.
+// pendingRelease is the release of a Redis lease that did not complete
+// (Redis unavailable, or the caller's context ended during the call): it
+// is made again until it succeeds, or until the lease's ttl would have
+// ended anyway.
 type pendingRelease struct {
 	key, state, id string
 	until          time.Time
@@ -144,12 +146,9 @@ const (
 	leaseMissing = 4
 )
 
-// releaseTimeout bounds a Release whose ctx was already done; undoTimeout
-// bounds taking back a lease whose acquire's ctx ended during the call.
-const (
-	releaseTimeout = time.Second
-	undoTimeout    = 100 * time.Millisecond
-)
+// releaseTimeout bounds a Release whose ctx was already done, and each
+// try of retryReleases.
+const releaseTimeout = time.Second
 
 // NewConcurrency limits how many leases per key are held at once across
 // every instance. A lease not released or extended within ttl expires, so a
@@ -202,6 +201,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
+		relKick:  make(chan struct{}, 1),
 	}
 	if e.cfg.fallback == FallbackLocal {
 		c.held = newHeldLeases(e.cfg.now, ttl)
@@ -226,10 +226,11 @@ func fallbackCapacity(max int, share float64) int {
 // empty key, Close, ctx done, a script or server error, or Redis down with
 // FallbackError.
 //
-// When ctx ends during the call, the lease the script may have added is
-// removed again (best effort, within 100ms). A lease granted by Redis whose
-// reply is lost otherwise (a timeout or a cut connection after the script
-// ran) holds its slot until its ttl ends.
+// When ctx ends during the call, TryAcquire returns then, and the lease the
+// script may have added is given back in the background, as a release
+// that did not complete (see [Lease.Release]). A lease granted by Redis
+// whose reply is lost otherwise (a timeout or a cut connection after the
+// script ran) holds its slot until its ttl ends.
 func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Result, error) {
 	var start time.Time
 	if c.e.cfg.observer != nil {
@@ -267,9 +268,10 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	res, code, err := c.eval(ctx, opAcquire, state, id)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
-			// The script may have run, its reply come too late: take the
-			// lease back rather than leave its slot taken until ttl.
-			c.undo(ctx, state, id)
+			// The script may have run, its reply come too late: give the
+			// lease back in the background rather than leave its slot
+			// taken until ttl, or keep the caller past its deadline.
+			c.queueRelease(key, state, id, true)
 			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, ctxErr)
 		}
 		if !c.e.rescue.outage(ctx, err, state) {
@@ -283,15 +285,6 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	l := &Lease{c: c, key: key, state: state, id: id}
 	c.held.add(l)
 	return l, res, nil
-}
-
-// undo removes the lease id that an acquire whose ctx ended may have
-// added, with a context detached from ctx and bounded by undoTimeout. It is
-// best effort: if it fails too, the lease expires by its ttl.
-func (c *Concurrency) undo(ctx context.Context, state, id string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	c.eval(ctx, opRelease, state, id)
 }
 
 // Acquire takes a lease on key, waiting until one is free or ctx is done
@@ -335,9 +328,9 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 
 // Close stops the fallback monitor, if one runs, and makes later calls
 // return ErrClosed (Acquire returns at once). Leases still held can be
-// released after Close, not extended; releases made while Redis could not
-// be reached and not made again yet are dropped (their slots come back
-// when their ttls end). It does not close the Redis client. It is safe to
+// released after Close, not extended; releases that did not complete and
+// were not made again yet (see [Lease.Release]) are dropped, and the one
+// being made ends: their slots come back when their ttls end. It does not close the Redis client. It is safe to
 // call more than once.
 func (c *Concurrency) Close() error {
 	c.once.Do(func() {
@@ -495,14 +488,16 @@ type Lease struct {
 // anything, and releasing a lease that already expired is harmless (it
 // cannot free another holder's slot). A Release whose ctx is already done
 // (a deferred Release after the request's context was cancelled) still
-// frees the slot, with a context detached from ctx and bounded by 1s.
-// While Redis is unavailable a lease taken on Redis cannot be removed:
-// Release returns nil (an error wrapping ErrUnavailable under
-// FallbackError) and releases it again once Redis is back (see
-// Concurrency), or its slot comes back when its ttl ends. A lease taken in process
-// is released in process. Release works after Close. Releasing a nil
-// Lease does nothing; a Lease that Acquire did not return (a zero Lease)
-// is an error wrapping ErrInvalidArgument.
+// frees the slot, with a context detached from ctx and bounded by 1s. A
+// release of a Redis lease that does not complete is made again in the
+// background, at once and then every ping interval, until it succeeds, its
+// ttl would have ended anyway, or Close (up to 10,000 pending): when ctx
+// ends during the call (the error wraps ctx's error), and while Redis is
+// unavailable (Release returns nil, or an error wrapping ErrUnavailable
+// under FallbackError). A lease taken in process is released in process.
+// Release works after Close. Releasing a nil Lease does nothing; a Lease
+// that Acquire did not return (a zero Lease) is an error wrapping
+// ErrInvalidArgument.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
@@ -539,7 +534,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	case err == nil:
 		return nil
 	case callerDone(ctx) != nil:
-		return fmt.Errorf("redlimit: release %q: %w", l.key, callerDone(ctx))
+		// The command or its reply was lost, or is late: made again, so
+		// that the caller's deadline does not keep the slot until ttl.
+		c.queueRelease(l.key, l.state, l.id, true)
+		return fmt.Errorf("redlimit: release %q (made again in the background): %w", l.key, callerDone(ctx))
 	case c.e.rescue.outage(ctx, err, l.state):
 		return c.lostRelease(l)
 	}
@@ -551,29 +549,46 @@ func (l *Lease) Release(ctx context.Context) error {
 // is made again once Redis is back (retryReleases), so that the slot need
 // not wait for the lease's ttl.
 func (c *Concurrency) lostRelease(l *Lease) error {
-	c.relMu.Lock()
-	select {
-	case <-c.done:
-	default:
-		if len(c.pending) < maxPendingReleases {
-			c.pending = append(c.pending, pendingRelease{key: l.key, state: l.state, id: l.id, until: time.Now().Add(c.limit.Period)})
-			if !c.relRunning {
-				c.relRunning = true
-				c.relWG.Add(1)
-				go c.retryReleases()
-			}
-		}
-	}
-	c.relMu.Unlock()
+	c.queueRelease(l.key, l.state, l.id, false)
 	if c.e.cfg.fallback == FallbackError {
 		return fmt.Errorf("redlimit: release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
 }
 
-// retryReleases makes the pending releases again, every ping interval,
-// those whose node is not marked down, until none is left or Close (which
-// ends the one in flight).
+// queueRelease has retryReleases release the Redis lease id of key: at
+// once if now is set, else at its next pass (the node is down: a try
+// would be skipped). Nothing is queued after Close, nor past
+// maxPendingReleases: the slot comes back when its ttl ends.
+func (c *Concurrency) queueRelease(key, state, id string, now bool) {
+	c.relMu.Lock()
+	defer c.relMu.Unlock()
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	if len(c.pending) >= maxPendingReleases {
+		return
+	}
+	c.pending = append(c.pending, pendingRelease{key: key, state: state, id: id, until: time.Now().Add(c.limit.Period)})
+	if now {
+		select {
+		case c.relKick <- struct{}{}:
+		default:
+		}
+	}
+	if !c.relRunning {
+		c.relRunning = true
+		c.relWG.Add(1)
+		go c.retryReleases()
+	}
+}
+
+// retryReleases makes the pending releases again, when kicked and every
+// ping interval, until none is left or Close (which ends the one in
+// flight). It is the only goroutine that does, so that a Redis that hangs
+// holds one release's timeout at a time, not one per caller.
 func (c *Concurrency) retryReleases() {
 	defer c.relWG.Done()
 	tick := time.NewTicker(c.e.cfg.pingInterval)
@@ -592,29 +607,13 @@ func (c *Concurrency) retryReleases() {
 		case <-c.done:
 			return
 		case <-tick.C:
+		case <-c.relKick:
 		}
 		c.relMu.Lock()
 		batch := c.pending
 		c.pending = nil
 		c.relMu.Unlock()
-		var keep []pendingRelease
-		for _, p := range batch {
-			switch {
-			case closing.Err() != nil: // Close: the slots come back when their ttls end
-			case !time.Now().Before(p.until): // its ttl ended: the slot is back
-			case c.e.rescue.isDown(p.state):
-				keep = append(keep, p)
-			default:
-				ctx, cancel := context.WithTimeout(closing, releaseTimeout)
-				_, _, err := c.eval(ctx, opRelease, p.state, p.id)
-				cancel()
-				if err != nil {
-					keep = append(keep, p)
-				} else {
-					c.wake(p.key)
-				}
-			}
-		}
+		keep := c.releasePass(closing, batch)
 		c.relMu.Lock()
 		c.pending = append(keep, c.pending...)
 		if len(c.pending) == 0 {
@@ -624,6 +623,37 @@ func (c *Concurrency) retryReleases() {
 		}
 		c.relMu.Unlock()
 	}
+}
+
+// releasePass makes the releases of batch, each bounded by releaseTimeout
+// and closing, and returns those to make again: those of a node marked
+// down, those that failed because Redis did not answer, and, after such a
+// failure, the rest (they would wait for the same Redis). A release that
+// Redis refused with an error reply is dropped: made again it would fail
+// again, and its slot comes back when its ttl ends.
+func (c *Concurrency) releasePass(closing context.Context, batch []pendingRelease) []pendingRelease {
+	var keep []pendingRelease
+	stalled := false
+	for _, p := range batch {
+		switch {
+		case closing.Err() != nil: // Close: the slots come back when their ttls end
+		case !time.Now().Before(p.until): // its ttl ended: the slot is back
+		case stalled || c.e.rescue.isDown(p.state):
+			keep = append(keep, p)
+		default:
+			ctx, cancel := context.WithTimeout(closing, releaseTimeout)
+			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+			cancel()
+			switch {
+			case err == nil:
+				c.wake(p.key)
+			case isUnavailable(err):
+				keep = append(keep, p)
+				stalled = true
+			}
+		}
+	}
+	return keep
 }
 
 // Extend renews the lease's ttl from now. A lease that expired (or was

@@ -2,6 +2,8 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +16,9 @@ import (
 )
 
 // Tests of Concurrency under faults (issue 26, items 2, 5 and 6): the
-// fallback counts the leases an instance holds on Redis.
+// fallback counts the leases an instance holds on Redis, a release cut
+// short by its caller's deadline is made again, and an acquire returns at
+// its caller's deadline however long Redis hangs.
 
 // liveLeases returns the members of a Concurrency key in Redis, read
 // through rdb (a client that does not go through the test's fault).
@@ -119,4 +123,107 @@ func TestConcurrencyLimitFallbackHeldExpire(t *testing.T) {
 	l, res = try("k")
 	require.NotNil(t, l, "%+v", res)
 	require.NoError(t, first.Release(ctx))
+}
+
+// A Release whose deadline ends while the path to Redis loses every byte
+// is made again once Redis answers: the slot is free again long before
+// the lease's ttl (1 min).
+func TestConcurrencyLimitReleaseDeadlineBlackholeRedis(t *testing.T) {
+	verifyNoLeak(t)
+	s := realServer(t)
+	p := redistest.NewProxy(t, s.Addr)
+	direct := tunedClient(t, s.Addr)
+	c := newConc(t, tunedClient(t, p.Addr), 1, time.Minute, WithPrefix(prefixFor(t)),
+		WithPingInterval(50*time.Millisecond))
+	l, _ := mustTry(t, c, "k")
+
+	p.Blackhole(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := l.Release(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, int64(1), liveLeases(t, direct, c, "k"), "the release went through the black hole")
+	time.Sleep(300 * time.Millisecond) // the fault lasts; retries in it are lost too
+	p.Blackhole(false)
+	ended := time.Now()
+
+	const bound = 5 * time.Second
+	freed := assert.Eventually(t, func() bool { return liveLeases(t, direct, c, "k") == 0 },
+		bound, 10*time.Millisecond, "the slot is still taken %v after the fault ended (ttl 1 min)", bound)
+	t.Logf("slot free %v after the fault ended", time.Since(ended).Round(time.Millisecond))
+	require.True(t, freed)
+	l, res := mustTry(t, c, "k")
+	require.False(t, res.Degraded)
+	require.NoError(t, l.Release(context.Background()))
+}
+
+// holeOnRelease black-holes its proxy when the client sends the first
+// release of a lease: that release is lost, not late.
+type holeOnRelease struct {
+	passHooks // only ProcessHook does something
+	p         *redistest.Proxy
+	fired     atomic.Bool
+}
+
+func (h *holeOnRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args() // evalsha <sha> 1 <state> <op> <id> …
+		script := cmd.Name() == "evalsha" || cmd.Name() == "eval"
+		if script && len(a) > 4 && fmt.Sprint(a[4]) == fmt.Sprint(opRelease) && h.fired.CompareAndSwap(false, true) {
+			h.p.Blackhole(true)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TryAcquire and Acquire return at their caller's deadline while Redis's
+// replies hang; the lease that TryAcquire's script took in Redis is given
+// back in the background, and when that give-back is lost, it is made
+// again once Redis answers.
+func TestConcurrencyLimitDeadlineHangRedis(t *testing.T) {
+	verifyNoLeak(t)
+	s := realServer(t)
+	p := redistest.NewProxy(t, s.Addr)
+	direct := tunedClient(t, s.Addr)
+	rdb := tunedClient(t, p.Addr)
+	c := newConc(t, rdb, 1, time.Minute, WithPrefix(prefixFor(t)), WithPingInterval(50*time.Millisecond))
+	mustTry(t, c, "warm") // a connection, and the script loaded
+	hole := &holeOnRelease{p: p}
+	rdb.AddHook(hole)
+
+	const deadline, margin = 50 * time.Millisecond, 40 * time.Millisecond // margin: -race, 2 busy cores
+	p.SetDelay(3 * time.Second)                                           // TryAcquire's script runs, its reply is late
+	calls := []struct {
+		name string
+		call func(ctx context.Context) (*Lease, error)
+	}{
+		{"TryAcquire", func(ctx context.Context) (*Lease, error) {
+			l, _, err := c.TryAcquire(ctx, "k")
+			return l, err
+		}},
+		// Its script is late or lost: the black hole may be on by now.
+		{"Acquire", func(ctx context.Context) (*Lease, error) { return c.Acquire(ctx, "k") }},
+	}
+	for _, tc := range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		l, err := tc.call(ctx)
+		took := time.Since(start)
+		cancel()
+		t.Logf("%s returned after %v (deadline %v)", tc.name, took.Round(time.Millisecond), deadline)
+		require.ErrorIs(t, err, context.DeadlineExceeded, tc.name)
+		require.Nil(t, l, tc.name)
+		assert.LessOrEqual(t, took, deadline+margin, "%s overran its deadline", tc.name)
+	}
+	require.Eventually(t, hole.fired.Load, time.Second, time.Millisecond, "no lease was given back")
+	require.Equal(t, int64(1), liveLeases(t, direct, c, "k"), "TryAcquire's lease, its give-back lost")
+
+	p.Restore() // ends the black hole and the delay
+	ended := time.Now()
+	const bound = 5 * time.Second
+	freed := assert.Eventually(t, func() bool { return liveLeases(t, direct, c, "k") == 0 },
+		bound, 10*time.Millisecond, "TryAcquire's lease is still in Redis %v after it answers again (ttl 1 min)", bound)
+	t.Logf("lease given back %v after Redis answers again", time.Since(ended).Round(time.Millisecond))
+	require.True(t, freed)
+	mustTry(t, c, "k")
 }
