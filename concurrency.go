@@ -228,9 +228,9 @@ func fallbackCapacity(max int, share float64) int {
 //
 // When ctx ends during the call, TryAcquire returns then, and the lease the
 // script may have added is given back in the background, as a release
-// that did not complete (see [Lease.Release]). A lease granted by Redis
-// whose reply is lost otherwise (a timeout or a cut connection after the
-// script ran) holds its slot until its ttl ends.
+// that did not complete (see [Lease.Release]); so is one whose reply is
+// lost to a timeout or a cut connection (the call is answered by the
+// fallback).
 func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Result, error) {
 	var start time.Time
 	if c.e.cfg.observer != nil {
@@ -276,6 +276,9 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		}
 		if !c.e.rescue.outage(ctx, err, state) {
 			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+		}
+		if mayHaveRun(err) {
+			c.queueRelease(key, state, id, false) // given back once Redis answers
 		}
 		return c.fallback(key, state)
 	}
@@ -554,6 +557,15 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 		return fmt.Errorf("redlimit: release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
+}
+
+// mayHaveRun reports whether a script call that failed with err, an
+// outage, may have run in Redis: its command was sent, its reply lost. A
+// refused connection or an error reply (LOADING, READONLY…) says it did
+// not.
+func mayHaveRun(err error) bool {
+	var reply redis.Error
+	return !unreachable(err) && !errors.As(err, &reply)
 }
 
 // queueRelease has retryReleases release the Redis lease id of key: at

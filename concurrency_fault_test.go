@@ -3,6 +3,8 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,4 +228,46 @@ func TestConcurrencyLimitDeadlineHangRedis(t *testing.T) {
 	t.Logf("lease given back %v after Redis answers again", time.Since(ended).Round(time.Millisecond))
 	require.True(t, freed)
 	mustTry(t, c, "k")
+}
+
+// failAfterScript makes the next script that ran in Redis fail as if its
+// reply had been lost to a read timeout.
+type failAfterScript struct {
+	passHooks // only ProcessHook does something
+	armed     atomic.Bool
+}
+
+func (h *failAfterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		script := cmd.Name() == "evalsha" || cmd.Name() == "eval"
+		if err == nil && script && h.armed.CompareAndSwap(true, false) {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// An acquire whose reply is lost while its caller's context is live is
+// answered by the fallback, and the lease its script took in Redis is
+// given back once Redis answers (it held its slot until the ttl).
+func TestConcurrencyLimitLostReplyGivenBack(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	c := newConc(t, rdb, 1, time.Minute, WithPingInterval(10*time.Millisecond))
+	hook := &failAfterScript{}
+	rdb.AddHook(hook)
+	hook.armed.Store(true)
+	l, res := mustTry(t, c, "k")
+	require.False(t, hook.armed.Load(), "the hook did not fire")
+	require.True(t, res.Degraded, "a lost reply is answered by the fallback: %+v", res)
+	require.False(t, l.onRedis())
+	require.NoError(t, l.Release(context.Background()))
+	require.Eventually(t, func() bool { return liveLeases(t, rdb, c, "k") == 0 },
+		5*time.Second, 5*time.Millisecond, "the lease whose reply was lost is still in Redis (ttl 1 min)")
+	require.Eventually(t, func() bool { return !c.e.rescue.anyDown() }, 5*time.Second, 5*time.Millisecond)
+	l, res = mustTry(t, c, "k")
+	require.False(t, res.Degraded)
+	require.True(t, l.onRedis())
 }
