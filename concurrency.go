@@ -61,18 +61,23 @@ const (
 // process with Result.Degraded set, and a monitor brings them back to
 // Redis as for the rate limiters. FallbackLocal is a semaphore per key in
 // this process, of capacity floor(max × share) but at least 1 (see
-// [WithFallbackShare]): with N instances and a share of 1/N the fleet holds
-// at most max leases of a key when max ≥ N, and N when max < N. Its leases
-// expire after ttl like those in Redis; they are released in process, and
-// are not copied to Redis: when Redis is back, new leases are counted in
-// Redis only, so a key can briefly have up to max in Redis plus those
-// still held in process. A lease taken on Redis and released while Redis
-// is unavailable cannot be removed from Redis then (Release returns nil, or
-// an error wrapping ErrUnavailable under FallbackError): the release is
-// made again every ping interval once Redis is back, so its slot comes
-// back then, or when its ttl ends if that is sooner (up to 10,000 such
-// releases pending, until Close); it cannot be extended (Extend returns an
-// error wrapping ErrUnavailable).
+// [WithFallbackShare]), whose slots the Redis leases this instance still
+// holds on the key take too, until released or expired by their ttl
+// (counted from the reply that granted or extended them): with N instances
+// and a share of 1/N the fleet holds at most max leases of a key when
+// max ≥ N and no instance held more than its share of them when Redis
+// failed (in general, the sum over instances of the larger of its share
+// and the Redis leases it held), and N when max < N. Its leases expire
+// after ttl like those in Redis; they are released in process, and are not
+// copied to Redis: when Redis is back, new leases are counted in Redis
+// only, so a key can briefly have up to max in Redis plus those still held
+// in process. A lease taken on Redis and released while Redis is
+// unavailable cannot be removed from Redis then (Release returns nil, or an
+// error wrapping ErrUnavailable under FallbackError): the release is made
+// again every ping interval once Redis is back, so its slot comes back
+// then, or when its ttl ends if that is sooner (up to 10,000 such releases
+// pending, until Close); it cannot be extended (Extend returns an error
+// wrapping ErrUnavailable).
 //
 // The options that apply are WithPrefix, WithFallback, WithPingInterval,
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
@@ -91,6 +96,7 @@ type Concurrency struct {
 
 	local    *lru[*localSem] // FallbackLocal's semaphores, by state key
 	localCap int             // their capacity: floor(max × share), at least 1
+	held     *heldLeases     // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -99,17 +105,19 @@ type Concurrency struct {
 	done    chan struct{} // closed by Close
 	once    sync.Once
 
-	// Releases of Redis leases that Redis did not take (see lostRelease),
-	// made again by retryReleases once it is back.
+	// Releases of Redis leases that did not complete (see queueRelease),
+	// made again by retryReleases.
 	relMu      sync.Mutex
 	pending    []pendingRelease
 	relRunning bool
+	relKick    chan struct{} // has retryReleases make a pass at once
 	relWG      sync.WaitGroup
 }
 
-// pendingRelease is a Redis lease released while Redis was unavailable: it
-// is released again once Redis is back, until its ttl would have ended
-// anyway.
+// pendingRelease is the release of a Redis lease that did not complete
+// (Redis unavailable, or the caller's context ended during the call): it
+// is made again until it succeeds, or until the lease's ttl would have
+// ended anyway.
 type pendingRelease struct {
 	key, state, id string
 	until          time.Time
@@ -138,12 +146,9 @@ const (
 	leaseMissing = 4
 )
 
-// releaseTimeout bounds a Release whose ctx was already done; undoTimeout
-// bounds taking back a lease whose acquire's ctx ended during the call.
-const (
-	releaseTimeout = time.Second
-	undoTimeout    = 100 * time.Millisecond
-)
+// releaseTimeout bounds a Release whose ctx was already done, and each
+// try of retryReleases.
+const releaseTimeout = time.Second
 
 // NewConcurrency limits how many leases per key are held at once across
 // every instance. A lease not released or extended within ttl expires, so a
@@ -185,7 +190,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		e.close()
 		return bad("%s does not apply to a concurrency limit", refused)
 	}
-	return &Concurrency{
+	c := &Concurrency{
 		e:        e,
 		limit:    limit,
 		maxArg:   int64(max),
@@ -196,7 +201,12 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
-	}, nil
+		relKick:  make(chan struct{}, 1),
+	}
+	if e.cfg.fallback == FallbackLocal {
+		c.held = newHeldLeases(e.cfg.now, ttl)
+	}
+	return c, nil
 }
 
 // fallbackCapacity is an instance's share of max for the in-process
@@ -216,10 +226,11 @@ func fallbackCapacity(max int, share float64) int {
 // empty key, Close, ctx done, a script or server error, or Redis down with
 // FallbackError.
 //
-// When ctx ends during the call, the lease the script may have added is
-// removed again (best effort, within 100ms). A lease granted by Redis whose
-// reply is lost otherwise (a timeout or a cut connection after the script
-// ran) holds its slot until its ttl ends.
+// When ctx ends during the call, TryAcquire returns then, and the lease the
+// script may have added is given back in the background, as a release
+// that did not complete (see [Lease.Release]); so is one whose reply is
+// lost to a timeout or a cut connection (the call is answered by the
+// fallback).
 func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Result, error) {
 	var start time.Time
 	if c.e.cfg.observer != nil {
@@ -257,29 +268,26 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	res, code, err := c.eval(ctx, opAcquire, state, id)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
-			// The script may have run, its reply come too late: take the
-			// lease back rather than leave its slot taken until ttl.
-			c.undo(ctx, state, id)
+			// The script may have run, its reply come too late: give the
+			// lease back in the background rather than leave its slot
+			// taken until ttl, or keep the caller past its deadline.
+			c.queueRelease(key, state, id, true)
 			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, ctxErr)
 		}
 		if !c.e.rescue.outage(ctx, err, state) {
 			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+		}
+		if mayHaveRun(err) {
+			c.queueRelease(key, state, id, false) // given back once Redis answers
 		}
 		return c.fallback(key, state)
 	}
 	if code != leaseDone {
 		return nil, res, nil
 	}
-	return &Lease{c: c, key: key, state: state, id: id}, res, nil
-}
-
-// undo removes the lease id that an acquire whose ctx ended may have
-// added, with a context detached from ctx and bounded by undoTimeout. It is
-// best effort: if it fails too, the lease expires by its ttl.
-func (c *Concurrency) undo(ctx context.Context, state, id string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	c.eval(ctx, opRelease, state, id)
+	l := &Lease{c: c, key: key, state: state, id: id}
+	c.held.add(l)
+	return l, res, nil
 }
 
 // Acquire takes a lease on key, waiting until one is free or ctx is done
@@ -323,9 +331,9 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 
 // Close stops the fallback monitor, if one runs, and makes later calls
 // return ErrClosed (Acquire returns at once). Leases still held can be
-// released after Close, not extended; releases made while Redis could not
-// be reached and not made again yet are dropped (their slots come back
-// when their ttls end). It does not close the Redis client. It is safe to
+// released after Close, not extended; releases that did not complete and
+// were not made again yet (see [Lease.Release]) are dropped, and the one
+// being made ends: their slots come back when their ttls end. It does not close the Redis client. It is safe to
 // call more than once.
 func (c *Concurrency) Close() error {
 	c.once.Do(func() {
@@ -391,14 +399,15 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	}
 	// A semaphore that holds leases is never dropped for another key's:
 	// its key would start again with every slot free. With every one
-	// held, a new key is denied until one empties.
-	now := time.Now()
+	// held, a new key is denied until one empties. The Redis leases this
+	// instance holds on the key take slots too (heldLeases).
+	now := cfg.now()
 	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
 		return nil, denied, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period)
+	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now))
 	res.Limit, res.Degraded = c.limit, true
 	if !res.Allowed {
 		return nil, res, nil
@@ -472,20 +481,27 @@ type Lease struct {
 	local uint64    // its id in sem
 	free  bool      // FallbackAllow: a lease that holds nothing
 	done  atomic.Bool
+
+	// In c.held, under its lock: the lease's expiry on this process's
+	// clock and its place; nil once released or expired.
+	exp  time.Time
+	elem *list.Element
 }
 
 // Release gives the slot back. It is idempotent: only the first call does
 // anything, and releasing a lease that already expired is harmless (it
 // cannot free another holder's slot). A Release whose ctx is already done
 // (a deferred Release after the request's context was cancelled) still
-// frees the slot, with a context detached from ctx and bounded by 1s.
-// While Redis is unavailable a lease taken on Redis cannot be removed:
-// Release returns nil (an error wrapping ErrUnavailable under
-// FallbackError) and releases it again once Redis is back (see
-// Concurrency), or its slot comes back when its ttl ends. A lease taken in process
-// is released in process. Release works after Close. Releasing a nil
-// Lease does nothing; a Lease that Acquire did not return (a zero Lease)
-// is an error wrapping ErrInvalidArgument.
+// frees the slot, with a context detached from ctx and bounded by 1s. A
+// release of a Redis lease that does not complete is made again in the
+// background, at once and then every ping interval, until it succeeds, its
+// ttl would have ended anyway, or Close (up to 10,000 pending): when ctx
+// ends during the call (the error wraps ctx's error), and while Redis is
+// unavailable (Release returns nil, or an error wrapping ErrUnavailable
+// under FallbackError). A lease taken in process is released in process.
+// Release works after Close. Releasing a nil Lease does nothing; a Lease
+// that Acquire did not return (a zero Lease) is an error wrapping
+// ErrInvalidArgument.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
@@ -507,7 +523,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case l.free:
 		return nil
-	case c.e.rescue.isDown(l.state):
+	}
+	c.held.remove(l)
+	if c.e.rescue.isDown(l.state) {
 		return c.lostRelease(l)
 	}
 	if ctx.Err() != nil {
@@ -520,7 +538,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	case err == nil:
 		return nil
 	case callerDone(ctx) != nil:
-		return fmt.Errorf("redlimit: release %q: %w", l.key, callerDone(ctx))
+		// The command or its reply was lost, or is late: made again, so
+		// that the caller's deadline does not keep the slot until ttl.
+		c.queueRelease(l.key, l.state, l.id, true)
+		return fmt.Errorf("redlimit: release %q (made again in the background): %w", l.key, callerDone(ctx))
 	case c.e.rescue.outage(ctx, err, l.state):
 		return c.lostRelease(l)
 	}
@@ -532,29 +553,55 @@ func (l *Lease) Release(ctx context.Context) error {
 // is made again once Redis is back (retryReleases), so that the slot need
 // not wait for the lease's ttl.
 func (c *Concurrency) lostRelease(l *Lease) error {
-	c.relMu.Lock()
-	select {
-	case <-c.done:
-	default:
-		if len(c.pending) < maxPendingReleases {
-			c.pending = append(c.pending, pendingRelease{key: l.key, state: l.state, id: l.id, until: time.Now().Add(c.limit.Period)})
-			if !c.relRunning {
-				c.relRunning = true
-				c.relWG.Add(1)
-				go c.retryReleases()
-			}
-		}
-	}
-	c.relMu.Unlock()
+	c.queueRelease(l.key, l.state, l.id, false)
 	if c.e.cfg.fallback == FallbackError {
 		return fmt.Errorf("redlimit: release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
 }
 
-// retryReleases makes the pending releases again, every ping interval,
-// those whose node is not marked down, until none is left or Close (which
-// ends the one in flight).
+// mayHaveRun reports whether a script call that failed with err, an
+// outage, may have run in Redis: its command was sent, its reply lost. A
+// refused connection or an error reply (LOADING, READONLY…) says it did
+// not.
+func mayHaveRun(err error) bool {
+	var reply redis.Error
+	return !unreachable(err) && !errors.As(err, &reply)
+}
+
+// queueRelease has retryReleases release the Redis lease id of key: at
+// once if now is set, else at its next pass (the node is down: a try
+// would be skipped). Nothing is queued after Close, nor past
+// maxPendingReleases: the slot comes back when its ttl ends.
+func (c *Concurrency) queueRelease(key, state, id string, now bool) {
+	c.relMu.Lock()
+	defer c.relMu.Unlock()
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	if len(c.pending) >= maxPendingReleases {
+		return
+	}
+	c.pending = append(c.pending, pendingRelease{key: key, state: state, id: id, until: time.Now().Add(c.limit.Period)})
+	if now {
+		select {
+		case c.relKick <- struct{}{}:
+		default:
+		}
+	}
+	if !c.relRunning {
+		c.relRunning = true
+		c.relWG.Add(1)
+		go c.retryReleases()
+	}
+}
+
+// retryReleases makes the pending releases again, when kicked and every
+// ping interval, until none is left or Close (which ends the one in
+// flight). It is the only goroutine that does, so that a Redis that hangs
+// holds one release's timeout at a time, not one per caller.
 func (c *Concurrency) retryReleases() {
 	defer c.relWG.Done()
 	tick := time.NewTicker(c.e.cfg.pingInterval)
@@ -573,29 +620,13 @@ func (c *Concurrency) retryReleases() {
 		case <-c.done:
 			return
 		case <-tick.C:
+		case <-c.relKick:
 		}
 		c.relMu.Lock()
 		batch := c.pending
 		c.pending = nil
 		c.relMu.Unlock()
-		var keep []pendingRelease
-		for _, p := range batch {
-			switch {
-			case closing.Err() != nil: // Close: the slots come back when their ttls end
-			case !time.Now().Before(p.until): // its ttl ended: the slot is back
-			case c.e.rescue.isDown(p.state):
-				keep = append(keep, p)
-			default:
-				ctx, cancel := context.WithTimeout(closing, releaseTimeout)
-				_, _, err := c.eval(ctx, opRelease, p.state, p.id)
-				cancel()
-				if err != nil {
-					keep = append(keep, p)
-				} else {
-					c.wake(p.key)
-				}
-			}
-		}
+		keep := c.releasePass(closing, batch)
 		c.relMu.Lock()
 		c.pending = append(keep, c.pending...)
 		if len(c.pending) == 0 {
@@ -605,6 +636,37 @@ func (c *Concurrency) retryReleases() {
 		}
 		c.relMu.Unlock()
 	}
+}
+
+// releasePass makes the releases of batch, each bounded by releaseTimeout
+// and closing, and returns those to make again: those of a node marked
+// down, those that failed because Redis did not answer, and, after such a
+// failure, the rest (they would wait for the same Redis). A release that
+// Redis refused with an error reply is dropped: made again it would fail
+// again, and its slot comes back when its ttl ends.
+func (c *Concurrency) releasePass(closing context.Context, batch []pendingRelease) []pendingRelease {
+	var keep []pendingRelease
+	stalled := false
+	for _, p := range batch {
+		switch {
+		case closing.Err() != nil: // Close: the slots come back when their ttls end
+		case !time.Now().Before(p.until): // its ttl ended: the slot is back
+		case stalled || c.e.rescue.isDown(p.state):
+			keep = append(keep, p)
+		default:
+			ctx, cancel := context.WithTimeout(closing, releaseTimeout)
+			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+			cancel()
+			switch {
+			case err == nil:
+				c.wake(p.key)
+			case isUnavailable(err):
+				keep = append(keep, p)
+				stalled = true
+			}
+		}
+	}
+	return keep
 }
 
 // Extend renews the lease's ttl from now. A lease that expired (or was
@@ -629,7 +691,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	switch {
 	case l.sem != nil:
-		if !l.sem.extend(l.local, time.Now(), c.limit.Period) {
+		if !l.sem.extend(l.local, c.e.cfg.now(), c.limit.Period) {
 			l.done.Store(true)
 			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
 		}
@@ -651,8 +713,10 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	if code == leaseMissing {
 		l.done.Store(true)
+		c.held.remove(l)
 		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
 	}
+	c.held.extend(l)
 	return nil
 }
 
@@ -689,19 +753,29 @@ func (s *localSem) pruneLocked(now time.Time) {
 	}
 }
 
-// acquire takes a lease of ttl if one is free, and returns its id.
-func (s *localSem) acquire(now time.Time, ttl time.Duration) (uint64, Result) {
+// acquire takes a lease of ttl if one is free, and returns its id. The
+// Redis leases of held take slots too.
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount) (uint64, Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
-	if s.order.Len() >= s.cap {
-		first := s.order.Front().Value.(*localLease)
-		last := s.order.Back().Value.(*localLease)
-		return 0, Result{RetryAfter: first.exp.Sub(now), ResetAfter: last.exp.Sub(now)}
+	if s.order.Len()+held.n >= s.cap {
+		first, last := held.first, held.last
+		if f := s.order.Front(); f != nil {
+			exp := f.Value.(*localLease).exp
+			if held.n == 0 || exp.Before(first) {
+				first = exp
+			}
+			exp = s.order.Back().Value.(*localLease).exp
+			if held.n == 0 || exp.After(last) {
+				last = exp
+			}
+		}
+		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now)}
 	}
 	s.next++
 	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
-	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len(), ResetAfter: ttl}
+	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len() - held.n, ResetAfter: ttl}
 }
 
 // busy reports whether a lease is live at now.
@@ -733,4 +807,134 @@ func (s *localSem) extend(id uint64, now time.Time, ttl time.Duration) bool {
 	e.Value.(*localLease).exp = now.Add(ttl)
 	s.order.MoveToBack(e)
 	return true
+}
+
+// heldLeases is, for FallbackLocal, the Redis leases this Concurrency holds
+// that are live by their ttl on this process's clock, by state key: while
+// Redis is unavailable they take slots of the key's in-process semaphore,
+// so that an instance at its share before the outage takes no more then.
+// The expiry of a lease is counted from the reply that granted or extended
+// it, so a little later than in Redis. Expired leases are pruned when
+// their key is used, and every key's when the map has grown to twice its
+// size after the last sweep; so it holds about the live leases only.
+type heldLeases struct {
+	now func() time.Time
+	ttl time.Duration
+
+	mu      sync.Mutex
+	byState map[string]*list.List // *Lease, earliest expiry first
+	sweepAt int                   // len(byState) at which every key is pruned
+}
+
+// heldCount is the live Redis leases of one key: how many, and the
+// earliest and latest expiry when n > 0.
+type heldCount struct {
+	n           int
+	first, last time.Time
+}
+
+// minHeldSweep is the fewest keys heldLeases keeps before it sweeps.
+const minHeldSweep = 64
+
+func newHeldLeases(now func() time.Time, ttl time.Duration) *heldLeases {
+	return &heldLeases{now: now, ttl: ttl, byState: make(map[string]*list.List), sweepAt: minHeldSweep}
+}
+
+// add counts l, a lease Redis has just granted, from now. h may be nil.
+func (h *heldLeases) add(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	h.pushLocked(l, now)
+	if len(h.byState) >= h.sweepAt {
+		for state, ls := range h.byState {
+			if pruneHeld(ls, now) == 0 {
+				delete(h.byState, state)
+			}
+		}
+		h.sweepAt = max(2*len(h.byState), minHeldSweep)
+	}
+}
+
+func (h *heldLeases) pushLocked(l *Lease, now time.Time) {
+	ls := h.byState[l.state]
+	if ls == nil {
+		ls = list.New()
+		h.byState[l.state] = ls
+	}
+	l.exp = now.Add(h.ttl)
+	l.elem = ls.PushBack(l)
+	pruneHeld(ls, now)
+}
+
+// extend counts l, which Redis has just extended, from now again.
+func (h *heldLeases) extend(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if l.done.Load() {
+		return // released meanwhile
+	}
+	h.removeLocked(l)
+	h.pushLocked(l, h.now())
+}
+
+// remove stops counting l: released, or expired in Redis.
+func (h *heldLeases) remove(l *Lease) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.removeLocked(l)
+}
+
+func (h *heldLeases) removeLocked(l *Lease) {
+	if l.elem == nil {
+		return
+	}
+	ls := h.byState[l.state]
+	ls.Remove(l.elem)
+	l.elem = nil
+	if ls.Len() == 0 {
+		delete(h.byState, l.state)
+	}
+}
+
+// at returns the live Redis leases of state at now. h may be nil.
+func (h *heldLeases) at(state string, now time.Time) heldCount {
+	if h == nil {
+		return heldCount{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ls := h.byState[state]
+	if ls == nil {
+		return heldCount{}
+	}
+	if pruneHeld(ls, now) == 0 {
+		delete(h.byState, state)
+		return heldCount{}
+	}
+	return heldCount{n: ls.Len(), first: ls.Front().Value.(*Lease).exp, last: ls.Back().Value.(*Lease).exp}
+}
+
+// pruneHeld drops the leases of ls that expired by now, and returns how
+// many are left. Every lease lives ttl from its latest add or extend, so
+// the expired ones are at the front.
+func pruneHeld(ls *list.List, now time.Time) int {
+	for e := ls.Front(); e != nil; e = ls.Front() {
+		l := e.Value.(*Lease)
+		if now.Before(l.exp) {
+			break
+		}
+		ls.Remove(e)
+		l.elem = nil
+	}
+	return ls.Len()
 }
