@@ -79,10 +79,19 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
 		// WithLimitFunc gave this key other limits: follow the latest.
+		had := len(set.lims)
 		r.follow(set, rs, time.Now())
+		if len(set.lims) != had {
+			r.locals.reweigh(state) // set.mu, then the shard's lock: never the other way
+		}
 	}
 	return r.decideLocked(set, n, maxDelay, rs, rc)
 }
+
+// standIns is what a key's stand-ins weigh in the fallback's bound
+// (WithFallbackKeys): one per rule. It runs with the LRU's shard locked,
+// on a set not yet shared or under set.mu.
+func standIns(set *localSet) int { return len(set.lims) }
 
 // standIn returns set's stand-in of state, or nil. set.mu is held.
 func (set *localSet) standIn(state string) *localRule {

@@ -1,0 +1,68 @@
+package redlimit
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/stretchr/testify/require"
+)
+
+// fallbackMemoryRules returns a policy of n rules (token buckets of
+// different Periods, so that each has its own state and stand-in).
+func fallbackMemoryRules(n int) []Rule {
+	rules := make([]Rule, n)
+	for i := range rules {
+		rules[i] = Rule{Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Duration(i+1) * time.Second}}
+	}
+	return rules
+}
+
+// heapInUse returns the heap's live bytes after a collection.
+func heapInUse() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC() // the second frees what the first's finalizers and sweeps left
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// With Redis down and the default options, a flood of distinct keys grows
+// the heap by less than 40 MB however many rules decide each key: the
+// fallback bounds its stand-ins (one per rule per key), not only its keys
+// (with 16 rules it held 100,000 keys of 16 stand-ins: 237 MB). Not
+// parallel: it measures the whole heap.
+func TestFallbackMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("300,000 keys a case")
+	}
+	const keys = 300_000
+	for _, rules := range []int{1, 3, MaxRules} {
+		t.Run(strconv.Itoa(rules)+"rules", func(t *testing.T) {
+			m := miniredis.RunT(t)
+			rdb := tunedClient(t, m.Addr())
+			p := newPolicy(t, rdb, fallbackMemoryRules(rules), WithPingInterval(time.Hour))
+			m.Close()
+			ctx := context.Background()
+			before := heapInUse()
+			buf := []byte("ip:10.")
+			for i := range keys {
+				key := string(strconv.AppendInt(buf[:6], int64(i), 10))
+				res, err := p.Allow(ctx, key)
+				if err != nil || !res.Degraded { // 300,000 testify calls would double the test's time
+					require.NoError(t, err, "key %d: %+v, %v", i, res, err)
+					require.True(t, res.Degraded, "key %d: %+v, %v", i, res, err)
+				}
+			}
+			grew := heapInUse() - before
+			held := p.rescue.locals.len()
+			t.Logf("%d rules: %d keys offered, %d held, heap grew %.1f MB (%d bytes a key held)",
+				rules, keys, held, float64(grew)/1e6, grew/int64(max(held, 1)))
+			require.Less(t, grew, int64(40e6), "%d rules: heap grew %.1f MB, want under 40 MB", rules, float64(grew)/1e6)
+			runtime.KeepAlive(p)
+		})
+	}
+}
