@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -63,6 +65,58 @@ func TestFallbackMemoryBounded(t *testing.T) {
 				rules, keys, held, float64(grew)/1e6, grew/int64(max(held, 1)))
 			require.Less(t, grew, int64(40e6), "%d rules: heap grew %.1f MB, want under 40 MB", rules, float64(grew)/1e6)
 			runtime.KeepAlive(p)
+		})
+	}
+}
+
+// A key that Redis blocked (WithBlock) stays denied by the fallback until
+// the block would end: the stand-in keeps the block from Redis's last
+// answer (it admitted the key at once). Other keys, and the key after a
+// Reset, are the stand-ins' to decide.
+func TestFallbackKeepsBlock(t *testing.T) {
+	const block = time.Minute
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			m := miniredis.RunT(t)
+			opt := redistest.TunedOptions(m.Addr())
+			opt.ReadTimeout, opt.WriteTimeout = 5*time.Second, 5*time.Second // the calls on Redis must reach it, even on a busy machine
+			rdb := redis.NewClient(opt)
+			t.Cleanup(func() { rdb.Close() })
+			lim := newLimiter(t, rdb, s, PerMinute(2), WithBlock(block), WithPingInterval(time.Hour))
+			ctx := context.Background()
+			for i := range 3 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, i < 2, res.Allowed, "call %d on Redis: %+v", i, res)
+				require.False(t, res.Degraded, "call %d on Redis: %+v", i, res)
+			}
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked on Redis: %+v", res)
+			m.Close()
+			start := time.Now()
+			for i := range 3 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Degraded, "call %d in fallback: %+v", i, res)
+				require.False(t, res.Allowed, "call %d in fallback: a blocked key admitted: %+v", i, res)
+				require.LessOrEqual(t, res.RetryAfter, block, "call %d: RetryAfter", i)
+				require.Greater(t, res.RetryAfter, block-time.Since(start)-time.Second, "call %d: RetryAfter", i)
+			}
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "n = 0 only reports: %+v", res)
+			require.Zero(t, res.Remaining, "n = 0 while blocked: %+v", res)
+			require.Greater(t, res.ResetAfter, block-time.Since(start)-time.Second, "n = 0 while blocked: %+v", res)
+
+			res, err = lim.Allow(ctx, "other")
+			require.NoError(t, err)
+			require.True(t, res.Allowed && res.Degraded, "another key in fallback: %+v", res)
+
+			require.Error(t, lim.Reset(ctx, "k"), "Reset with Redis down")
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed && res.Degraded, "after Reset, in fallback: %+v", res)
 		})
 	}
 }

@@ -68,7 +68,9 @@ const (
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
 	// Burst queued). State in Redis is not copied in or out: the local
-	// limiters start full, and Redis resumes from what it had.
+	// limiters start full, and Redis resumes from what it had; but a key
+	// that Redis denied under a penalty block ([WithBlock]) stays denied
+	// until the block ends.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).
 	FallbackAllow
