@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,5 +119,33 @@ func TestFallbackKeepsBlock(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Allowed && res.Degraded, "after Reset, in fallback: %+v", res)
 		})
+	}
+}
+
+// A key that WithRulesFunc gives more rules weighs more in the fallback's
+// bound from then on (its stand-ins are counted again), so that changing
+// rules cannot take the fallback past its bound.
+func TestFallbackRulesChangeReweighs(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	var many atomic.Bool
+	p := newPolicy(t, rdb, fallbackMemoryRules(1), WithPingInterval(time.Hour),
+		WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+			if many.Load() {
+				return fallbackMemoryRules(MaxRules), nil
+			}
+			return nil, nil
+		}))
+	m.Close()
+	ctx := context.Background()
+	for _, tt := range []struct {
+		many bool
+		want int
+	}{{false, 1}, {true, MaxRules}, {false, 1}} {
+		many.Store(tt.many)
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed && res.Degraded, "%+v", res)
+		require.Equal(t, tt.want, p.rescue.locals.held(), "stand-ins counted with %d rules", tt.want)
 	}
 }
