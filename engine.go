@@ -525,6 +525,11 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	e.evict.poke()
+	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !lease) {
+		// The key is blocked (a lease's denial sets no block): the
+		// fallback keeps the block, should the node go down meanwhile.
+		e.rescue.block(state, rs, min(res.RetryAfter, e.cfg.block))
+	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		keep := res.RetryAfter
 		if why == reasonBlock {

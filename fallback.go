@@ -17,7 +17,15 @@ type localSet struct {
 	mu   sync.Mutex
 	sig  uint64 // the limits the stand-ins were made for
 	lims []localRule
+	// blockEnd is when a penalty block (WithBlock) that Redis answered for
+	// the key ends, as time since monoBase: until then every call is
+	// denied. 0: none known.
+	blockEnd time.Duration
 }
+
+// monoBase is the origin of localSet.blockEnd: a reading with the
+// monotonic clock, so that blocks are timed by it.
+var monoBase = time.Now()
 
 type localRule struct {
 	state    string // the rule's state in Redis (rule.suffix: strategy and Period)
@@ -43,6 +51,21 @@ func (lr *localRule) count(n int) int {
 		return min(n, 1)
 	}
 	return n
+}
+
+// block records that Redis denied state's key under a penalty block
+// (WithBlock) that ends within d, so that its stand-in denies it as long,
+// should the key's node go down meanwhile. Only a denial calls it: an
+// admitted call pays nothing for it.
+func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
+	if r.e.cfg.fallback != FallbackLocal || d <= 0 {
+		return
+	}
+	end := time.Since(monoBase) + d
+	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set.mu.Lock()
+	set.blockEnd = max(set.blockEnd, end)
+	set.mu.Unlock()
 }
 
 // forget drops the in-process stand-in of the key whose first state key
@@ -79,10 +102,19 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
 		// WithLimitFunc gave this key other limits: follow the latest.
+		had := len(set.lims)
 		r.follow(set, rs, time.Now())
+		if len(set.lims) != had {
+			r.locals.reweigh(state) // set.mu, then the shard's lock: never the other way
+		}
 	}
 	return r.decideLocked(set, n, maxDelay, rs, rc)
 }
+
+// standIns is what a key's stand-ins weigh in the fallback's bound
+// (WithFallbackKeys): one per rule. It runs with the LRU's shard locked,
+// on a set not yet shared or under set.mu.
+func standIns(set *localSet) int { return len(set.lims) }
 
 // standIn returns set's stand-in of state, or nil. set.mu is held.
 func (set *localSet) standIn(state string) *localRule {
@@ -133,6 +165,20 @@ type verdict struct {
 
 func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	now := time.Now()
+	if set.blockEnd != 0 {
+		if left := set.blockEnd - now.Sub(monoBase); left > 0 {
+			// Blocked, as Redis answers: a call is denied, n = 0 reports.
+			first := &rs.rules[0]
+			res := Result{Degraded: true, Limit: first.limit, Rule: first.name, ResetAfter: left}
+			if n == 0 {
+				res.Allowed = true
+				return res, reasonAllowed, nil
+			}
+			res.RetryAfter = left
+			return res, reasonBlock, nil
+		}
+		set.blockEnd = 0
+	}
 	res := Result{Degraded: true}
 	var verdicts [MaxRules]verdict
 	denied, why := false, reasonAllowed

@@ -322,7 +322,7 @@ func (c *config) validate() error {
 	case !(c.share > 0 && c.share <= 1):
 		return bad("fallback share %v must be in (0, 1]", c.share)
 	case c.localKeys < 1:
-		return bad("fallback key cap %d must be at least 1", c.localKeys)
+		return bad("WithFallbackKeys %d (stand-ins: one per rule of each key) must be at least 1", c.localKeys)
 	case c.block < 0 || (c.block > 0 && c.block < time.Millisecond):
 		return bad("block %v must be 0 or at least 1ms", c.block)
 	case c.block > MaxPeriod:

@@ -9,29 +9,36 @@ import (
 const lruShards = 16
 
 // lru is a map from string keys to values that holds at most about max
-// entries. When a shard is full, the entry to drop is chosen by the
-// second-chance (CLOCK) rule, which approximates least-recently-used: each
-// entry has a flag that a lookup sets; the sweep skips (and clears) flagged
-// entries and drops the first unflagged one. Lookups take only a read lock
-// and set the flag atomically, so goroutines on the same key do not
-// serialise on the map; looking up an existing key allocates nothing.
+// weight: each entry weighs what the lru's weigh function says of its
+// value when it is added (1 without one), so that a bound can be one of
+// memory, not only of entries. A shard that holds nothing takes an entry
+// of any weight. When a shard is full, the entries to drop are chosen by
+// the second-chance (CLOCK) rule, which approximates least-recently-used:
+// each entry has a flag that a lookup sets; the sweep skips (and clears)
+// flagged entries and drops the first unflagged one. Lookups take only a
+// read lock and set the flag atomically, so goroutines on the same key do
+// not serialise on the map; looking up an existing key allocates nothing.
 type lru[V any] struct {
 	seed   maphash.Seed
+	weigh  func(V) int // nil: every entry weighs 1
 	shards [lruShards]lruShard[V]
 }
 
 type lruShard[V any] struct {
-	mu    sync.RWMutex
-	max   int
-	items map[string]*lruEntry[V]
-	ring  []*lruEntry[V] // insertion order; hand points at the next candidate
-	hand  int
+	mu     sync.RWMutex
+	max    int // the weight a shard holds at most
+	weight int // the weight held
+	items  map[string]*lruEntry[V]
+	ring   []*lruEntry[V] // insertion order; hand points at the next candidate
+	free   []int          // empty slots of ring, filled first
+	hand   int
 }
 
 type lruEntry[V any] struct {
-	key   string
-	value V
-	used  atomic.Bool
+	key    string
+	value  V
+	used   atomic.Bool
+	weight int32
 }
 
 func newLRU[V any](max int) *lru[V] {
@@ -44,6 +51,14 @@ func newLRU[V any](max int) *lru[V] {
 		c.shards[i].max = per
 		c.shards[i].items = make(map[string]*lruEntry[V])
 	}
+	return c
+}
+
+// newWeighedLRU is newLRU whose entries weigh what weigh says of their
+// value (at least 1), and hold at most about max weight.
+func newWeighedLRU[V any](max int, weigh func(V) int) *lru[V] {
+	c := newLRU[V](max)
+	c.weigh = weigh
 	return c
 }
 
@@ -60,7 +75,8 @@ func (c *lru[V]) getOrAdd(key string, make func() V) V {
 
 // getOrAddKeep is getOrAdd that never drops an entry whose value keep
 // reports true (keep runs with the shard locked; nil keeps none): when
-// every entry of a full shard is kept, key is not added, and ok is false.
+// the entries keep keeps leave no room in a full shard, key is not added,
+// and ok is false.
 func (c *lru[V]) getOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
 	s := c.shard(key)
 	s.mu.RLock()
@@ -77,36 +93,71 @@ func (c *lru[V]) getOrAddKeep(key string, make func() V, keep func(V) bool) (v V
 	if e, ok := s.items[key]; ok {
 		return e.value, true
 	}
-	e = &lruEntry[V]{key: key, value: make()}
-	if len(s.ring) < s.max {
-		s.ring = append(s.ring, e)
-	} else if !s.evictLocked(e, keep) {
-		return v, false
+	e = &lruEntry[V]{key: key, value: make(), weight: 1}
+	if c.weigh != nil {
+		e.weight = int32(max(c.weigh(e.value), 1))
 	}
+	for s.weight > 0 && s.weight+int(e.weight) > s.max {
+		if !s.evictLocked(keep, nil) {
+			return v, false
+		}
+	}
+	if n := len(s.free); n > 0 {
+		s.ring[s.free[n-1]] = e
+		s.free = s.free[:n-1]
+	} else {
+		s.ring = append(s.ring, e)
+	}
+	s.weight += int(e.weight)
 	s.items[key] = e
 	return e.value, true
 }
 
-// evictLocked replaces with e the entry under the clock hand that was not
-// used since the hand last passed it and that keep does not keep. After
-// twice round the ring (lookups can flag entries again meanwhile), it
-// replaces the first that keep does not keep, used or not; it reports
-// false, and replaces none, only when keep keeps every entry.
-func (s *lruShard[V]) evictLocked(e *lruEntry[V], keep func(V) bool) bool {
+// evictLocked drops the entry under the clock hand that was not used since
+// the hand last passed it and that keep does not keep (nor is spare).
+// After twice round the ring (lookups can flag entries again meanwhile),
+// it drops the first that keep does not keep, used or not; it reports
+// false, and drops none, only when keep keeps every entry.
+func (s *lruShard[V]) evictLocked(keep func(V) bool, spare *lruEntry[V]) bool {
 	n := len(s.ring)
 	for i := range 3 * n {
-		old := s.ring[s.hand]
-		if old == nil || ((i >= 2*n || !old.used.Swap(false)) && (keep == nil || !keep(old.value))) {
-			if old != nil {
-				delete(s.items, old.key)
-			}
-			s.ring[s.hand] = e
-			s.hand = (s.hand + 1) % n
-			return true
-		}
+		at := s.hand
 		s.hand = (s.hand + 1) % n
+		old := s.ring[at]
+		if old == nil || old == spare || (i < 2*n && old.used.Swap(false)) || (keep != nil && keep(old.value)) {
+			continue
+		}
+		delete(s.items, old.key)
+		s.ring[at] = nil
+		s.free = append(s.free, at)
+		s.weight -= int(old.weight)
+		return true
 	}
 	return false
+}
+
+// reweigh weighs key's entry again, if it is held, and drops others, as an
+// add does, while its shard holds more than its bound (a value whose weight
+// grew: a key given more rules).
+func (c *lru[V]) reweigh(key string) {
+	if c.weigh == nil {
+		return
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.items[key]
+	if !ok {
+		return
+	}
+	w := int32(max(c.weigh(e.value), 1))
+	s.weight += int(w - e.weight)
+	e.weight = w
+	for s.weight > s.max {
+		if !s.evictLocked(nil, e) {
+			return // e is alone
+		}
+	}
 }
 
 // remove forgets key. Its ring slot is left empty, to be reused first.
@@ -119,10 +170,11 @@ func (c *lru[V]) remove(key string) {
 		return
 	}
 	delete(s.items, key)
+	s.weight -= int(e.weight)
 	for i, r := range s.ring {
 		if r == e {
 			s.ring[i] = nil
-			s.hand = i
+			s.free = append(s.free, i)
 			return
 		}
 	}
@@ -135,6 +187,18 @@ func (c *lru[V]) len() int {
 		s := &c.shards[i]
 		s.mu.RLock()
 		n += len(s.items)
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// held returns the weight held.
+func (c *lru[V]) held() int {
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		n += s.weight
 		s.mu.RUnlock()
 	}
 	return n

@@ -49,19 +49,70 @@ func TestLRUConcurrent(t *testing.T) {
 // third time round, when the first entry keep does not keep goes, used or
 // not (after two, getOrAdd returned no value: a nil deref in its callers).
 func TestLRUEvictionGoesOn(t *testing.T) {
-	kept := &lruEntry[int]{key: "kept", value: 1}
-	other := &lruEntry[int]{key: "other", value: 2}
-	s := &lruShard[int]{max: 2, items: map[string]*lruEntry[int]{"kept": kept, "other": other}, ring: []*lruEntry[int]{kept, other}}
+	kept := &lruEntry[int]{key: "kept", value: 1, weight: 1}
+	other := &lruEntry[int]{key: "other", value: 2, weight: 1}
+	s := &lruShard[int]{max: 2, weight: 2, items: map[string]*lruEntry[int]{"kept": kept, "other": other}, ring: []*lruEntry[int]{kept, other}}
 	keep := func(v int) bool {
 		other.used.Store(true) // a reader, between the hand's steps
 		return v == 1
 	}
-	e := &lruEntry[int]{key: "new", value: 3}
-	require.True(t, s.evictLocked(e, keep), "an entry keep does not keep was there to go")
-	assert.Equal(t, []*lruEntry[int]{kept, e}, s.ring)
+	require.True(t, s.evictLocked(keep, nil), "an entry keep does not keep was there to go")
+	assert.Equal(t, []*lruEntry[int]{kept, nil}, s.ring)
+	assert.Equal(t, []int{1}, s.free, "the empty slot, to fill first")
 	assert.NotContains(t, s.items, "other")
+	assert.Equal(t, 1, s.weight)
 
 	all := func(int) bool { return true }
-	assert.False(t, s.evictLocked(&lruEntry[int]{key: "newer", value: 4}, all), "every entry kept")
-	assert.Equal(t, []*lruEntry[int]{kept, e}, s.ring, "nothing replaced")
+	assert.False(t, s.evictLocked(all, nil), "every entry kept")
+	assert.False(t, s.evictLocked(nil, kept), "the only entry spared")
+	assert.Equal(t, []*lruEntry[int]{kept, nil}, s.ring, "nothing dropped")
+}
+
+// A weighed LRU bounds the weight it holds, not its entries: entries of
+// weight 4 in shards of 8 are two a shard, and an entry heavier than a
+// shard is held alone. reweigh drops others when an entry grows, and
+// remove gives its weight back.
+func TestLRUWeighed(t *testing.T) {
+	c := newWeighedLRU(lruShards*8, func(w int) int { return w })
+	for i := range 1000 {
+		c.getOrAdd("k"+strconv.Itoa(i), func() int { return 4 })
+	}
+	assert.Equal(t, lruShards*8, c.held(), "weight held")
+	assert.Equal(t, lruShards*2, c.len(), "entries held")
+
+	for i := range 1000 {
+		c.getOrAdd("heavy"+strconv.Itoa(i), func() int { return 20 })
+	}
+	assert.Equal(t, lruShards*20, c.held(), "weight held: one entry of 20 a shard")
+	assert.Equal(t, lruShards, c.len(), "entries held")
+	for i := range lruShards {
+		s := &c.shards[i]
+		assert.Len(t, s.items, 1, "shard %d", i)
+		assert.Equal(t, 20, s.weight, "shard %d", i)
+	}
+
+	d := newWeighedLRU(lruShards*8, func(w *int) int { return *w })
+	var vs []*int
+	var keys []string
+	for i := 0; len(keys) < 8; i++ { // 8 keys of weight 1 in one shard
+		k := "k" + strconv.Itoa(i)
+		if d.shard(k) != &d.shards[0] {
+			continue
+		}
+		v := 1
+		require.Same(t, &v, d.getOrAdd(k, func() *int { return &v }))
+		vs, keys = append(vs, &v), append(keys, k)
+	}
+	*vs[0] = 5
+	d.reweigh(keys[0])
+	assert.LessOrEqual(t, d.shards[0].weight, 8, "weight held after one grew")
+	assert.Equal(t, 4, d.len(), "entries held: the grown one and 3 of weight 1")
+	assert.Same(t, vs[0], d.getOrAdd(keys[0], func() *int { t.Fatal("the grown entry was dropped"); return nil }))
+	*vs[0] = 50
+	d.reweigh(keys[0])
+	assert.Equal(t, 1, d.len(), "the grown entry alone")
+	assert.Equal(t, 50, d.held())
+	d.remove(keys[0])
+	assert.Equal(t, 0, d.held(), "weight after remove")
+	assert.Equal(t, 0, d.len())
 }

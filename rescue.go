@@ -68,7 +68,9 @@ const (
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
 	// Burst queued). State in Redis is not copied in or out: the local
-	// limiters start full, and Redis resumes from what it had.
+	// limiters start full, and Redis resumes from what it had; but a key
+	// that Redis denied under a penalty block ([WithBlock]) stays denied
+	// until the block ends.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).
 	FallbackAllow
@@ -155,13 +157,18 @@ func WithFallbackShare(share float64) Option {
 	return optionFunc(func(c *config) { c.share = share })
 }
 
-// WithFallbackKeys bounds the number of keys the in-process fallback keeps
-// limiters for (at least 16: one in each of its shards); beyond it, keys
-// not used lately are dropped, by the CLOCK approximation of least
-// recently used (and start full if they come back). A Concurrency's
-// semaphore that holds a lease is never dropped: when every one a shard
-// keeps holds one, a new key is denied (RetryAfter the ping interval)
-// until one is free. The default is 100,000 keys, about 20 MB at most.
+// WithFallbackKeys bounds the in-process stand-ins the fallback keeps:
+// one per rule of each key (so a limiter keeps max keys, a Policy of 3
+// rules max/3), or one semaphore per key for a Concurrency. Beyond it,
+// keys not used lately are dropped, by the CLOCK approximation of least
+// recently used (and start full if they come back); it is split over 16
+// shards, each of which holds at least one key whatever its rules. A
+// Concurrency's semaphore that holds a lease is never dropped: when every
+// one a shard keeps holds one, a new key is denied (RetryAfter the ping
+// interval) until one is free. The default is 100,000 stand-ins: about
+// 210 bytes a key plus 145 a rule (keys of about 25 bytes), so at most
+// about 36 MB, reached by single-rule keys (3 rules: 20 MB; 16 rules:
+// 16 MB), plus the length of longer keys.
 func WithFallbackKeys(max int) Option {
 	return optionFunc(func(c *config) { c.localKeys = max })
 }
@@ -234,7 +241,7 @@ func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &rescue{
 		e:      e,
-		locals: newLRU[*localSet](e.cfg.localKeys),
+		locals: newWeighedLRU(e.cfg.localKeys, standIns),
 		ctx:    ctx,
 		cancel: cancel,
 		nodes:  make(map[string]*node),

@@ -1,0 +1,151 @@
+package redlimit
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+// fallbackMemoryRules returns a policy of n rules (token buckets of
+// different Periods, so that each has its own state and stand-in).
+func fallbackMemoryRules(n int) []Rule {
+	rules := make([]Rule, n)
+	for i := range rules {
+		rules[i] = Rule{Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Duration(i+1) * time.Second}}
+	}
+	return rules
+}
+
+// heapInUse returns the heap's live bytes after a collection.
+func heapInUse() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC() // the second frees what the first's finalizers and sweeps left
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// With Redis down and the default options, a flood of distinct keys grows
+// the heap by less than 40 MB however many rules decide each key: the
+// fallback bounds its stand-ins (one per rule per key), not only its keys
+// (with 16 rules it held 100,000 keys of 16 stand-ins: 237 MB). Not
+// parallel: it measures the whole heap.
+func TestFallbackMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("300,000 keys a case")
+	}
+	const keys = 300_000
+	for _, rules := range []int{1, 3, MaxRules} {
+		t.Run(strconv.Itoa(rules)+"rules", func(t *testing.T) {
+			m := miniredis.RunT(t)
+			rdb := tunedClient(t, m.Addr())
+			p := newPolicy(t, rdb, fallbackMemoryRules(rules), WithPingInterval(time.Hour))
+			m.Close()
+			ctx := context.Background()
+			before := heapInUse()
+			buf := []byte("ip:10.")
+			for i := range keys {
+				key := string(strconv.AppendInt(buf[:6], int64(i), 10))
+				res, err := p.Allow(ctx, key)
+				if err != nil || !res.Degraded { // 300,000 testify calls would double the test's time
+					require.NoError(t, err, "key %d: %+v, %v", i, res, err)
+					require.True(t, res.Degraded, "key %d: %+v, %v", i, res, err)
+				}
+			}
+			grew := heapInUse() - before
+			held := p.rescue.locals.len()
+			t.Logf("%d rules: %d keys offered, %d held, heap grew %.1f MB (%d bytes a key held)",
+				rules, keys, held, float64(grew)/1e6, grew/int64(max(held, 1)))
+			require.Less(t, grew, int64(40e6), "%d rules: heap grew %.1f MB, want under 40 MB", rules, float64(grew)/1e6)
+			runtime.KeepAlive(p)
+		})
+	}
+}
+
+// A key that Redis blocked (WithBlock) stays denied by the fallback until
+// the block would end: the stand-in keeps the block from Redis's last
+// answer (it admitted the key at once). Other keys, and the key after a
+// Reset, are the stand-ins' to decide.
+func TestFallbackKeepsBlock(t *testing.T) {
+	const block = time.Minute
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			m := miniredis.RunT(t)
+			opt := redistest.TunedOptions(m.Addr())
+			opt.ReadTimeout, opt.WriteTimeout = 5*time.Second, 5*time.Second // the calls on Redis must reach it, even on a busy machine
+			rdb := redis.NewClient(opt)
+			t.Cleanup(func() { rdb.Close() })
+			lim := newLimiter(t, rdb, s, PerMinute(2), WithBlock(block), WithPingInterval(time.Hour))
+			ctx := context.Background()
+			for i := range 3 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.Equal(t, i < 2, res.Allowed, "call %d on Redis: %+v", i, res)
+				require.False(t, res.Degraded, "call %d on Redis: %+v", i, res)
+			}
+			res, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked on Redis: %+v", res)
+			m.Close()
+			start := time.Now()
+			for i := range 3 {
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Degraded, "call %d in fallback: %+v", i, res)
+				require.False(t, res.Allowed, "call %d in fallback: a blocked key admitted: %+v", i, res)
+				require.LessOrEqual(t, res.RetryAfter, block, "call %d: RetryAfter", i)
+				require.Greater(t, res.RetryAfter, block-time.Since(start)-time.Second, "call %d: RetryAfter", i)
+			}
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "n = 0 only reports: %+v", res)
+			require.Zero(t, res.Remaining, "n = 0 while blocked: %+v", res)
+			require.Greater(t, res.ResetAfter, block-time.Since(start)-time.Second, "n = 0 while blocked: %+v", res)
+
+			res, err = lim.Allow(ctx, "other")
+			require.NoError(t, err)
+			require.True(t, res.Allowed && res.Degraded, "another key in fallback: %+v", res)
+
+			require.Error(t, lim.Reset(ctx, "k"), "Reset with Redis down")
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.True(t, res.Allowed && res.Degraded, "after Reset, in fallback: %+v", res)
+		})
+	}
+}
+
+// A key that WithRulesFunc gives more rules weighs more in the fallback's
+// bound from then on (its stand-ins are counted again), so that changing
+// rules cannot take the fallback past its bound.
+func TestFallbackRulesChangeReweighs(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	var many atomic.Bool
+	p := newPolicy(t, rdb, fallbackMemoryRules(1), WithPingInterval(time.Hour),
+		WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+			if many.Load() {
+				return fallbackMemoryRules(MaxRules), nil
+			}
+			return nil, nil
+		}))
+	m.Close()
+	ctx := context.Background()
+	for _, tt := range []struct {
+		many bool
+		want int
+	}{{false, 1}, {true, MaxRules}, {false, 1}} {
+		many.Store(tt.many)
+		res, err := p.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed && res.Degraded, "%+v", res)
+		require.Equal(t, tt.want, p.rescue.locals.held(), "stand-ins counted with %d rules", tt.want)
+	}
+}
