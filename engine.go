@@ -107,7 +107,7 @@ const MaxSlidingLogN = 1000
 // them once.
 type ruleSet struct {
 	rules []rule
-	maxN  int    // the smallest capacity over the rules
+	maxN  int // the smallest capacity over the rules
 	// block is the penalty block key after the hash tag (see blockKey):
 	// the suffix of the rule whose suffix sorts first, then blockSuffix.
 	block string
