@@ -22,9 +22,10 @@ var ErrSettled = errors.New("redlimit: reservation already settled or lapsed")
 // WithReservationTTL sets how long a reservation can be settled. After it
 // the reservation stands as taken and Settle returns ErrSettled. Redis keeps
 // one sorted-set member per reservation and rule that is neither settled
-// nor lapsed (about 30 bytes each, beside the rule's state, in the key's
-// slot). The default is one hour; it
-// must be between 1s and MaxPeriod.
+// nor lapsed, beside the rule's state, in the key's slot: about 30 bytes
+// each while a key has at most 128 pending, about 110 bytes each past
+// that (10 MB for 100,000; measured on Redis 7.0). The default is one
+// hour; it must be between 1s and MaxPeriod.
 func WithReservationTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.reserveTTL = d })
 }
@@ -96,7 +97,13 @@ func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, 
 	if err != nil {
 		return nil, err
 	}
-	rc := &reserveCall{id: strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
+	// 64 random bits, at most 13 characters: the member of each rule's
+	// sorted set of pending reservations, which must only differ from the
+	// others pending on the key (two of 100,000 pending collide with a
+	// probability of 3e-10; the second then stands as taken). 13 bytes keep
+	// a member's string in jemalloc's 16-byte class once the set is a
+	// skiplist; two numbers, 26 bytes, took 32.
+	rc := &reserveCall{id: strconv.FormatUint(rand.Uint64(), 36)}
 	res, _, err := e.call(ctx, key, n, -1, rs, rc)
 	if err != nil {
 		return nil, err
