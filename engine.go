@@ -107,7 +107,10 @@ const MaxSlidingLogN = 1000
 // them once.
 type ruleSet struct {
 	rules []rule
-	maxN  int    // the smallest capacity over the rules
+	maxN  int // the smallest capacity over the rules
+	// block is the penalty block key after the hash tag (see blockKey):
+	// the suffix of the rule whose suffix sorts first, then blockSuffix.
+	block string
 	sig   uint64 // identifies the limits, for the deny cache and the fallback
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
 	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
@@ -147,6 +150,17 @@ func newRuleSet(rules []rule) *ruleSet {
 		mix(int64(btoi(r.perCall)))
 	}
 	rs.sig = h
+	// The penalty block is the rule set's, whatever the order of its rules
+	// (a WithRulesFunc may build them from a map): it is kept beside the
+	// state of the rule whose suffix (strategy code and period) sorts
+	// first, so a single rule keeps its state key's.
+	b := 0
+	for i := range rules {
+		if rules[i].suffix < rules[b].suffix {
+			b = i
+		}
+	}
+	rs.block = rules[b].suffix + blockSuffix
 	return rs
 }
 
@@ -411,7 +425,7 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	}
 	// The reservations too (and so the leases): settled after the reset,
 	// one would give its events back into the fresh state.
-	keys = append(keys, first+blockSuffix)
+	keys = append(keys, blockKeyOf(first, rs))
 	keys = appendReserveKeys(keys, first, rs)
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
@@ -461,6 +475,18 @@ func ruleKey(first string, rs *ruleSet, i int) string {
 		return first
 	}
 	return first[:len(first)-len(rs.rules[0].suffix)] + rs.rules[i].suffix
+}
+
+// blockKey returns the penalty block key of rs for key (see WithBlock).
+func (e *engine) blockKey(key string, rs *ruleSet) string {
+	return blockKeyOf(e.stateKey(key, &rs.rules[0]), rs)
+}
+
+// blockKeyOf returns the penalty block key of rs from the state key of
+// rule 0: the same for rs's rules in any order, in the key's slot, and
+// for a single rule its state key and blockSuffix.
+func blockKeyOf(first string, rs *ruleSet) string {
+	return first[:len(first)-len(rs.rules[0].suffix)] + rs.block
 }
 
 // appendReserveKeys appends to keys the keys of the pending reservations of
@@ -607,7 +633,7 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	block := argZero
 	if e.cfg.block > 0 {
 		block = e.cfg.argBlock
-		a.keys = append(a.keys, first+blockSuffix)
+		a.keys = append(a.keys, blockKeyOf(first, rs))
 	}
 	ridArg, life := argNoRID, argZero
 	if rc != nil {

@@ -16,9 +16,10 @@ import (
 // Errors returned by the package. Every error is wrapped with context, so
 // compare with [errors.Is].
 var (
-	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n (and by
-	// Reservation.Settle when used) is more than the limit can ever allow at
-	// once (more than Rate for the windows, more than Burst for the buckets).
+	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n is
+	// more than the limit can ever allow at once (more than Rate for the
+	// windows, more than Burst for the buckets), and by Reservation.Settle
+	// when used is more than the state can owe (see Settle).
 	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
 	// ErrInvalidLimit is returned by the constructors for a Limit or option
 	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).

@@ -422,3 +422,42 @@ func TestPolicyPerCallRule(t *testing.T) {
 		assert.Equal(t, want, res.Allowed, "fallback call %d", i)
 	}
 }
+
+// The penalty block is the rule set's, whatever the rules' order: a policy
+// built from a map (WithRulesFunc) lists the same rules in any order, and
+// each order must see the block that another set. A single-rule limiter
+// keeps its block key, the state key's.
+func TestPolicyBlockFollowsRuleSet(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	sec := Rule{Name: "sec", Strategy: TokenBucket, Limit: PerSecond(5)}
+	hour := Rule{Name: "hour", Strategy: FixedWindow, Limit: PerHour(1000)}
+	secHour := newPolicy(t, b.rdb, []Rule{sec, hour}, WithBlock(10*time.Second))
+	hourSec := newPolicy(t, b.rdb, []Rule{hour, sec}, WithBlock(10*time.Second))
+	res, err := secHour.AllowN(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	res, err = secHour.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "over sec: blocked for 10s")
+
+	b.advance(2 * time.Second) // sec is full again; the block has 8s left
+	for _, p := range []*Policy{hourSec, secHour} {
+		res, err = p.AllowN(ctx, "k", 5)
+		require.NoError(t, err)
+		assert.False(t, res.Allowed, "%v: 5 admitted during the block", p.Rules())
+		assert.Equal(t, 8*time.Second, res.RetryAfter, "%v", p.Rules())
+	}
+	require.NoError(t, hourSec.Reset(ctx, "k"))
+	res, err = secHour.AllowN(ctx, "k", 5)
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "a Reset in either order lifts the block")
+
+	// The block key: in the key's slot, the same for both orders, and a
+	// single-rule limiter's is its state key's.
+	a, z := secHour.blockKey("k", secHour.own), hourSec.blockKey("k", hourSec.own)
+	assert.Equal(t, a, z)
+	assert.Contains(t, a, ":{k}:")
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1000), WithBlock(time.Second))
+	assert.Equal(t, lim.stateKey("k")+blockSuffix, lim.blockKey("k", lim.own))
+}

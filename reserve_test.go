@@ -525,12 +525,12 @@ func TestSettleResultIsReport(t *testing.T) {
 	}
 }
 
-// Settle's used is bounded as AllowN's n is, on Redis and in the fallback:
-// past the smallest capacity (or, with a sliding log, past MaxSlidingLogN)
-// it is refused, nothing changes, and the reservation stays pending, so
-// that a smaller used settles it. (Unbounded, a used of MaxRate on a bucket
-// of a long Period made Redis refuse the write after the reservation was
-// gone, and turned RetryAfter negative; on a sliding log it wrote 100,000
+// Settle's used is bounded only where the state needs it, on Redis and in
+// the fallback: past it the settle is refused, nothing changes, and the
+// reservation stays pending, so that a smaller used settles it; the most
+// accepted is charged whole. (Unbounded, a used of MaxRate on a bucket of a
+// long Period made Redis refuse the write after the reservation was gone,
+// and turned RetryAfter negative; on a sliding log it wrote 100,000
 // members in one call; in the fallback it looped once per event.)
 func TestSettleUsedBounded(t *testing.T) {
 	year := 365 * 24 * time.Hour
@@ -539,14 +539,18 @@ func TestSettleUsedBounded(t *testing.T) {
 		l    Limit
 		used int // refused
 		want error
+		most int // the most accepted
 	}{
-		{TokenBucket, Limit{Rate: 1000, Period: year}, MaxRate, ErrExceedsLimit},
-		{TokenBucket, Limit{Rate: 1000, Period: year}, 1001, ErrExceedsLimit},
-		{LeakyBucket, Limit{Rate: 10, Period: time.Hour, Burst: 50}, 51, ErrExceedsLimit},
-		{FixedWindow, Limit{Rate: 10, Period: time.Hour}, 11, ErrExceedsLimit},
-		{SlidingCounter, Limit{Rate: 10, Period: time.Hour}, 11, ErrExceedsLimit},
-		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxSlidingLogN + 1, ErrInvalidArgument},
-		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxRate, ErrExceedsLimit},
+		// A bucket's debt must be paid back within MaxPeriod (100 years).
+		{TokenBucket, Limit{Rate: 1000, Period: year}, 100_001, ErrExceedsLimit, 100_000},
+		{LeakyBucket, Limit{Rate: 10, Period: time.Hour, Burst: 50}, 8_760_001, ErrExceedsLimit, 8_760_000},
+		// A window's count: at most MaxRate a settle.
+		{FixedWindow, Limit{Rate: 10, Period: time.Hour}, MaxRate + 1, ErrExceedsLimit, MaxRate},
+		{SlidingCounter, Limit{Rate: 10, Period: time.Hour}, MaxRate + 1, ErrExceedsLimit, MaxRate},
+		{TokenBucket, Limit{Rate: 10, Period: time.Hour}, -1, ErrInvalidArgument, 0},
+		// A sliding log writes min(used-n, Rate) entries: at most MaxSlidingLogN.
+		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxSlidingLogN + 2, ErrInvalidArgument, MaxSlidingLogN + 1},
+		{SlidingLog, PerMinute(10), MaxRate + 1, ErrExceedsLimit, MaxRate},
 	} {
 		t.Run(tc.s.String(), func(t *testing.T) {
 			b, m := miniBackend(t)
@@ -559,19 +563,20 @@ func TestSettleUsedBounded(t *testing.T) {
 			_, err = rv.Settle(ctx, tc.used)
 			require.ErrorIs(t, err, tc.want, "used %d", tc.used)
 			assert.Equal(t, before, []string{snapshot(t, b.rdb, state), snapshot(t, b.rdb, state+reserveSuffix)}, "a refused settle wrote nothing")
-			capacity := lim.own.maxN
-			if tc.s == SlidingLog {
-				capacity = MaxSlidingLogN
-			}
-			res, err := rv.Settle(ctx, capacity)
+			res, err := rv.Settle(ctx, tc.most)
 			require.NoError(t, err, "the reservation stayed pending")
 			assert.GreaterOrEqual(t, res.RetryAfter, time.Duration(0))
 			assert.GreaterOrEqual(t, res.ResetAfter, time.Duration(0))
+			if tc.most > lim.own.maxN {
+				res, err = lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				assert.False(t, res.Allowed, "in debt after settling %d", tc.most)
+			}
 			_, err = rv.Settle(ctx, 1)
 			require.ErrorIs(t, err, ErrSettled)
 
-			// In the fallback: refused the same, and a used of the whole
-			// capacity settles at once.
+			// In the fallback: refused the same, and the most accepted
+			// settles at once.
 			m.SetError("LOADING Redis is loading the dataset in memory")
 			defer m.SetError("")
 			local, err := lim.Reserve(ctx, "j", 1)
@@ -580,7 +585,7 @@ func TestSettleUsedBounded(t *testing.T) {
 			_, err = local.Settle(ctx, tc.used)
 			require.ErrorIs(t, err, tc.want, "used %d in the fallback", tc.used)
 			start := time.Now()
-			_, err = local.Settle(ctx, capacity)
+			_, err = local.Settle(ctx, tc.most)
 			require.NoError(t, err)
 			assert.Less(t, time.Since(start), 100*time.Millisecond, "a settle in the fallback takes constant time")
 		})
@@ -777,4 +782,173 @@ func TestReserveDropsLapsedGradually(t *testing.T) {
 	}
 	_, err = first.Settle(ctx, 0)
 	require.ErrorIs(t, err, ErrSettled, "a lapsed reservation settles as lapsed")
+}
+
+// Memory per pending reservation, measured with MEMORY USAGE of the
+// reservations' key on a real redis-server, at 1 to 100,000 pending: each
+// must stay within what WithReservationTTL and the README say (about 30
+// bytes up to 128 pending on a key, about 110 past that).
+func TestReservationMemoryRedis(t *testing.T) {
+	opts := redistest.TunedOptions(realServer(t).Addr)
+	opts.PoolSize = 32
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	lim := newLimiter(t, rdb, FixedWindow, Limit{Rate: MaxRate, Period: time.Hour},
+		WithPrefix(prefixFor(t)), WithFallback(FallbackError)) // every reservation on Redis
+	ctx := context.Background()
+	for _, tc := range []struct {
+		pending int
+		most    float64 // bytes per pending reservation
+	}{
+		// One: the key itself. Up to 128 (zset-max-listpack-entries) the
+		// set is a listpack, then a skiplist and a hash table. Measured on
+		// Redis 7.0.15: 136, 26.6, 101.7 and 103.8 bytes (with ids of two
+		// numbers, 26 bytes: 152, 42.0, 118.8 and 119.9).
+		{1, 150}, {100, 32}, {1000, 112}, {100_000, 112},
+	} {
+		key := "k" + strconv.Itoa(tc.pending)
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 32 {
+			wg.Go(func() {
+				for next.Add(1) <= int64(tc.pending) {
+					rv, err := lim.Reserve(ctx, key, 1)
+					if !assert.NoError(t, err) || !assert.True(t, rv.Result().Allowed) {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		set := lim.stateKey(key) + reserveSuffix
+		require.Equal(t, int64(tc.pending), rdb.ZCard(ctx, set).Val())
+		usage, err := rdb.MemoryUsage(ctx, set, 0).Result() // SAMPLES 0: every member
+		require.NoError(t, err)
+		per := float64(usage) / float64(tc.pending)
+		t.Logf("%d pending: %d bytes, %.1f each", tc.pending, usage, per)
+		assert.LessOrEqual(t, per, tc.most, "%d pending", tc.pending)
+	}
+}
+
+// A settle past the capacity is charged whole: 12 used of a reservation of
+// 10 at 10 a minute. Later calls are denied exactly until the debt is paid
+// back, with exact RetryAfters: a bucket by its refill (2 owed: 3 tokens
+// for the next call, 18 s); a fixed window by its end (the count past
+// Rate goes with the window); a sliding counter as the window's weight
+// falls in the next one (12 of 10 weigh less than 9 only 45 s into it);
+// a sliding log when its entries leave (it holds at most Rate, at the
+// settle's time).
+func TestSettlePastCapacity(t *testing.T) {
+	per := Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	for _, tc := range []struct {
+		s      Strategy
+		settle time.Duration // after the reservation, at t0
+		used   int
+		steps  []step // from the settle
+	}{
+		{TokenBucket, 0, 12, []step{
+			{n: 1, retry: 18 * time.Second, reset: 72 * time.Second},
+			{advance: 18*time.Second - time.Microsecond, n: 1, retry: time.Microsecond, reset: 54*time.Second + time.Microsecond},
+			{advance: time.Microsecond, n: 1, allowed: true, remaining: 0, reset: 60 * time.Second},
+			{n: 1, retry: 6 * time.Second, reset: 60 * time.Second},
+		}},
+		{LeakyBucket, 0, 12, []step{
+			{n: 1, retry: 18 * time.Second, reset: 72 * time.Second},
+			{advance: 18*time.Second - time.Microsecond, n: 1, retry: time.Microsecond, reset: 54*time.Second + time.Microsecond},
+			{advance: time.Microsecond, n: 1, allowed: true, remaining: 0, delay: 54 * time.Second, reset: 60 * time.Second},
+		}},
+		{FixedWindow, 10 * time.Second, 12, []step{
+			{n: 1, retry: 50 * time.Second, reset: 50 * time.Second},
+			{advance: 50*time.Second - time.Microsecond, n: 1, retry: time.Microsecond, reset: time.Microsecond},
+			{advance: time.Microsecond, n: 1, allowed: true, remaining: 9, reset: time.Minute},
+		}},
+		{SlidingCounter, 0, 12, []step{
+			{n: 1, retry: 75 * time.Second, reset: 2 * time.Minute},
+			{advance: 75*time.Second - time.Microsecond, n: 1, retry: time.Microsecond, reset: 45*time.Second + time.Microsecond},
+			{advance: time.Microsecond, n: 1, allowed: true, remaining: 0, reset: 105 * time.Second},
+		}},
+		{SlidingLog, 10 * time.Second, 25, []step{ // 15 owed, at most 10 kept: the window from the settle
+			{n: 1, retry: time.Minute, reset: time.Minute},
+			{advance: time.Minute - time.Microsecond, n: 1, retry: time.Microsecond, reset: time.Microsecond},
+			{advance: time.Microsecond, n: 1, allowed: true, remaining: 9, reset: time.Minute},
+		}},
+	} {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, tc.s, per)
+			ctx := t.Context()
+			rv, err := lim.Reserve(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			b.advance(tc.settle)
+			res, err := rv.Settle(ctx, tc.used)
+			require.NoError(t, err, "settle %d of a reservation of 10 at %v", tc.used, per)
+			assert.Equal(t, 0, res.Remaining)
+			run(t, b, lim, "k", tc.steps)
+		})
+	}
+}
+
+// A policy's settle past a rule's capacity charges every rule, the daily
+// one included: 12,000 tokens used of 10,000 reserved against 10,000 a
+// minute and 200,000 a day.
+func TestSettlePastCapacityPolicy(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "rps", Strategy: TokenBucket, Limit: PerSecond(5), PerCall: true},
+		{Name: "tpm", Strategy: TokenBucket, Limit: PerMinute(10_000)},
+		{Name: "tpd", Strategy: SlidingCounter, Limit: Limit{Rate: 200_000, Period: 24 * time.Hour}},
+	})
+	day := newLimiter(t, b.rdb, SlidingCounter, Limit{Rate: 200_000, Period: 24 * time.Hour}) // the tpd rule's state
+	rv, err := p.Reserve(ctx, "k", 10_000)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	_, err = rv.Settle(ctx, 12_000)
+	require.NoError(t, err)
+	assert.Equal(t, 188_000, remaining(t, day, "k"), "the daily rule charged 12,000")
+	run(t, b, p, "k", []step{
+		// 2,000 owed, and the call's token: 2,001 × 6 ms.
+		// ResetAfter: the daily counter's, until its next window ends.
+		{n: 1, retry: 12006 * time.Millisecond, reset: 48 * time.Hour},
+		{advance: 12006*time.Millisecond - time.Microsecond, n: 1, retry: time.Microsecond, reset: 48*time.Hour - 12006*time.Millisecond + time.Microsecond},
+		{advance: time.Microsecond, n: 1, allowed: true, remaining: 0, reset: 48*time.Hour - 12006*time.Millisecond},
+	})
+}
+
+// The same on a real redis-server, whose clock runs: a token bucket owes
+// its debt, and a policy charges every rule.
+func TestSettlePastCapacityRedis(t *testing.T) {
+	rdb := redis.NewClient(redistest.TunedOptions(realServer(t).Addr))
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	prefix := WithPrefix(prefixFor(t))
+	lim := newLimiter(t, rdb, TokenBucket, PerMinute(10), prefix, WithFallback(FallbackError))
+	start := time.Now()
+	rv, err := lim.Reserve(ctx, "k", 10)
+	require.NoError(t, err)
+	_, err = rv.Settle(ctx, 12)
+	require.NoError(t, err)
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	// 3 tokens at 6 s each, less the refill since the reservation.
+	assert.InDelta(t, 18*time.Second, res.RetryAfter, float64(time.Since(start)+time.Millisecond))
+
+	p := newPolicy(t, rdb, []Rule{
+		{Name: "tpm", Strategy: TokenBucket, Limit: PerMinute(10_000)},
+		{Name: "tpd", Strategy: SlidingCounter, Limit: Limit{Rate: 200_000, Period: 24 * time.Hour}},
+	}, prefix, WithFallback(FallbackError))
+	clearOfHourEdge(t, 10*time.Second) // the day's window must not end in between
+	rv, err = p.Reserve(ctx, "p", 10_000)
+	require.NoError(t, err)
+	_, err = rv.Settle(ctx, 12_000)
+	require.NoError(t, err)
+	day := newLimiter(t, rdb, SlidingCounter, Limit{Rate: 200_000, Period: 24 * time.Hour}, prefix)
+	assert.Equal(t, 188_000, remaining(t, day, "p"))
+	res, err = p.Allow(ctx, "p")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.Equal(t, "tpm", res.Rule)
 }

@@ -145,7 +145,7 @@ func TestSlidingLogLoweredLimitCostRedis(t *testing.T) {
 }
 
 // A policy writes n members in each of its sliding logs: n times their
-// number is at most MaxSlidingLogN, for AllowN and for Settle's used alike.
+// number is at most MaxSlidingLogN, for AllowN and for what Settle adds.
 func TestPolicySlidingLogsBoundN(t *testing.T) {
 	b, m := miniBackend(t)
 	ctx := t.Context()
@@ -163,9 +163,11 @@ func TestPolicySlidingLogsBoundN(t *testing.T) {
 	require.True(t, res.Allowed, "%+v", res)
 	rv, err := p.Reserve(ctx, "k", 1)
 	require.NoError(t, err)
-	_, err = rv.Settle(ctx, each+1)
+	// Settle writes min(used-n, Rate) entries in each log: from the
+	// reservation of 1, each+1 writes each in every log.
+	_, err = rv.Settle(ctx, each+2)
 	require.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = rv.Settle(ctx, each)
+	_, err = rv.Settle(ctx, each+1)
 	require.NoError(t, err, "the reservation stays pending after a refused used")
 	// A policy with one sliding log among other rules keeps the whole bound.
 	one := newPolicy(t, b.rdb, []Rule{

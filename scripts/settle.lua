@@ -13,9 +13,12 @@
 -- bucket only the reservation's tokens that the refill cannot have paid
 -- back yet (see A.tb: never refill that already happened, never above
 -- full). used > reserved charges the difference even past the limit:
--- the key owes it, and later calls are denied until the refill or the
--- window pays it back (a sliding log owes at most one full window, see
--- A.sl).
+-- the key owes it, and later calls are denied until it is paid back: a
+-- bucket's debt beyond burst by the refill, a fixed window's count beyond
+-- rate by the window's end (it goes with the window), a sliding counter's
+-- by the next window as its weight falls, a sliding log's by its entries
+-- leaving (it owes at most one full window, see A.sl). reserve.go bounds
+-- used where these states need it (checkUsed).
 --
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed,
 -- never recorded, or forgotten by a Reset of every rule's state (nothing
