@@ -110,9 +110,16 @@ const (
 	leaseKeys = 16 * 1024
 	// leaseMaxAge is the longest maxAge.
 	leaseMaxAge = time.Minute
-	// leaseReturnTimeout bounds giving leases back at Close, each sweep,
-	// and taking a lease (or the call's deadline, if later; Close ends it).
+	// leaseReturnTimeout bounds taking a lease (or the call's deadline, if
+	// later; Close ends it).
 	leaseReturnTimeout = time.Second
+	// leaseSettleTimeout bounds each give-back of the sweeper (one script
+	// call; what fails is tried again at the next sweep) and all of
+	// Close's together, so that Close ends within about this while Redis
+	// hangs.
+	leaseSettleTimeout = 100 * time.Millisecond
+	// leaseCloseWorkers is how many leases Close gives back at once.
+	leaseCloseWorkers = 16
 	// leaseIDPrefix starts a lease's reservation id; reply.lua sets no
 	// penalty block when it denies a lease (it is not a call's denial).
 	leaseIDPrefix = "lease:"
@@ -210,17 +217,25 @@ type leases struct {
 	nheld, unused                 atomic.Int64
 	taken, served, returned, lost atomic.Uint64
 
-	mu      sync.Mutex
-	held    map[*lease]struct{} // taken and not given back yet
-	back    []*lease            // ended, to give back
-	running bool                // the sweeper runs
+	mu   sync.Mutex
+	held map[*lease]struct{} // taken and not given back yet
+	back []*lease            // ended, to give back
+	// running: the sweeper runs. It runs only while a lease is held: it
+	// stops when held is empty, and track starts it again.
+	running bool
 	wake    chan struct{}
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	wg      sync.WaitGroup // the sweeper
 	fetches sync.WaitGroup // leases being taken (fetch)
-	// closing ends, at Close, the leases still being taken.
+	// closing ends at Close: the sweeper stops, the leases still being
+	// taken end.
 	closing    context.Context
 	endFetches context.CancelFunc
+	// closeCtx bounds the give-backs from Close on (set by Close).
+	closeCtx context.Context
+	// What could not be given back from Close on: events, leases, the
+	// first error (guarded by mu).
+	closeLost, closeLostLeases atomic.Int64
+	closeErr                   error
 }
 
 // leaseEntry is one key's lease state in this process. Its fields are
@@ -275,7 +290,6 @@ func newLeases(e *engine) *leases {
 		keys:       newLRU[*leaseEntry](leaseKeys),
 		held:       make(map[*lease]struct{}),
 		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
 		closing:    closing,
 		endFetches: endFetches,
 	}
@@ -569,7 +583,7 @@ func (l *leases) take(ctx context.Context, key, state string, k int, rs *ruleSet
 }
 
 // track records a lease taken, and starts the sweeper that gives back
-// those that end. It reports whether the lease may be served from: ok, and
+// those that end, if it is not running (it stops when none is held). It reports whether the lease may be served from: ok, and
 // the limiter not closed. The key's entry is locked, so that Close, which
 // gives back every lease tracked, finds this one on its key or given back.
 func (l *leases) track(ls *lease, ok bool) bool {
@@ -588,13 +602,13 @@ func (l *leases) track(ls *lease, ok bool) bool {
 }
 
 // giveBack queues a lease no longer served from (taken off its entry) to
-// be settled: by the sweeper, or here once the limiter is closing.
+// be settled: by the sweeper, or here, within Close's time, once the
+// limiter is closing.
 func (l *leases) giveBack(ls *lease) {
 	l.mu.Lock()
 	if l.closed.Load() {
+		ctx := l.closeCtx
 		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
-		defer cancel()
 		l.settle(ctx, ls, true)
 		return
 	}
@@ -607,39 +621,56 @@ func (l *leases) giveBack(ls *lease) {
 }
 
 // sweep is the goroutine that gives back leases: those queued, and every
-// maxAge/4 those that expired.
+// maxAge/4 those that expired. It returns at Close, and when no lease is
+// held (track starts another with the next lease), so that an idle
+// limiter costs no goroutine and no CPU.
 func (l *leases) sweep() {
 	defer l.wg.Done()
 	tick := time.NewTicker(time.Duration(max(l.maxAge/4, int64(time.Millisecond))))
 	defer tick.Stop()
 	for {
 		select {
-		case <-l.stop:
+		case <-l.closing.Done():
 			return
 		case <-tick.C:
 			l.expire(monoNow())
 		case <-l.wake:
 		}
+		l.giveBackQueued()
 		l.mu.Lock()
-		back := l.back
-		l.back = nil
-		l.mu.Unlock()
-		if len(back) == 0 {
-			continue
+		if len(l.held) == 0 && len(l.back) == 0 {
+			l.running = false // under mu, as track's check
+			l.mu.Unlock()
+			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
-		var retry []*lease
-		for _, ls := range back {
-			if !l.settle(ctx, ls, false) {
-				retry = append(retry, ls)
-			}
+		l.mu.Unlock()
+	}
+}
+
+// giveBackQueued settles the leases queued, one script call each, each
+// within leaseSettleTimeout; those that fail for an outage are queued
+// again. It stops at Close, which gives back the rest.
+func (l *leases) giveBackQueued() {
+	l.mu.Lock()
+	back := l.back
+	l.back = nil
+	l.mu.Unlock()
+	var retry []*lease
+	for i, ls := range back {
+		if l.closing.Err() != nil {
+			retry = append(retry, back[i:]...)
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), leaseSettleTimeout)
+		if !l.settle(ctx, ls, false) {
+			retry = append(retry, ls)
 		}
 		cancel()
-		if len(retry) > 0 {
-			l.mu.Lock()
-			l.back = append(l.back, retry...)
-			l.mu.Unlock()
-		}
+	}
+	if len(retry) > 0 {
+		l.mu.Lock()
+		l.back = append(l.back, retry...)
+		l.mu.Unlock()
 	}
 }
 
@@ -720,6 +751,15 @@ func (l *leases) settle(ctx context.Context, ls *lease, final bool) bool {
 	l.unused.Add(-unused)
 	if err != nil {
 		l.lost.Add(uint64(unused))
+		if l.closed.Load() {
+			l.closeLost.Add(unused)
+			l.closeLostLeases.Add(1)
+			l.mu.Lock()
+			if l.closeErr == nil {
+				l.closeErr = err
+			}
+			l.mu.Unlock()
+		}
 	} else {
 		l.returned.Add(uint64(unused))
 	}
@@ -746,33 +786,66 @@ func (l *leases) drop(ctx context.Context, state string) {
 	en.mu.Unlock()
 }
 
-// close stops the sweeper and gives back every lease, within
-// leaseReturnTimeout.
-func (l *leases) close() {
+// close stops the sweeper and gives back every lease, all within
+// leaseSettleTimeout. It returns an error wrapping ErrUnavailable (when
+// Redis could not be reached) that says how many events of how many leases
+// it could not give back: they count as used until their state expires.
+func (l *leases) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), leaseSettleTimeout)
+	defer cancel()
 	l.mu.Lock()
 	l.closed.Store(true)
-	running := l.running
-	l.running = false
+	l.closeCtx = ctx
 	l.mu.Unlock()
-	if running {
-		close(l.stop)
-		l.wg.Wait()
-	}
-	// A lease being taken ends (given back if it landed: track finds the
-	// limiter closed); no fetch starts from now on.
+	// The sweeper stops at its next give-back; a lease being taken ends
+	// (given back if it landed: track finds the limiter closed); no fetch
+	// starts from now on.
 	l.endFetches()
+	l.giveBackAll(ctx)
+	l.wg.Wait()
 	l.fetches.Wait()
+	// What the sweeper queued again, or a fetch left, meanwhile: lost at
+	// once if the time is up.
+	l.giveBackAll(ctx)
+	n := l.closeLostLeases.Load()
+	if n == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	cause := l.closeErr
+	l.mu.Unlock()
+	if !errors.Is(cause, ErrUnavailable) && isUnavailable(cause) {
+		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	return fmt.Errorf("redlimit: close: %d events of %d leases not given back (they count as used until their state expires): %w",
+		l.closeLost.Load(), n, cause)
+}
+
+// giveBackAll takes every lease held off its key and settles it, final,
+// leaseCloseWorkers at a time, within ctx.
+func (l *leases) giveBackAll(ctx context.Context) {
 	l.mu.Lock()
 	all := make([]*lease, 0, len(l.held))
 	for ls := range l.held {
-		all = append(all, ls)
+		if !ls.settling {
+			all = append(all, ls)
+		}
 	}
 	l.back = nil
 	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
-	defer cancel()
-	for _, ls := range all {
-		l.detach(ls)
-		l.settle(ctx, ls, true)
+	next := make(chan *lease)
+	var wg sync.WaitGroup
+	for range min(len(all), leaseCloseWorkers) {
+		wg.Go(func() {
+			for ls := range next {
+				l.detach(ls)
+				l.settle(ctx, ls, true)
+			}
+		})
 	}
+	for _, ls := range all {
+		next <- ls
+	}
+	close(next)
+	wg.Wait()
 }
