@@ -34,8 +34,9 @@ import (
 // the lease; later calls for the key take theirs from it without a round
 // trip, under a mutex per key, until it is used up, maxAge after it was
 // taken, or the window ends; then what is left is given back to Redis
-// (settled, one script call) and the next call takes a new lease. Close
-// and Reset give leases back at once. Calls that find a lease being taken
+// (settled, one script call) and the next call takes a new lease. Reset
+// gives the key's lease back at once, Close every lease (see Close below).
+// Calls that find a lease being taken
 // wait for it (or for their context). A lease is taken apart from the call
 // that asked for it (with its context's values, not its end, for at most a
 // second or until the call's deadline if later): a call whose context ends
@@ -82,6 +83,20 @@ import (
 // WithBlock, a block that another instance sets reaches this one's callers
 // when its lease ends. Reset gives back this process's lease on the key;
 // other processes keep serving theirs until they end.
+//
+// What it costs. A limiter with leases runs one goroutine only while it
+// holds a lease (or one waits to be given back): it wakes every maxAge/4,
+// at least 1 ms apart, for about 4 µs of CPU (0.02% of a core at maxAge
+// 100 ms), and it ends when the last lease is given back. An idle limiter
+// costs no goroutine and no CPU.
+//
+// Close gives back every lease, 16 at a time, all within 100 ms, and waits
+// for the Redis calls of leases under way (a give-back, or a lease being
+// taken), which the client's ReadTimeout bounds: with the recommended
+// 100 ms it ends within about 100 ms even while Redis hangs. What it
+// could not give back it reports in an error wrapping [ErrUnavailable]
+// that names the events and leases (and in LeaseStats.Lost): those events
+// count as used until their state expires, as a crashed instance's do.
 //
 // size must be at least 4; maxAge between 1ms and 1 minute, and at most
 // half the reservation lifetime (see [WithReservationTTL]). Longer leases
@@ -177,8 +192,8 @@ type LeaseStats struct {
 	// without a round trip, Returned the unused events settled back to
 	// Redis (a fixed window takes them back only within their window),
 	// and Lost those that could not be (Redis unreachable for half the
-	// reservation lifetime, or at Close): they stand as used, until the
-	// bucket refills or the window ends.
+	// reservation lifetime, or within Close's 100 ms): they stand as used,
+	// until the bucket refills or the window ends.
 	Taken, Served, Returned, Lost uint64
 }
 
