@@ -444,10 +444,12 @@ func (e *engine) reset(ctx context.Context, key string) error {
 }
 
 // close stops the fallback monitor and makes later calls return ErrClosed.
+// Its error says what leases it could not give back (see leases.close).
 func (e *engine) close() error {
+	var err error
 	if e.closed.CompareAndSwap(false, true) {
 		if e.leases != nil {
-			e.leases.close() // gives back what the leases did not serve
+			err = e.leases.close() // gives back what the leases did not serve
 		}
 		e.rescue.close()
 		e.evict.close()
@@ -455,7 +457,7 @@ func (e *engine) close() error {
 			e.clock.close() // after the leases, whose give-back may read it
 		}
 	}
-	return nil
+	return err
 }
 
 const (

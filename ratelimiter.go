@@ -82,7 +82,10 @@ func (l *RateLimiter) Reset(ctx context.Context, key string) error {
 
 // Close stops the limiter's fallback monitor, if one runs, and makes every
 // later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once.
+// safe to call more than once. With [WithLease] it first gives back what
+// the leases did not serve, within about 100 ms; its error (wrapping
+// [ErrUnavailable]) says how many events of how many leases it could not
+// give back, and the limiter is closed all the same.
 func (l *RateLimiter) Close() error { return l.close() }
 
 // stateKey returns the Redis key that holds key's state under the
