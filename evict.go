@@ -3,6 +3,7 @@ package redlimit
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"strconv"
@@ -197,12 +198,15 @@ func (w *evictWatch) transition(si serverInfo, rise int64) Transition {
 	return Transition{Strategy: w.e.rescue.strategy(), Node: si.addr, Err: err, Evicted: rise}
 }
 
-// readInfo reads evicted_keys, maxmemory and maxmemory_policy from the
-// INFO of the master c at addr (the default sections, which every Redis
-// version takes, hold them). A client that panics on INFO (a fake that
-// implements only what decisions use) counts as a server that refuses it:
-// the sample runs on a goroutine of its own, where a panic would end the
-// program.
+// readInfo reads maxmemory and maxmemory_policy from INFO memory of the
+// master c at addr and, where they let the server evict, evicted_keys from
+// INFO stats (one section a call: Redis before 7.0 takes one). A server
+// that answers INFO memory with an error reply refuses it (a managed
+// service, or miniredis, which knows neither section and must not be sent
+// INFO stats: its INFO reads its server unlocked, and crashes the program
+// when that server is being closed). A client that panics on INFO (a fake
+// that implements only what decisions use) refuses it too: the sample runs
+// on a goroutine of its own, where a panic would end the program.
 func readInfo(ctx context.Context, c redis.Cmdable, addr string) (si serverInfo) {
 	si.addr = addr
 	defer func() {
@@ -210,29 +214,45 @@ func readInfo(ctx context.Context, c redis.Cmdable, addr string) (si serverInfo)
 			si = serverInfo{addr: addr, err: fmt.Errorf("redlimit: INFO panicked: %v", p), refused: true}
 		}
 	}()
-	text, err := c.Info(ctx).Result()
+	text, err := c.Info(ctx, "memory").Result()
 	if err != nil {
-		si.err, si.refused = err, refusedCommand(err)
+		var reply redis.Error
+		si.err, si.refused = err, errors.As(err, &reply)
 		return si
 	}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		name, value, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
+	infoFields(text, func(name, value string) {
 		switch name {
-		case "evicted_keys":
-			if v, err := strconv.ParseInt(value, 10, 64); err == nil {
-				si.evicted, si.complete = v, true
-			}
 		case "maxmemory":
 			si.maxmem, _ = strconv.ParseInt(value, 10, 64)
 		case "maxmemory_policy":
 			si.policy = value
 		}
+	})
+	if !evicts(si.maxmem, si.policy) {
+		return si // not complete: no baseline until it may evict
 	}
+	if text, err = c.Info(ctx, "stats").Result(); err != nil {
+		si.err = err
+		return si
+	}
+	infoFields(text, func(name, value string) {
+		if name == "evicted_keys" {
+			if v, err := strconv.ParseInt(value, 10, 64); err == nil {
+				si.evicted, si.complete = v, true
+			}
+		}
+	})
 	return si
+}
+
+// infoFields calls f with each "name:value" line of an INFO reply.
+func infoFields(text string, f func(name, value string)) {
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if name, value, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok {
+			f(name, value)
+		}
+	}
 }
 
 // close stops the timer and waits for a sample in flight.

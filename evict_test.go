@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -359,3 +360,33 @@ func TestEvictionOverAdmitsRedis(t *testing.T) {
 }
 
 var evictionAll = os.Getenv("REDLIMIT_EVICTION_POLICIES") == "all"
+
+// A limiter on miniredis samples it once and never again: miniredis
+// answers INFO memory with an error, and must never be sent INFO stats,
+// whose handler reads its server unlocked and crashed the test program
+// when a test closed the miniredis during a sample.
+func TestEvictionSkipsMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	lim := newLimiter(t, rdb, FixedWindow, PerHour(1000), WithEvictionCheck(time.Millisecond))
+	w := lim.evict
+	ctx := context.Background()
+	_, err := lim.Allow(ctx, "user")
+	require.NoError(t, err)
+	w.wg.Wait()
+	w.mu.Lock()
+	n := w.nodes[m.Addr()]
+	w.mu.Unlock()
+	require.NotNil(t, n, "the first decision samples")
+	assert.True(t, n.refused, "miniredis refuses INFO memory: not sampled again")
+	commands := func() int { // what a decision sends, and a sample if one starts
+		before := m.CommandCount()
+		_, err := lim.Allow(ctx, "user")
+		require.NoError(t, err)
+		w.wg.Wait()
+		return m.CommandCount() - before
+	}
+	alone := commands()
+	w.due.Store(true)
+	assert.Equal(t, alone, commands(), "a due sample sends no INFO to miniredis")
+}
