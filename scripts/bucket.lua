@@ -35,7 +35,8 @@
 -- Tag (for a reservation): when the refill would have paid back what was
 -- used before the reservation (now + D / rate, in µs).
 
-local TMOD = 1000000000 -- 1e9 ms
+-- T is kept modulo 1e9 ms, written as a number below (no local for it: see
+-- bucket_read's note on locals).
 
 -- bucket_read returns D, what is used, at now, 0, and D as stored (as of
 -- the state's time, or the start of its ms); or, when now is before the
@@ -73,8 +74,8 @@ local function bucket_read(key, rate)
     -- tonumber: T is zero-padded, which miniredis's Lua (gopher-lua)
     -- reads as octal in arithmetic on a string.
     local t_ms = tonumber(string.sub(v, len - 8))
-    local d = ((now - now % 1000) / 1000 - t_ms) % TMOD
-    if d > TMOD / 2 then d = d - TMOD end -- the clock went back
+    local d = ((now - now % 1000) / 1000 - t_ms) % 1000000000
+    if d > 500000000 then d = d - 1000000000 end -- the clock went back
     elapsed = d * 1000 + now % 1000
   end
   if elapsed < 0 then -- the state is ahead: no refill
@@ -103,7 +104,7 @@ local function bucket_write(used, rate, period, pxs, lag)
   if ttl < period + lag then ttl = period + lag end -- a period after t
   local value
   local at_ms = used + (t % 1000) * rate -- D at the start of the ms
-  if ttl <= TMOD * 500 and at_ms < 1e17 then
+  if ttl <= 500000000000 and at_ms < 1e17 then
     -- M = ceil(at_ms / 10^e) for the least e that makes M < 1e8, that
     -- is at_ms <= 99999999 * 10^e.
     local e, p = 0, 1
@@ -113,7 +114,7 @@ local function bucket_write(used, rate, period, pxs, lag)
     local m = at_ms
     if e > 0 then m = ceil_div(at_ms, p) end
     -- m * 10 + e printed is m's digits then e's (one conversion fewer).
-    value = string.format('%d%09d', m * 10 + e, (t - t % 1000) / 1000 % TMOD)
+    value = string.format('%d%09d', m * 10 + e, (t - t % 1000) / 1000 % 1000000000)
   else
     value = string.format('%.17g:%d', used, t) -- exact for a double; %d would wrap past 2^63
   end
@@ -142,7 +143,9 @@ local function check_tb(key, rate, period, burst, code, pxs)
   -- Burst <= Rate, the usual case: D is at most burst * period.
   if d0 > rate * (period + 1000) and (nrules > 1 or n == 0 or over > 0 or
       (leaky and max_delay >= 0 and reset_now > max_delay)) then
-    if rcall('PTTL', key) * 1000 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
+    -- (PTTL is rounded down: a ms more. -1: no expiry, set by hand.)
+    local left = rcall('PTTL', key)
+    if left >= 0 and left * 1000 + 1000 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
   end
   if over > 0 then
     return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now
