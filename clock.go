@@ -45,6 +45,17 @@ import (
 // two clocks is given once. Clusters: TIME is asked of the node
 // the command goes to; the nodes' clocks should agree (NTP) as they do for
 // key expiry.
+//
+// A step of the server's clock between two instances' readings (a
+// failover to a host whose clock is off) makes them disagree by the step
+// until they measure again. A bucket then admits at most one Burst more
+// than one clock would, once per disagreement (its state's time never goes
+// back; the clock behind gets no refill meanwhile), and a concurrency
+// limit never holds more than max (a lease set decides on its own time,
+// its latest expiry less its PTTL, when a call's disagrees by more than
+// 100 ms). A call whose time a script finds behind its key's, or off a
+// lease set's, by more than 100 ms makes the limiter measure again, in the
+// background, at most once a second.
 func WithClientClock() Option {
 	return optionFunc(func(c *config) { c.clientClock = true })
 }
