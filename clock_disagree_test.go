@@ -24,13 +24,15 @@ type stepRig struct {
 	mini           *miniredis.Miniredis // nil on a real redis-server
 }
 
-func newStepRig(t *testing.T, real bool) *stepRig {
+// realStepRig is a stepRig on a real redis-server.
+func realStepRig(t *testing.T) *stepRig {
+	s := realServer(t)
+	return &stepRig{client: simAt(t0), server: simAt(t0), opts: func() *redis.Options { return steadyOptions(s.Addr) }}
+}
+
+// miniStepRig is a stepRig on miniredis.
+func miniStepRig(t *testing.T) *stepRig {
 	r := &stepRig{client: simAt(t0), server: simAt(t0)}
-	if real {
-		s := realServer(t)
-		r.opts = func() *redis.Options { return steadyOptions(s.Addr) }
-		return r
-	}
 	r.mini = miniredis.RunT(t)
 	r.mini.ClockTTL(true)
 	r.mini.SetTime(t0)
@@ -87,25 +89,24 @@ func clockSteps(unit time.Duration) []time.Duration { return []time.Duration{5 *
 // plus at most one Burst (the refill between the two clocks, given once).
 // (They admitted 200 of at most 19: the instance ahead was refilled by
 // the whole step on every turn.)
-func TestClientClockStepBucket(t *testing.T) { testClientClockStepBucket(t, false) }
+func TestClientClockStepBucket(t *testing.T) { testClientClockStepBucket(t, miniStepRig, time.Second) }
 
-func TestClientClockStepBucketRedis(t *testing.T) { testClientClockStepBucket(t, true) }
+// On a real redis-server the keys live one unit on the server's real
+// clock: 5 s, longer than the test; shorter than ClockResyncInterval,
+// whose measurement would freeze the instance ahead (its time never goes
+// back).
+func TestClientClockStepBucketRedis(t *testing.T) {
+	testClientClockStepBucket(t, realStepRig, 5*time.Second)
+}
 
-func testClientClockStepBucket(t *testing.T, real bool) {
-	unit := time.Second
-	if real {
-		// The keys live one unit on the server's real clock: longer than
-		// the test; shorter than ClockResyncInterval, whose measurement
-		// would freeze the instance ahead (its time never goes back).
-		unit = 5 * time.Second
-	}
+func testClientClockStepBucket(t *testing.T, rig func(*testing.T) *stepRig, unit time.Duration) {
 	limit := Limit{Rate: 10, Period: unit, Burst: 10}
 	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
 		// What one clock admits: both instances measure the same time.
 		oneClock := 0
 		for _, step := range append([]time.Duration{0}, clockSteps(unit)...) {
 			t.Run(fmt.Sprintf("%v/step %v", s, step), func(t *testing.T) {
-				r := newStepRig(t, real)
+				r := rig(t)
 				prefix := prefixFor(t)
 				lims := pair(t, r, step, func(rdb redis.UniversalClient) (*RateLimiter, *clientClock) {
 					lim := newLimiter(t, rdb, s, limit, WithPrefix(prefix), WithClientClock(), withClock(r.client.now))
@@ -139,18 +140,19 @@ func testClientClockStepBucket(t *testing.T, real bool) {
 // for ttl). (4 were: the instance ahead pruned the other's live leases as
 // expired.) On a real redis-server the key's time runs on its real clock,
 // the instances' faster: no lease expires during the test.
-func TestClientClockStepConcurrency(t *testing.T) { testClientClockStepConcurrency(t, false) }
+func TestClientClockStepConcurrency(t *testing.T) {
+	testClientClockStepConcurrency(t, miniStepRig, time.Second)
+}
 
-func TestClientClockStepConcurrencyRedis(t *testing.T) { testClientClockStepConcurrency(t, true) }
+// (A minute: the lease set lives on the server's real clock.)
+func TestClientClockStepConcurrencyRedis(t *testing.T) {
+	testClientClockStepConcurrency(t, realStepRig, time.Minute)
+}
 
-func testClientClockStepConcurrency(t *testing.T, real bool) {
-	unit := time.Second
-	if real {
-		unit = time.Minute // the lease set lives on the server's real clock
-	}
+func testClientClockStepConcurrency(t *testing.T, rig func(*testing.T) *stepRig, unit time.Duration) {
 	for _, step := range clockSteps(unit) {
 		t.Run(fmt.Sprintf("step %v", step), func(t *testing.T) {
-			r := newStepRig(t, real)
+			r := rig(t)
 			prefix := prefixFor(t)
 			cs := pair(t, r, step, func(rdb redis.UniversalClient) (*Concurrency, *clientClock) {
 				c, err := NewConcurrency(rdb, 2, unit, WithPrefix(prefix), WithClientClock(), withClock(r.client.now))
