@@ -45,6 +45,17 @@ import (
 // two clocks is given once. Clusters: TIME is asked of the node
 // the command goes to; the nodes' clocks should agree (NTP) as they do for
 // key expiry.
+//
+// A step of the server's clock between two instances' readings (a
+// failover to a host whose clock is off) makes them disagree by the step
+// until they measure again. A bucket then admits at most one Burst more
+// than one clock would, once per disagreement (its state's time never goes
+// back; the clock behind gets no refill meanwhile), and a concurrency
+// limit never holds more than max (a lease set decides on its own time,
+// its latest expiry less its PTTL, when a call's disagrees by more than
+// 100 ms). A call whose time a script finds behind its key's, or off a
+// lease set's, by more than 100 ms makes the limiter measure again, in the
+// background, at most once a second.
 func WithClientClock() Option {
 	return optionFunc(func(c *config) { c.clientClock = true })
 }
@@ -81,6 +92,10 @@ type clientClock struct {
 
 	base atomic.Pointer[clockBase] // the latest measurement; nil: none, or stale
 	last atomic.Int64              // the last time sent, µs
+	// asked is when a script last found the time sent behind its key's
+	// (behind), on the client's clock, µs: measured again at most once a
+	// clockBehindInterval.
+	asked atomic.Int64
 
 	mu     sync.Mutex
 	flight *measurement // the measurement under way, if any; guarded by mu
@@ -125,6 +140,30 @@ func (c *clientClock) close() {
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
+}
+
+// clockBehindInterval is the least time between two measurements that
+// scripts ask for (behind): a clock that is right, behind a key written by
+// one that is not, learns nothing new from measuring again.
+const clockBehindInterval = time.Second
+
+// behind measures the offset again, in the background, when a script found
+// the time sent behind its key's time (a measurement from before a step of
+// the server's clock); at most once a clockBehindInterval, and not while
+// one is under way. No call waits for it: calls meanwhile send the time
+// they would have sent.
+func (c *clientClock) behind() {
+	now := c.now().UnixMicro()
+	last := c.asked.Load()
+	if last != 0 && now-last < clockBehindInterval.Microseconds() && now >= last {
+		return
+	}
+	if !c.asked.CompareAndSwap(last, now) {
+		return // another call asks
+	}
+	// (An error is ErrClosed: nothing to measure. A measurement that fails
+	// is made again by the next call that needs one.)
+	_, _, _ = c.join(context.Background(), c.base.Load())
 }
 
 // stale makes the next call measure the offset again (after an outage: the

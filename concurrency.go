@@ -371,6 +371,10 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 		}
 		v[i] = n
 	}
+	if v[0] >= clockBehind { // the time sent disagreed with the key's
+		v[0] -= clockBehind
+		c.e.behind()
+	}
 	res := Result{
 		Allowed:    op == opAcquire && v[0] == leaseDone,
 		Limit:      c.limit,

@@ -223,8 +223,8 @@ func TestConcurrencyLimitReleaseCancelledContext(t *testing.T) {
 func TestConcurrencyLimitClientClock(t *testing.T) {
 	b, _ := miniBackend(t)
 	ctx := context.Background()
-	client := t0.Add(-time.Hour) // an hour behind the server
-	c := newConc(t, b.rdb, 1, time.Second, WithClientClock(), withClock(func() time.Time { return client }))
+	client := simAt(t0.Add(-time.Hour)) // an hour behind the server; read by measurements in the background too
+	c := newConc(t, b.rdb, 1, time.Second, WithClientClock(), withClock(client.now))
 	l, res := mustTry(t, c, "k")
 	require.Equal(t, time.Second, res.ResetAfter)
 	state := c.e.stateKey("k", &c.e.own.rules[0])
@@ -232,9 +232,15 @@ func TestConcurrencyLimitClientClock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, float64(t0.Add(time.Second).UnixMicro()), score, "expiry on the corrected clock")
 
-	// The client's clock moves 2 s, the server's does not: the script takes
-	// the client's time, so the lease has expired.
-	client = client.Add(2 * time.Second)
+	// The client's clock moves 2 s, the server's does not: they disagree,
+	// and the lease set decides on its key's time, which its expiry keeps
+	// on the server's clock: the lease is live. (The script took the
+	// client's time: expired.)
+	client.add(2 * time.Second)
+	require.NoError(t, l.Extend(ctx))
+	// Both move 2 s: expired.
+	client.add(2 * time.Second)
+	b.advance(2 * time.Second)
 	require.ErrorIs(t, l.Extend(ctx), ErrLeaseExpired)
 }
 

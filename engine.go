@@ -674,6 +674,14 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	return e.parse(reply, rs, rc)
 }
 
+// behind makes the client clock, if any, measure again: a script found the
+// time it sent behind its key's (see clockBehind).
+func (e *engine) behind() {
+	if e.clock != nil {
+		e.clock.behind()
+	}
+}
+
 // micros converts a script's µs (a wait or a reset) to a Duration: never
 // negative, and at most the longest Duration (about 292 years) rather than
 // wrapping around.
@@ -694,6 +702,12 @@ func le64(s string) int64 {
 		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
 }
 
+// clockBehind is added to a script reply's code (decision scripts and
+// concurrency.lua) when the time the call sent (WithClientClock) is behind
+// its key's time by more than the scripts' tolerance, 100 ms: the limiter
+// then measures its clock again (clientClock.behind).
+const clockBehind = 64
+
 // packedReply is the length of a reply packed in one string (see
 // scripts/common.lua): code, remaining, delay or retry after, reset
 // after, deciding rule, as a byte, three little-endian int64 and a byte.
@@ -710,11 +724,20 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 		if len(r) != packedReply {
 			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
 		}
-		if rc != nil && r[0] == byte(reasonAllowed) {
+		if r[0] >= clockBehind {
+			e.behind()
+		}
+		if rc != nil && r[0]&^clockBehind == byte(reasonAllowed) {
 			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied an admitted reservation without its tags", e.kind)
 		}
-		v = [5]int64{int64(r[0]), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
+		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
 	case []any:
+		if len(r) > 0 {
+			if c, ok := r[0].(int64); ok && c >= clockBehind {
+				e.behind()
+				r[0] = c - clockBehind
+			}
+		}
 		want := 5
 		if rc != nil && len(r) > 0 && r[0] == int64(reasonAllowed) {
 			want += len(rs.rules)

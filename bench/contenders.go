@@ -85,6 +85,13 @@ func Redlimit(s redlimit.Strategy, via Via) Contender {
 	return redlimitWith(s, via, "")
 }
 
+// RedlimitClientClock measures one redlimit strategy with
+// redlimit.WithClientClock: the limiter sends the time, measured with TIME,
+// instead of the script reading it.
+func RedlimitClientClock(s redlimit.Strategy) Contender {
+	return redlimitWith(s, Direct, " (client clock)", redlimit.WithClientClock())
+}
+
 // functionsSuffix ends the names of the contenders with
 // redlimit.WithRedisFunctions.
 const functionsSuffix = " (functions)"

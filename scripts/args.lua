@@ -18,7 +18,7 @@
 -- A script with its rules written in gets the arguments only up to the
 -- last that is not its default (every argument Redis puts in ARGV costs it
 -- a string and a table slot): an absent one is its default.
-n, nrules, now, max_delay, block, rid = 1, 1, 0, -1, 0, ''
+n, nrules, now, max_delay, block, rid, skew = 1, 1, 0, -1, 0, '', 0
 rcall = redis.call
 write, writes = rcall, nil
 local nargs = #ARGV
@@ -32,4 +32,5 @@ if nargs > 5 then rid = ARGV[6] end
 if now <= 0 then
   local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
+  skew = false
 end

@@ -35,7 +35,9 @@
 -- Reply: an array of five integers (Redis truncates Lua floats, so every
 -- value is rounded here, times up):
 --   [1] code: 0 allowed, 1 denied by a limit, 2 denied by a block,
---       3 denied because the wait would exceed the max delay
+--       3 denied because the wait would exceed the max delay; plus 64
+--       when now (ARGV[3]) is behind a rule's state by more than 100 ms
+--       (see skew)
 --   [2] remaining events that could still be allowed now (the least over
 --       the rules)
 --   [3] when allowed: the delay, µs, to wait before acting (leaky bucket;
@@ -65,8 +67,14 @@
 -- (ARGV[3]) that is offset from the server's still gives the right lifetime.
 
 -- The call's numbers, set by args.lua on every call (which comes after the
--- strategies' files: they read these as upvalues).
-local n, nrules, now, max_delay, block, rid
+-- strategies' files: they read these as upvalues). skew says where now
+-- came from: false, the server's TIME; 0, the caller (a client clock, see
+-- WithClientClock); 64, the caller, whose clock a rule found behind its
+-- state's time by more than 100 ms (instances agree to about a round
+-- trip): reply.lua adds it to the reply's code, and the caller measures
+-- its clock again. (No local more in this chunk for the 100 ms: see n0 in
+-- scripts.go.)
+local n, nrules, now, max_delay, block, rid, skew
 
 -- Rounding: a decision rounds by arithmetic, not with math.floor and
 -- math.ceil (settle.lua and a block's reply, off the hot path, still call

@@ -13,6 +13,22 @@
 -- the set (not only on the first acquire: a key that expired while a later
 -- lease was live would forget that lease and over-admit).
 --
+-- The key's time: scores are on the clock of the call that wrote them, and
+-- with a client clock (ARGV[3] > 0) instances may disagree, by seconds
+-- after a step of the server's clock between their measurements; the one
+-- ahead would then count the other's live leases as expired. But the
+-- key's expiry runs on the server's own clock, set to the latest expiry
+-- less the writer's now: the latest score less PTTL is the writer's now,
+-- as of this moment (to a ms or two). A call whose now disagrees with that
+-- by more than 100 ms decides on it instead, so that every instance counts
+-- the leases on the one clock their scores are on, and the reply's code
+-- has 64 added (concurrency.go then measures its clock again). Releasing
+-- the latest lease keeps that time (the expiry follows the new latest).
+-- With the server's TIME, one clock, none of this is needed. A step of
+-- the server's clock moves the key's expiry and so its time: the leases
+-- then end as much earlier (stepped forward) or later, as every key's
+-- expiry does.
+--
 -- KEYS[1]  the lease set: <prefix>:{<key>}:cc
 -- ARGV[1]  op: 1 acquire, 2 extend, 3 release
 -- ARGV[2]  lease id (the member)
@@ -23,7 +39,8 @@
 --
 -- Reply: an array of four integers, times in µs, rounded up:
 --   [1] code: 0 done (acquired, extended, released), 1 denied: no free slot
---       (acquire), 4 no such lease: expired or released (extend, release)
+--       (acquire), 4 no such lease: expired or released (extend, release);
+--       plus 64 when now (ARGV[3]) disagreed with the key's time
 --   [2] free slots after the call (>= 0)
 --   [3] when denied: the retry after, until enough leases expire for one
 --       slot to be free; else 0
@@ -41,19 +58,6 @@ local now = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 
-if op == 3 then
-  -- Release needs no clock: removing a lease that already expired is
-  -- harmless, and the key's expiry stays at or past its latest lease's.
-  local removed = redis.call('ZREM', key, id)
-  if removed == 0 then return {4, 0, 0, 0} end
-  return {0, 0, 0, 0}
-end
-
-if now <= 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
 -- ms returns a PX lifetime for d µs: rounded up, never 0.
 local function ms(d)
   local v = math.ceil(d / 1000)
@@ -61,11 +65,41 @@ local function ms(d)
   return v
 end
 
--- latest returns the latest expiry in the set, or nil when it is empty.
+-- latest returns the latest expiry in the set, or nil when it is empty,
+-- and its member.
 local function latest()
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if #last == 0 then return nil end
-  return tonumber(last[2])
+  return tonumber(last[2]), last[1]
+end
+
+if op == 3 then
+  -- Release needs no clock: removing a lease that already expired is
+  -- harmless. Removing the latest one sets the expiry to the new latest
+  -- as of the key's time (see above), which it keeps; others leave it.
+  local l, last = latest()
+  if last ~= id then
+    if redis.call('ZREM', key, id) == 0 then return {4, 0, 0, 0} end
+    return {0, 0, 0, 0}
+  end
+  local at = l - redis.call('PTTL', key) * 1000
+  redis.call('ZREM', key, id)
+  l = latest()
+  if l ~= nil and at <= l then redis.call('PEXPIRE', key, ms(l - at)) end
+  return {0, 0, 0, 0}
+end
+
+local skew = 0
+if now <= 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  local l = latest()
+  if l ~= nil then
+    local left = redis.call('PTTL', key) -- -1: no expiry (set by hand)
+    local at = l - left * 1000
+    if left >= 0 and (now - at > 100000 or at - now > 100000) then now, skew = at, 64 end
+  end
 end
 
 local count = redis.call('ZCOUNT', key, string.format('(%d', now), '+inf')
@@ -83,12 +117,12 @@ if op == 2 then
     local reset = 0
     local l = latest()
     if l ~= nil and l > now then reset = l - now end
-    return {4, math.max(limit - count, 0), 0, reset}
+    return {4 + skew, math.max(limit - count, 0), 0, reset}
   end
   redis.call('ZADD', key, 'XX', now + ttl, id)
   local l = latest()
   redis.call('PEXPIRE', key, ms(l - now))
-  return {0, math.max(limit - count, 0), 0, l - now}
+  return {skew, math.max(limit - count, 0), 0, l - now}
 end
 
 if count >= limit then
@@ -99,10 +133,10 @@ if count >= limit then
   local r = expired + count - limit
   local e = redis.call('ZRANGE', key, r, r, 'WITHSCORES')
   local retry = tonumber(e[2]) - now
-  return {1, 0, retry, latest() - now}
+  return {1 + skew, 0, retry, latest() - now}
 end
 
 redis.call('ZADD', key, now + ttl, id)
 local l = latest()
 redis.call('PEXPIRE', key, ms(l - now))
-return {0, limit - count - 1, 0, l - now}
+return {skew, limit - count - 1, 0, l - now}

@@ -7,7 +7,10 @@
 -- a missing global is an error in miniredis.)
 local pack = rawget(_G, 'struct')
 if pack then pack = pack.pack end
-local PACKED = '<Bi8i8i8B'
+
+-- skew: 64 when a rule found the caller's clock behind (see common.lua),
+-- added to the code; else 0 (or false: the server's TIME).
+skew = skew or 0
 
 n = n0
 if denied and n > 0 then
@@ -29,17 +32,17 @@ if denied and n > 0 then
   -- (Rounded by arithmetic, see common.lua.)
   min_now, retry, reset_denied = min_now - min_now % 1, retry + (-retry) % 1, reset_denied + (-reset_denied) % 1
   if pack then
-    return pack(PACKED, code, min_now, retry, reset_denied, slowest)
+    return pack('<Bi8i8i8B', code + skew, min_now, retry, reset_denied, slowest)
   end
-  return {code, min_now, retry, reset_denied, slowest}
+  return {code + skew, min_now, retry, reset_denied, slowest}
 end
 if n == 0 then
   if min_now < 0 then min_now = 0 end
   min_now, delay, reset_denied = min_now - min_now % 1, delay + (-delay) % 1, reset_denied + (-reset_denied) % 1
   if pack then
-    return pack(PACKED, 0, min_now, delay, reset_denied, fewest)
+    return pack('<Bi8i8i8B', skew, min_now, delay, reset_denied, fewest)
   end
-  return {0, min_now, delay, reset_denied, fewest}
+  return {skew, min_now, delay, reset_denied, fewest}
 end
 
 if writes then
@@ -53,9 +56,9 @@ end
 if min_after < 0 then min_after = 0 end
 min_after, delay, reset_ok = min_after - min_after % 1, delay + (-delay) % 1, reset_ok + (-reset_ok) % 1
 if rid == '' and pack then
-  return pack(PACKED, 0, min_after, delay, reset_ok, fewest)
+  return pack('<Bi8i8i8B', skew, min_after, delay, reset_ok, fewest)
 end
-local reply = {0, min_after, delay, reset_ok, fewest}
+local reply = {skew, min_after, delay, reset_ok, fewest}
 if rid ~= '' then
   -- The reservation: a member of a sorted set of each rule's state (so
   -- that a Reset of a rule's state, by whichever limiter, forgets it for

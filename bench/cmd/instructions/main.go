@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/bench"
 )
 
@@ -109,7 +110,7 @@ func run() error {
 	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
 	ctx := context.Background()
-	cs := bench.Contenders()
+	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket))
 	if *variants != "" {
 		for _, dir := range strings.Split(*variants, ",") {
 			for _, c := range cs {
