@@ -260,3 +260,38 @@ func loweredPair(t *testing.T, b *backend, s Strategy, period time.Duration) (fa
 	slow = newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: period, Burst: 100}, WithPrefix(prefix))
 	return fast, slow
 }
+
+// With a client clock, releasing the latest lease of a set whose other
+// leases have expired (a crashed holder's) leaves no lease live: max 2,
+// ttl 1 min, X taken at 0 and never released, Y at 10 s released at
+// 65 s: at 66 s both slots are free. (The set's expiry was left at Y's,
+// which put the key's time 10 s early: X counted again until 70 s, and 1
+// of 2 was granted.)
+func TestClientClockReleaseLatest(t *testing.T) {
+	r := miniStepRig(t)
+	rdb := r.rdb(t)
+	c, err := NewConcurrency(rdb, 2, time.Minute, WithPrefix(prefixFor(t)), WithClientClock(), withClock(r.client.now))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	ctx := t.Context()
+	x, _, err := c.TryAcquire(ctx, "k")
+	require.NoError(t, err)
+	require.NotNil(t, x)
+	r.advance(10 * time.Second)
+	y, _, err := c.TryAcquire(ctx, "k")
+	require.NoError(t, err)
+	require.NotNil(t, y)
+	r.advance(55 * time.Second)
+	require.NoError(t, y.Release(ctx))
+	r.advance(time.Second)
+	granted := 0
+	for range 2 {
+		l, res, err := c.TryAcquire(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, res.Degraded)
+		if l != nil {
+			granted++
+		}
+	}
+	assert.Equal(t, 2, granted, "leases granted at 66 s, of 2 free slots")
+}

@@ -348,7 +348,9 @@ func (c *Concurrency) Close() error {
 // eval runs concurrency.lua for one lease.
 func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Result, int64, error) {
 	now := argZero
-	if c.e.clock != nil && op != opRelease {
+	if c.e.clock != nil && op == opRelease {
+		now = 1 // a release needs no time, only to know the clock is the client's
+	} else if c.e.clock != nil {
 		us, err := c.e.clock.nowMicros(ctx)
 		if err != nil {
 			return Result{}, 0, err

@@ -33,6 +33,7 @@
 -- ARGV[1]  op: 1 acquire, 2 extend, 3 release
 -- ARGV[2]  lease id (the member)
 -- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
+--          (a release takes no time: 1 with the caller's clock, else 0)
 -- ARGV[4]  max: live leases allowed at once (1 to 100,000)
 -- ARGV[5]  ttl in µs (>= 1000): a lease lives this long after its acquire
 --          or its last extend
