@@ -221,7 +221,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 		e.clock = newClientClock(rdb, cfg.now)
 	}
 	e.rescue = newRescue(e)
-	e.evict = newEvictWatch(e, cfg.evictEvery)
+	e.evict = joinEvictWatch(e, cfg.evictEvery)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
 	}
@@ -452,7 +452,7 @@ func (e *engine) close() error {
 			err = e.leases.close() // gives back what the leases did not serve
 		}
 		e.rescue.close()
-		e.evict.close()
+		e.evict.leave(e)
 		if e.clock != nil {
 			e.clock.close() // after the leases, whose give-back may read it
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,24 +16,28 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// WithEvictionCheck sets how often, at most, a limiter in use samples
-// INFO on its Redis masters (as [CheckRedis] finds them) to notice that
-// they evict keys: evicted_keys rising between two samples of a server
-// whose maxmemory-policy can evict. The first rise is reported once, as a
-// [Transition] with Evicted set (to the hook of [WithOnTransition]) and as
-// one line of the standard library's log package (go-redis does not
-// export its own logger); a server is reported again only after a sample
-// found it not evicting and at least 10 minutes passed since its last
-// rise. evicted_keys counts every key the server evicted, not only the
-// limiter's: it is the evidence that the server deletes keys when full,
-// which on an allkeys-* policy may be limiter keys, and on a volatile-*
-// policy are most likely them (every limiter key has a TTL).
+// WithEvictionCheck sets how often, at most, the limiters of a Redis
+// client sample INFO on its masters (as [CheckRedis] finds them) to
+// notice that they evict keys: evicted_keys rising between two samples of
+// a server whose maxmemory-policy can evict. The first rise is reported
+// once, as a [Transition] with Evicted set (to the hook of
+// [WithOnTransition]; a hook that tells switches apart by Down should
+// skip it) and as one line of the standard library's log package
+// (go-redis does not export its own logger); a server is reported again
+// only after a sample found it not evicting and at least 10 minutes
+// passed since its last rise. evicted_keys counts every key the server
+// evicted, not only the limiter's: it is the evidence that the server
+// deletes keys when full, which on an allkeys-* policy may be limiter
+// keys, and on a volatile-* policy are most likely them (every limiter
+// key has a TTL).
 //
-// Sampling is lazy: a decision that Redis answered, after the interval has
-// passed since the last sample, starts one sample in the background (one
-// goroutine, bounded by a second, ended by Close); a decision costs one
-// atomic load, and an idle limiter runs nothing. A server that refuses
-// INFO is not sampled again. The default is 10s; 0 turns sampling off.
+// Sampling is shared by the limiters of one client with the same
+// interval, and lazy: the first sample is taken one interval after their
+// first decision, and later ones by a decision that Redis answered once
+// the interval has passed since the last (one goroutine, bounded by a
+// second; Close does not wait for it). A decision costs one atomic load,
+// and idle limiters run nothing. A server that refuses INFO memory is not
+// sampled again. The default is 10s; 0 turns sampling off.
 func WithEvictionCheck(every time.Duration) Option {
 	return optionFunc(func(c *config) { c.evictEvery = every })
 }
@@ -47,19 +52,37 @@ const evictQuiet = 10 * time.Minute
 // evictSampleTimeout bounds one sample of every master.
 const evictSampleTimeout = time.Second
 
-// evictWatch samples the limiter's Redis masters for evictions.
-type evictWatch struct {
-	e     *engine
-	every time.Duration
-	// due is set when a sample may start: by the timer armed at the end
-	// of the last sample. It is all a decision reads.
-	due atomic.Bool
+// The states of an evictWatch.
+const (
+	evictIdle  int32 = iota // no decision yet: the first arms the timer
+	evictArmed              // the timer runs, or a sample does
+	evictDue                // the interval has passed: a decision samples
+)
 
-	ctx    context.Context // cancelled by close: ends a sample in flight
+// evictWatches holds the watch of each client and interval, shared by
+// the limiters built on them.
+var evictWatches struct {
+	sync.Mutex
+	m map[evictWatchKey]*evictWatch
+}
+
+type evictWatchKey struct {
+	rdb   redis.UniversalClient
+	every time.Duration
+}
+
+// evictWatch samples a client's Redis masters for evictions, for the
+// limiters that share it.
+type evictWatch struct {
+	key   evictWatchKey
+	state atomic.Int32 // evictIdle, evictArmed or evictDue: all a decision reads
+
+	ctx    context.Context // cancelled when the last limiter closes: ends a sample in flight
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the sample in flight
+	wg     sync.WaitGroup // the sample in flight (the tests wait for it)
 
 	mu     sync.Mutex
+	subs   map[*engine]struct{} // the limiters to report to
 	closed bool
 	timer  *time.Timer
 	nodes  map[string]*evictNode
@@ -74,19 +97,56 @@ type evictNode struct {
 	refused bool      // the server refused INFO: not sampled again
 }
 
-// newEvictWatch returns the watch of e, which samples at most every
-// interval; every 0 turns it off (due is never set).
-func newEvictWatch(e *engine, every time.Duration) *evictWatch {
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &evictWatch{e: e, every: every, ctx: ctx, cancel: cancel, nodes: make(map[string]*evictNode), logf: log.Printf}
-	w.due.Store(every > 0) // the first decision takes the first sample
+// joinEvictWatch returns the watch of e's client and interval, with e
+// among the limiters it reports to; nil when every is 0 (a nil watch's
+// methods do nothing).
+func joinEvictWatch(e *engine, every time.Duration) *evictWatch {
+	if every <= 0 {
+		return nil
+	}
+	k := evictWatchKey{rdb: e.rdb, every: every}
+	shared := reflect.TypeOf(e.rdb).Comparable() // a map key; a client of another kind gets a watch of its own
+	evictWatches.Lock()
+	defer evictWatches.Unlock()
+	var w *evictWatch
+	if shared {
+		w = evictWatches.m[k]
+	}
+	if w == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w = &evictWatch{key: k, ctx: ctx, cancel: cancel, subs: make(map[*engine]struct{}),
+			nodes: make(map[string]*evictNode), logf: log.Printf}
+		if shared {
+			if evictWatches.m == nil {
+				evictWatches.m = make(map[evictWatchKey]*evictWatch)
+			}
+			evictWatches.m[k] = w
+		}
+	}
+	w.mu.Lock()
+	w.subs[e] = struct{}{}
+	w.mu.Unlock()
 	return w
 }
 
-// poke starts a sample if one is due. Decisions that Redis answered call
-// it: one atomic load, unless a sample is due.
+// poke starts a sample if one is due, or arms the first. Decisions that
+// Redis answered call it: one atomic load, unless a sample is due.
 func (w *evictWatch) poke() {
-	if !w.due.Load() || !w.due.CompareAndSwap(true, false) {
+	if w == nil {
+		return
+	}
+	switch w.state.Load() {
+	case evictArmed:
+		return
+	case evictIdle:
+		if w.state.CompareAndSwap(evictIdle, evictArmed) {
+			w.mu.Lock()
+			w.armLocked()
+			w.mu.Unlock()
+		}
+		return
+	}
+	if !w.state.CompareAndSwap(evictDue, evictArmed) {
 		return
 	}
 	w.mu.Lock()
@@ -99,19 +159,58 @@ func (w *evictWatch) poke() {
 	go w.run()
 }
 
+// armLocked makes a sample due after the interval. w.mu is held.
+func (w *evictWatch) armLocked() {
+	if !w.closed {
+		w.timer = time.AfterFunc(w.key.every, func() { w.state.Store(evictDue) })
+	}
+}
+
 // run takes one sample, arms the timer for the next, and then, no longer
-// counted in wg (a hook may call Close), reports what it found.
+// counted in wg (a hook may call Close), reports what it found to every
+// limiter sharing the watch.
 func (w *evictWatch) run() {
 	found := w.sample()
 	w.mu.Lock()
-	if !w.closed {
-		w.timer = time.AfterFunc(w.every, func() { w.due.Store(true) })
+	w.armLocked()
+	subs := make([]*engine, 0, len(w.subs))
+	for e := range w.subs {
+		subs = append(subs, e)
 	}
 	w.mu.Unlock()
 	w.wg.Done()
-	for _, t := range found {
-		w.logf("%v", t.Err)
-		w.e.rescue.notify(t)
+	for _, si := range found {
+		w.logf("redlimit: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance",
+			serverName(si.addr), si.rise, si.maxmem, si.policy)
+		for _, e := range subs {
+			e.rescue.notify(transition(e, si))
+		}
+	}
+}
+
+// leave takes e off the limiters w reports to; the last one to leave
+// ends the watch, without waiting for a sample in flight (bounded by
+// evictSampleTimeout, its results dropped), so that Close does not wait
+// on a Redis that hangs.
+func (w *evictWatch) leave(e *engine) {
+	if w == nil {
+		return
+	}
+	evictWatches.Lock()
+	defer evictWatches.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.subs, e)
+	if len(w.subs) > 0 || w.closed {
+		return
+	}
+	w.closed = true
+	w.cancel()
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if reflect.TypeOf(w.key.rdb).Comparable() && evictWatches.m[w.key] == w {
+		delete(evictWatches.m, w.key)
 	}
 }
 
@@ -123,19 +222,20 @@ type serverInfo struct {
 	policy   string
 	err      error
 	refused  bool
-	complete bool // evicted_keys was there
+	complete bool  // evicted_keys was there
+	rise     int64 // keys evicted since the previous sample
 }
 
 // sample reads INFO on every master not known to refuse it, and returns
 // the rises to report.
-func (w *evictWatch) sample() []Transition {
+func (w *evictWatch) sample() []serverInfo {
 	ctx, cancel := context.WithTimeout(w.ctx, evictSampleTimeout)
 	defer cancel()
 	var (
 		mu    sync.Mutex
 		infos []serverInfo
 	)
-	_ = forEachMaster(ctx, w.e.rdb, func(ctx context.Context, c redis.Cmdable, addr string) {
+	_ = forEachMaster(ctx, w.key.rdb, func(ctx context.Context, c redis.Cmdable, addr string) {
 		w.mu.Lock()
 		n := w.nodes[addr]
 		w.mu.Unlock()
@@ -148,7 +248,7 @@ func (w *evictWatch) sample() []Transition {
 		mu.Unlock()
 	})
 	now := time.Now()
-	var found []Transition
+	var found []serverInfo
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -177,7 +277,8 @@ func (w *evictWatch) sample() []Transition {
 		case rise > 0 && evicts(si.maxmem, si.policy):
 			if !n.spell {
 				n.spell = true
-				found = append(found, w.transition(si, rise))
+				si.rise = rise
+				found = append(found, si)
 			}
 			n.rose = now
 		case rise <= 0 && n.spell && now.Sub(n.rose) >= evictQuiet:
@@ -187,15 +288,19 @@ func (w *evictWatch) sample() []Transition {
 	return found
 }
 
-// transition is the report of a rise on the master si.
-func (w *evictWatch) transition(si serverInfo, rise int64) Transition {
-	name := si.addr
-	if name == "" {
-		name = "(the client's server)"
+// serverName names the master at addr in a report.
+func serverName(addr string) string {
+	if addr == "" {
+		return "(the client's server)"
 	}
+	return addr
+}
+
+// transition is the report to e of the rise on the master si.
+func transition(e *engine, si serverInfo) Transition {
 	err := fmt.Errorf("redlimit: %s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
-		w.e.kind, name, rise, si.maxmem, si.policy, ErrEvictionPolicy)
-	return Transition{Strategy: w.e.rescue.strategy(), Node: si.addr, Err: err, Evicted: rise}
+		e.kind, serverName(si.addr), si.rise, si.maxmem, si.policy, ErrEvictionPolicy)
+	return Transition{Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
 }
 
 // readInfo reads maxmemory and maxmemory_policy from INFO memory of the
@@ -253,20 +358,6 @@ func infoFields(text string, f func(name, value string)) {
 			f(name, value)
 		}
 	}
-}
-
-// close stops the timer and waits for a sample in flight.
-func (w *evictWatch) close() {
-	w.mu.Lock()
-	if !w.closed {
-		w.closed = true
-		w.cancel()
-		if w.timer != nil {
-			w.timer.Stop()
-		}
-	}
-	w.mu.Unlock()
-	w.wg.Wait()
 }
 
 // notify reports t through the OnTransition hook, after the switches
