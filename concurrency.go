@@ -83,7 +83,7 @@ const (
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
 // WithClientClock. The observer sees every try to take a lease with
 // Strategy 0 and N 1; transitions have Strategy 0. WithBlock,
-// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithLease are
+// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithPrefetch are
 // refused; WithRedisFunctions and WithReservationTTL are accepted and
 // change nothing (a concurrency limit runs its own scripts).
 //

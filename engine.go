@@ -174,12 +174,12 @@ type engine struct {
 	kind   string        // in errors: the strategy's name or "policy"
 	clock  *clientClock  // nil: the server's TIME
 
-	rescue *rescue
-	evict  *evictWatch // WithEvictionCheck (evict.go)
-	denies *denyCache
-	leases *leases    // WithLease; nil when off
-	limits limitCache // WithLimitFunc's limits, validated
-	closed atomic.Bool
+	rescue     *rescue
+	evict      *evictWatch // WithEvictionCheck (evict.go)
+	denies     *denyCache
+	prefetcher *prefetcher // WithPrefetch; nil when off
+	limits     limitCache  // WithLimitFunc's limits, validated
+	closed     atomic.Bool
 	// noFunctions: the server cannot run the rules' Redis Function
 	// (WithRedisFunctions); the script decides instead.
 	noFunctions atomic.Bool
@@ -204,7 +204,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.lease.check(kind, rules, cfg.reserveTTL); err != nil {
+	if err := cfg.prefetch.check(kind, rules, cfg.reserveTTL); err != nil {
 		return nil, err
 	}
 	if err := checkClient(rdb); err != nil {
@@ -225,8 +225,8 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
 	}
-	if cfg.lease.size > 0 {
-		e.leases = newLeases(e)
+	if cfg.prefetch.size > 0 {
+		e.prefetcher = newPrefetcher(e)
 	}
 	return e, nil
 }
@@ -369,7 +369,7 @@ const waitMargin = time.Millisecond
 // detach returns a context with ctx's values but not its end, which ends
 // after timeout or when life does: work that others wait for, or that
 // must land, goes on when the call that started it returns, and stops at
-// the limiter's Close (a lease being taken, a client-clock measurement).
+// the limiter's Close (a prefetch being taken, a client-clock measurement).
 func detach(ctx, life context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	stop := context.AfterFunc(life, cancel)
@@ -396,7 +396,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // reset forgets all state of key for the given rules: their Redis keys, the
 // penalty block, the pending reservations on those states (and so the
-// key's leases here), and this process's fallback and deny-cache entries.
+// key's prefetches here), and this process's fallback and deny-cache entries.
 func (e *engine) reset(ctx context.Context, key string) error {
 	if e.closed.Load() {
 		return ErrClosed
@@ -412,8 +412,8 @@ func (e *engine) reset(ctx context.Context, key string) error {
 		return err
 	}
 	first := e.stateKey(key, &rs.rules[0])
-	if e.leases != nil {
-		e.leases.drop(ctx, first)
+	if e.prefetcher != nil {
+		e.prefetcher.drop(ctx, first)
 	}
 	e.rescue.forget(first)
 	if e.denies != nil {
@@ -423,7 +423,7 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(first, rs, i))
 	}
-	// The reservations too (and so the leases): settled after the reset,
+	// The reservations too (and so the prefetches): settled after the reset,
 	// one would give its events back into the fresh state.
 	keys = append(keys, blockKeyOf(first, rs))
 	keys = appendReserveKeys(keys, first, rs)
@@ -431,11 +431,11 @@ func (e *engine) reset(ctx context.Context, key string) error {
 		return fmt.Errorf("redlimit: reset %q: %w", key, err)
 	}
 	// Again: a call sent between the first forget and the DEL was decided
-	// on the old state, and its denial, or a lease it took, must not
-	// outlive it (the lease's reservation went with the DEL: given back,
+	// on the old state, and its denial, or a prefetch it took, must not
+	// outlive it (the prefetch's reservation went with the DEL: given back,
 	// it gives nothing).
-	if e.leases != nil {
-		e.leases.drop(ctx, first)
+	if e.prefetcher != nil {
+		e.prefetcher.drop(ctx, first)
 	}
 	if e.denies != nil {
 		e.denies.forget(first)
@@ -444,17 +444,17 @@ func (e *engine) reset(ctx context.Context, key string) error {
 }
 
 // close stops the fallback monitor and makes later calls return ErrClosed.
-// Its error says what leases it could not give back (see leases.close).
+// Its error says what prefetches it could not give back (see prefetcher.close).
 func (e *engine) close() error {
 	var err error
 	if e.closed.CompareAndSwap(false, true) {
-		if e.leases != nil {
-			err = e.leases.close() // gives back what the leases did not serve
+		if e.prefetcher != nil {
+			err = e.prefetcher.close() // gives back what the prefetches did not serve
 		}
 		e.rescue.close()
 		e.evict.close()
 		if e.clock != nil {
-			e.clock.close() // after the leases, whose give-back may read it
+			e.clock.close() // after the prefetches, whose give-back may read it
 		}
 	}
 	return err
@@ -522,9 +522,9 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 			return res, reasonDenyCache, nil
 		}
 	}
-	lease := e.leases != nil && rc == nil && n > 0
-	if lease {
-		if res, ok := e.leases.serve(state, n, rs); ok {
+	prefetching := e.prefetcher != nil && rc == nil && n > 0
+	if prefetching {
+		if res, ok := e.prefetcher.serve(state, n, rs); ok {
 			return res, reasonAllowed, nil
 		}
 	}
@@ -538,8 +538,8 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	var res Result
 	var why reason
 	var err error
-	if lease {
-		res, why, err = e.leases.eval(ctx, key, state, n, rs)
+	if prefetching {
+		res, why, err = e.prefetcher.eval(ctx, key, state, n, rs)
 	} else {
 		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc)
 	}
@@ -553,8 +553,8 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	e.evict.poke()
-	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !lease) {
-		// The key is blocked (a lease's denial sets no block): the
+	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !prefetching) {
+		// The key is blocked (a prefetch's denial sets no block): the
 		// fallback keeps the block, should the node go down meanwhile.
 		e.rescue.block(state, rs, min(res.RetryAfter, e.cfg.block))
 	}

@@ -283,9 +283,9 @@ type config struct {
 	limitFunc    func(ctx context.Context, key string) (Limit, error)
 	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
 	reserveTTL   time.Duration
-	lease        leaseConfig   // WithLease (lease.go)
-	functions    bool          // WithRedisFunctions (functions.go)
-	evictEvery   time.Duration // WithEvictionCheck (evict.go)
+	prefetch     prefetchConfig // WithPrefetch (prefetch.go)
+	functions    bool           // WithRedisFunctions (functions.go)
+	evictEvery   time.Duration  // WithEvictionCheck (evict.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -348,7 +348,7 @@ func (c *config) validate() error {
 // and '}' in key percent-encoded, or, for a key longer than MaxKeyLen,
 // "%h" and its SHA-256 in hex in its place; beside it, with WithBlock, the
 // penalty block (":b" after the first rule's key) and, with reservations
-// or leases, each rule's pending reservations (":r" after its key).
+// or prefetches, each rule's pending reservations (":r" after its key).
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }

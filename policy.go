@@ -173,7 +173,7 @@ func (p *Policy) Reset(ctx context.Context, key string) error {
 
 // Close stops the policy's fallback monitor, if one runs, and makes every
 // later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once. With [WithLease] it gives back what the
-// leases did not serve first, as [RateLimiter.Close] does, and its error
+// safe to call more than once. With [WithPrefetch] it gives back what the
+// prefetches did not serve first, as [RateLimiter.Close] does, and its error
 // says what it could not give back.
 func (p *Policy) Close() error { return p.close() }
