@@ -154,7 +154,8 @@ const releaseTimeout = time.Second
 // every instance. A lease not released or extended within ttl expires, so a
 // crashed holder's slot comes back. max must be in [1, MaxConcurrency] and
 // ttl in [MinLeaseTTL, MaxLeaseTTL], a whole number of microseconds; else
-// the error wraps ErrInvalidLimit.
+// the error wraps ErrInvalidLimit. An invalid option, or one that does not
+// apply (see [Concurrency]), is an error wrapping ErrInvalidArgument.
 func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts ...Option) (*Concurrency, error) {
 	bad := func(format string, args ...any) (*Concurrency, error) {
 		return nil, fmt.Errorf("redlimit: concurrency: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
@@ -188,7 +189,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 	}
 	if refused != "" {
 		e.close()
-		return bad("%s does not apply to a concurrency limit", refused)
+		return nil, fmt.Errorf("redlimit: concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
 		e:        e,

@@ -79,7 +79,11 @@ func TestConcurrencyLimitValidation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := NewConcurrency(b.rdb, tt.max, tt.ttl, tt.opts...)
 			if !tt.ok {
-				require.ErrorIs(t, err, ErrInvalidLimit)
+				want := ErrInvalidLimit // max and ttl are the limit
+				if tt.opts != nil {
+					want = ErrInvalidArgument // an option that cannot work, or does not apply
+				}
+				require.ErrorIs(t, err, want)
 				assert.True(t, strings.HasPrefix(err.Error(), "redlimit: "), "error %q lacks the package prefix", err)
 				return
 			}

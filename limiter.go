@@ -21,12 +21,16 @@ var (
 	// windows, more than Burst for the buckets), and by Reservation.Settle
 	// when used is more than the state can owe (see Settle).
 	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
-	// ErrInvalidLimit is returned by the constructors for a Limit or option
-	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
+	// ErrInvalidLimit is returned by the constructors (and for a limit from
+	// WithLimitFunc or WithRulesFunc) for a Limit, Rule or Strategy that
+	// cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large, an
+	// unknown strategy, two rules sharing one state).
 	ErrInvalidLimit = errors.New("redlimit: invalid limit")
-	// ErrInvalidArgument is returned for a call argument that cannot work: an
-	// empty key, a negative n, a nil Context, a Reservation or Lease that
-	// Reserve or Acquire did not return.
+	// ErrInvalidArgument is returned for an argument that cannot work: an
+	// option that is invalid or does not apply to the limiter (by the
+	// constructors), a nil client or option, and at call time an empty key,
+	// a negative n, a nil Context, a Reservation or Lease that Reserve or
+	// Acquire did not return.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("redlimit: limiter closed")
@@ -309,7 +313,7 @@ func defaultConfig() config {
 
 func (c *config) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("redlimit: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return fmt.Errorf("redlimit: %s: %w", fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case c.prefix == "":

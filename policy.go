@@ -64,7 +64,7 @@ type Policy struct {
 // denial consumes nothing in any rule. It returns an error wrapping
 // ErrInvalidLimit for no rules, more than [MaxRules], an invalid limit, two
 // rules with the same Strategy and Period (they would share one state), or
-// two with the same name.
+// two with the same name, and one wrapping ErrInvalidArgument for an invalid option.
 func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy, error) {
 	rs, err := policyRules(rules)
 	if err != nil {
@@ -75,7 +75,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		return nil, err
 	}
 	if e.cfg.limitFunc != nil {
-		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidLimit)
+		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
 	bake(e.own, e.cfg.functions)
 	return &Policy{engine: e}, nil

@@ -15,7 +15,7 @@ import (
 // from Redis in advance: a prefetch. It is for TokenBucket and FixedWindow
 // limiters, and for a Policy whose rules are all token buckets, none of them
 // PerCall; the other
-// strategies reject it (an error wrapping ErrInvalidLimit): a sliding
+// strategies reject it (an error wrapping ErrInvalidArgument): a sliding
 // log's entries carry the time of each event, a sliding counter weighs a
 // window by the time into the next, and a leaky bucket gives each event its
 // own Delay, so none of them can hand out an event later than Redis counted
@@ -143,7 +143,7 @@ const (
 // check validates the prefetch options against the engine's rules.
 func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duration) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("redlimit: %s: WithPrefetch: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return fmt.Errorf("redlimit: %s: WithPrefetch: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case c.size == 0:

@@ -61,7 +61,7 @@ func TestPrefetchOptions(t *testing.T) {
 			lim.Close()
 			continue
 		}
-		require.ErrorIs(t, err, ErrInvalidLimit, "%v takes no prefetch", s)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%v takes no prefetch", s)
 	}
 	bad := []Option{
 		WithPrefetch(-1, time.Second),
@@ -73,7 +73,7 @@ func TestPrefetchOptions(t *testing.T) {
 	}
 	for i, o := range bad {
 		_, err := NewTokenBucket(rdb, l, WithReservationTTL(30*time.Second), o)
-		require.ErrorIs(t, err, ErrInvalidLimit, "option %d", i)
+		require.ErrorIs(t, err, ErrInvalidArgument, "option %d", i)
 	}
 	lim, err := NewTokenBucket(rdb, l, WithPrefetch(0, 0)) // off
 	require.NoError(t, err)
@@ -91,9 +91,9 @@ func TestPrefetchOptions(t *testing.T) {
 		{Strategy: TokenBucket, Limit: PerSecond(10)},
 		{Strategy: FixedWindow, Limit: PerHour(1000)},
 	}, WithPrefetch(10, time.Second))
-	require.ErrorIs(t, err, ErrInvalidLimit)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = NewConcurrency(rdb, 10, time.Second, WithPrefetch(10, time.Second))
-	require.ErrorIs(t, err, ErrInvalidLimit)
+	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
 // A cold key goes to Redis call by call; a hot one takes prefetches that grow
@@ -642,7 +642,7 @@ func TestPrefetchPerCallRejected(t *testing.T) {
 		{{Strategy: FixedWindow, Limit: PerHour(100), PerCall: true}},
 	} {
 		_, err := NewPolicy(b.rdb, rules, WithPrefetch(50, 100*time.Millisecond))
-		require.ErrorIs(t, err, ErrInvalidLimit, "%+v", rules)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", rules)
 	}
 	// Nor are a rules function's: those calls go to Redis, one by one,
 	// and never admit more than the per-call limit.
