@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,7 +205,7 @@ func (c *clientClock) nowMicros(ctx context.Context) (int64, error) {
 		select {
 		case <-m.done:
 		case <-ctx.Done():
-			return 0, fmt.Errorf("redlimit: client clock: %w", ctx.Err())
+			return 0, errorf("client clock: %w", ctx.Err())
 		}
 		switch {
 		case m.err == nil:
@@ -267,7 +266,7 @@ func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, boo
 		return c.flight, false, nil
 	}
 	if c.closed {
-		return nil, false, fmt.Errorf("redlimit: client clock: %w", ErrClosed)
+		return nil, false, errorf("client clock: %w", ErrClosed)
 	}
 	if c.base.Load() != b {
 		return nil, false, nil
@@ -313,7 +312,7 @@ func (c *clientClock) read(ctx context.Context) (*clockBase, error) {
 			if best != nil {
 				break // the first reading will do
 			}
-			return nil, fmt.Errorf("redlimit: client clock: TIME: %w", err)
+			return nil, errorf("client clock: TIME: %w", err)
 		}
 		rtt := c.now().Sub(before)
 		if best == nil || rtt < bestRTT {

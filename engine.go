@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -53,11 +52,11 @@ type rule struct {
 func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 	l, err := limit.validate(alg.maxRate)
 	if err != nil {
-		return rule{}, fmt.Errorf("redlimit: %v: %w", alg.strategy, err)
+		return rule{}, errorf("%v: %w", alg.strategy, err)
 	}
 	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
 		// The key's lifetime, the time to refill a whole bucket, must fit.
-		return rule{}, fmt.Errorf("redlimit: %v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
+		return rule{}, errorf("%v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
 			alg.strategy, l, MaxPeriod, ErrInvalidLimit)
 	}
 	periodUS := int64(l.Period / time.Microsecond)
@@ -192,12 +191,12 @@ type engine struct {
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
 	if isNilClient(rdb) {
-		return nil, fmt.Errorf("redlimit: %s: nil Redis client: %w", kind, ErrInvalidArgument)
+		return nil, errorf("%s: nil Redis client: %w", kind, ErrInvalidArgument)
 	}
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("redlimit: %s: option %d is nil: %w", kind, i, ErrInvalidArgument)
+			return nil, errorf("%s: option %d is nil: %w", kind, i, ErrInvalidArgument)
 		}
 		o.apply(&cfg)
 	}
@@ -208,7 +207,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 		return nil, err
 	}
 	if err := checkClient(rdb); err != nil {
-		return nil, fmt.Errorf("redlimit: %s: %w", kind, err)
+		return nil, errorf("%s: %w", kind, err)
 	}
 	e := &engine{
 		rdb:    rdb,
@@ -247,12 +246,12 @@ func (e *engine) check(key string, n int, rs *ruleSet) error {
 func (e *engine) checkCount(name string, n int, rs *ruleSet) error {
 	switch {
 	case n < 0:
-		return fmt.Errorf("redlimit: %s = %d is negative: %w", name, n, ErrInvalidArgument)
+		return errorf("%s = %d is negative: %w", name, n, ErrInvalidArgument)
 	case n > rs.maxN:
-		return fmt.Errorf("redlimit: %s = %d, but %s allows at most %d at once: %w",
+		return errorf("%s = %d, but %s allows at most %d at once: %w",
 			name, n, e.describe(rs), rs.maxN, ErrExceedsLimit)
 	case rs.logs > 0 && n > MaxSlidingLogN/rs.logs:
-		return fmt.Errorf("redlimit: %s = %d: sliding logs take at most %d events per call between them, here %d each (use a sliding counter or a bucket to weigh calls): %w",
+		return errorf("%s = %d: sliding logs take at most %d events per call between them, here %d each (use a sliding counter or a bucket to weigh calls): %w",
 			name, n, MaxSlidingLogN, MaxSlidingLogN/rs.logs, ErrInvalidArgument)
 	}
 	return nil
@@ -334,7 +333,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		if hasDeadline {
 			left := time.Until(deadline) - waitMargin
 			if left <= 0 {
-				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
+				return errorf("wait for %q: %w", key, context.DeadlineExceeded)
 			}
 			// A slot whose sleep would end past the deadline would be
 			// taken for nothing.
@@ -349,7 +348,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		}
 		wait := res.RetryAfter
 		if why == reasonMaxDelay || (hasDeadline && wait > time.Until(deadline)) {
-			return fmt.Errorf("redlimit: wait for %q needs %v more than the context allows: %w", key, wait, context.DeadlineExceeded)
+			return errorf("wait for %q needs %v more than the context allows: %w", key, wait, context.DeadlineExceeded)
 		}
 		if wait < time.Millisecond {
 			wait = time.Millisecond
@@ -390,7 +389,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("redlimit: wait: %w", ctx.Err())
+		return errorf("wait: %w", ctx.Err())
 	}
 }
 
@@ -428,7 +427,7 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	keys = append(keys, blockKeyOf(first, rs))
 	keys = appendReserveKeys(keys, first, rs)
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("redlimit: reset %q: %w", key, err)
+		return errorf("reset %q: %w", key, err)
 	}
 	// Again: a call sent between the first forget and the DEL was decided
 	// on the old state, and its denial, or a prefetch it took, must not
@@ -545,10 +544,10 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	}
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
-			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, ctxErr)
+			return Result{}, 0, errorf("%s %q: %w", e.kind, key, ctxErr)
 		}
 		if !e.rescue.outage(ctx, err, state) {
-			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
+			return Result{}, 0, errorf("%s %q: %w", e.kind, key, err)
 		}
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
@@ -722,13 +721,13 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	switch r := reply.(type) {
 	case string:
 		if len(r) != packedReply {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
+			return Result{}, 0, errorf("%s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
 		}
 		if r[0] >= clockBehind {
 			e.behind()
 		}
 		if rc != nil && r[0]&^clockBehind == byte(reasonAllowed) {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied an admitted reservation without its tags", e.kind)
+			return Result{}, 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
 		}
 		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
 	case []any:
@@ -743,12 +742,12 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			want += len(rs.rules)
 		}
 		if len(r) != want {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want %d", e.kind, len(r), want)
+			return Result{}, 0, errorf("%s: script replied %d values, want %d", e.kind, len(r), want)
 		}
 		for i, x := range r {
 			n, ok := x.(int64)
 			if !ok {
-				return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
+				return Result{}, 0, errorf("%s: script reply %d is %T, want an integer", e.kind, i, x)
 			}
 			if i < 5 {
 				v[i] = n
@@ -757,7 +756,7 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			}
 		}
 	default:
-		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %T, want an array or a string", e.kind, reply)
+		return Result{}, 0, errorf("%s: script replied %T, want an array or a string", e.kind, reply)
 	}
 	why := reason(v[0])
 	idx := int(v[4]) - 1

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"log"
 	"strconv"
 	"strings"
@@ -193,7 +192,7 @@ func (w *evictWatch) transition(si serverInfo, rise int64) Transition {
 	if name == "" {
 		name = "(the client's server)"
 	}
-	err := fmt.Errorf("redlimit: %s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
+	err := errorf("%s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
 		w.e.kind, name, rise, si.maxmem, si.policy, ErrEvictionPolicy)
 	return Transition{Strategy: w.e.rescue.strategy(), Node: si.addr, Err: err, Evicted: rise}
 }
@@ -211,7 +210,7 @@ func readInfo(ctx context.Context, c redis.Cmdable, addr string) (si serverInfo)
 	si.addr = addr
 	defer func() {
 		if p := recover(); p != nil {
-			si = serverInfo{addr: addr, err: fmt.Errorf("redlimit: INFO panicked: %v", p), refused: true}
+			si = serverInfo{addr: addr, err: errorf("INFO panicked: %v", p), refused: true}
 		}
 	}()
 	text, err := c.Info(ctx, "memory").Result()

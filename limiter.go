@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/errprefix"
 )
 
 // Errors returned by the package. Every error is wrapped with context, so
-// compare with [errors.Is].
+// compare with [errors.Is]. A message names the package once, at its start:
+// "redlimit: settle \"k\": reservation already settled or lapsed".
 var (
 	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n is
 	// more than the limit can ever allow at once (more than Rate for the
@@ -38,6 +41,14 @@ var (
 	// the fallback policy is FallbackError.
 	ErrUnavailable = errors.New("redlimit: redis unavailable")
 )
+
+// errorf returns an error with the message "redlimit: " and format, for
+// every error the package makes around a sentinel or a cause; a wrapped
+// error's own "redlimit: " is left out of the message (errors.Is and
+// errors.As still see it), so that the package is named once.
+func errorf(format string, args ...any) error {
+	return errprefix.Errorf("redlimit: ", format, args...)
+}
 
 // Limit is a rate: Rate events per Period. The zero value is not a valid
 // Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.
@@ -158,7 +169,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return st, nil
 		}
 	}
-	return 0, fmt.Errorf("redlimit: unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
+	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
 }
 
 // New returns a limiter of strategy s. It is the same as calling the
@@ -176,14 +187,14 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 	case LeakyBucket:
 		return NewLeakyBucket(rdb, limit, opts...)
 	}
-	return nil, fmt.Errorf("redlimit: unknown strategy %v: %w", s, ErrInvalidLimit)
+	return nil, errorf("unknown strategy %v: %w", s, ErrInvalidLimit)
 }
 
 // validate checks a limit against the rules every strategy shares and
 // returns it with Burst filled in.
 func (l Limit) validate(maxRate int) (Limit, error) {
 	bad := func(format string, args ...any) (Limit, error) {
-		return l, fmt.Errorf("redlimit: limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return l, errorf("limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
 	case l.Rate < 1:
@@ -210,7 +221,7 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 // checkKey rejects keys that cannot be limited.
 func checkKey(key string) error {
 	if key == "" {
-		return fmt.Errorf("redlimit: empty key: %w", ErrInvalidArgument)
+		return errorf("empty key: %w", ErrInvalidArgument)
 	}
 	return nil
 }
@@ -219,7 +230,7 @@ func checkKey(key string) error {
 // deep inside the client), as net/http's NewRequestWithContext does.
 func checkContext(ctx context.Context) error {
 	if ctx == nil {
-		return fmt.Errorf("redlimit: nil Context: %w", ErrInvalidArgument)
+		return errorf("nil Context: %w", ErrInvalidArgument)
 	}
 	return nil
 }
@@ -313,7 +324,7 @@ func defaultConfig() config {
 
 func (c *config) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("redlimit: %s: %w", fmt.Sprintf(format, args...), ErrInvalidArgument)
+		return errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case c.prefix == "":

@@ -75,7 +75,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		return nil, err
 	}
 	if e.cfg.limitFunc != nil {
-		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
+		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
 	bake(e.own, e.cfg.functions)
 	return &Policy{engine: e}, nil
@@ -84,7 +84,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 // policyRules checks a policy's rules and prepares them.
 func policyRules(rules []Rule) (*ruleSet, error) {
 	bad := func(format string, args ...any) (*ruleSet, error) {
-		return nil, fmt.Errorf("redlimit: policy: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return nil, errorf("policy: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
 	case len(rules) == 0:
@@ -104,7 +104,7 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		}
 		ru, err := newRule(name, alg, r.Limit)
 		if err != nil {
-			return nil, fmt.Errorf("redlimit: policy: rule %q: %w", name, err)
+			return nil, errorf("policy: rule %q: %w", name, err)
 		}
 		if r.PerCall {
 			ru.perCall = true

@@ -143,7 +143,7 @@ const (
 // check validates the prefetch options against the engine's rules.
 func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duration) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("redlimit: %s: WithPrefetch: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidArgument)
+		return errorf("%s: WithPrefetch: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case c.size == 0:
@@ -832,7 +832,7 @@ func (l *prefetcher) close() error {
 	if !errors.Is(cause, ErrUnavailable) && isUnavailable(cause) {
 		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
-	return fmt.Errorf("redlimit: close: %d events of %d prefetches not given back (they count as used until their state expires): %w",
+	return errorf("close: %d events of %d prefetches not given back (they count as used until their state expires): %w",
 		l.closeLost.Load(), n, cause)
 }
 

@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -32,7 +31,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 		return nil, err
 	}
 	if e.cfg.rulesFunc != nil {
-		return nil, fmt.Errorf("redlimit: %v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
+		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
 	bake(e.own, e.cfg.functions)
 	return &RateLimiter{engine: e, limit: r.limit}, nil
