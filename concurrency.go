@@ -21,7 +21,8 @@ import (
 // slot by now), or it was released.
 var ErrLeaseExpired = errors.New("redlimit: lease expired")
 
-// Limits on the values of a [Concurrency].
+// Limits on the values of a [Concurrency]: NewConcurrency refuses values
+// outside them with an error wrapping ErrInvalidLimit.
 const (
 	// MaxConcurrency is the largest max accepted: each live lease is a
 	// sorted-set member in Redis (about 30 bytes up to 128 leases on a
@@ -33,11 +34,12 @@ const (
 	// comes back only when its lease expires, so keep ttl short and call
 	// Extend for long work.
 	MaxLeaseTTL = 24 * time.Hour
-	// AcquirePollInterval is the longest Acquire waits before asking Redis
-	// again whether a slot is free (less when the oldest lease expires
-	// sooner; each wait is drawn between half of it and all of it).
-	AcquirePollInterval = 50 * time.Millisecond
 )
+
+// acquirePollInterval is the longest Acquire waits before asking Redis
+// again whether a slot is free (less when the oldest lease expires
+// sooner; each wait is drawn between half of it and all of it).
+const acquirePollInterval = 50 * time.Millisecond
 
 // Concurrency limits how many leases per key are held at once, across
 // every instance that shares its Redis and key prefix: at most max
@@ -198,7 +200,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		ttlArg:   int64(ttl / time.Microsecond),
 		local:    newLRU[*localSem](e.cfg.localKeys),
 		localCap: fallbackCapacity(max, e.cfg.share),
-		poll:     AcquirePollInterval,
+		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
@@ -294,11 +296,11 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 // Acquire takes a lease on key, waiting until one is free or ctx is done
 // (then the error wraps ctx's error). It does not poll busily: after a
 // denial it waits for the shorter of the RetryAfter Redis gave (the oldest
-// lease's expiry) and a random time between AcquirePollInterval/2 and
-// AcquirePollInterval, then tries again; a lease of key released by this
+// lease's expiry) and a random time between acquirePollInterval/2 and
+// acquirePollInterval, then tries again; a lease of key released by this
 // Concurrency (in this process) wakes one waiter at once. So a slot freed
 // in this process is taken within a round trip, one freed by another
-// process within about AcquirePollInterval. Waiters are not served in
+// process within about acquirePollInterval. Waiters are not served in
 // order. Each try is one TryAcquire, seen by the observer.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if err := checkKey(key); err != nil {

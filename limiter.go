@@ -77,8 +77,9 @@ func (l Limit) String() string {
 	return s
 }
 
-// Limits on the values a Limit may hold. They keep every number the scripts
-// compute exact, or at worst rounded, in a Lua double.
+// Limits on the values a Limit may hold: a Limit outside them is an error
+// wrapping ErrInvalidLimit. They keep every number the scripts compute
+// exact, or at worst rounded, in a Lua double.
 const (
 	// MaxRate is the largest Rate (and Burst) accepted: 2^40, about 1.1e12.
 	MaxRate = 1 << 40
@@ -240,7 +241,9 @@ func checkContext(ctx context.Context) error {
 // inside the hash tag, so that one key is one cluster slot and a huge key
 // (an attacker's header, say) costs neither Redis memory nor time on every
 // call. "%h" cannot come out of escaping, so a hashed key never meets a
-// short one.
+// short one. It is not a bound on keys (any non-empty key is valid) but
+// part of the key layout (see [WithPrefix]) that tools reading Redis
+// rebuild, as cmd/redlimit's inspect does.
 const MaxKeyLen = 256
 
 // escapeKey makes a user key safe to put inside a hash tag: '%', '{' and '}'

@@ -25,7 +25,8 @@ type Rule struct {
 	PerCall bool
 }
 
-// MaxRules is the most rules a Policy may have.
+// MaxRules is the most rules a Policy may have: more is an error wrapping
+// ErrInvalidLimit.
 const MaxRules = 16
 
 // Policy is a [Limiter] that holds several rules on one key, all or
