@@ -112,7 +112,14 @@ local function bucket_write(used, rate, period, pxs, lag)
       e, p = e + 1, p * 10
     end
     local m = at_ms
-    if e > 0 then m = ceil_div(at_ms, p) end
+    if e > 0 then
+      m = ceil_div(at_ms, p)
+      -- The key lives until the bucket is full as stored (D rounded up):
+      -- a later call at this rate then finds it alive as long as it needs
+      -- it, and does not extend it (check_tb).
+      local full = ceil_div(m * p, rate) - t % 1000 + lag
+      if full > ttl then ttl = full end
+    end
     -- m * 10 + e printed is m's digits then e's (one conversion fewer).
     value = string.format('%d%09d', m * 10 + e, (t - t % 1000) / 1000 % 1000000000)
   else
@@ -143,9 +150,13 @@ local function check_tb(key, rate, period, burst, code, pxs)
   -- Burst <= Rate, the usual case: D is at most burst * period.
   if d0 > rate * (period + 1000) and (nrules > 1 or n == 0 or over > 0 or
       (leaky and max_delay >= 0 and reset_now > max_delay)) then
-    -- (PTTL is rounded down: a ms more. -1: no expiry, set by hand.)
+    -- Slack: PTTL is rounded down (a ms), and Redis 7.0's TIME in a
+    -- script can be a few ms behind the clock PTTL reads under load (2 ms
+    -- seen): a key is kept unless it would expire within a ms and a
+    -- 1024th of its refill time of being full at this rate, so that at
+    -- most that refill is forgotten. (-1: no expiry, set by hand.)
     local left = rcall('PTTL', key)
-    if left >= 0 and left * 1000 + 1000 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
+    if left >= 0 and left * 1000 + 1000 + reset_now / 1024 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
   end
   if over > 0 then
     return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now

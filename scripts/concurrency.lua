@@ -75,17 +75,28 @@ end
 
 if op == 3 then
   -- Release needs no clock: removing a lease that already expired is
-  -- harmless. Removing the latest one sets the expiry to the new latest
-  -- as of the key's time (see above), which it keeps; others leave it.
-  local l, last = latest()
-  if last ~= id then
+  -- harmless. With the server's TIME the key's expiry stays at or past
+  -- its latest lease's. With a client clock, removing the latest lease
+  -- sets the expiry to the new latest as of the key's time (see above),
+  -- which it keeps; when none is live at that time the key goes (an
+  -- expiry left at the released lease's would put the key's time early,
+  -- and bring expired leases back); others leave it.
+  local l, last
+  if now > 0 then l, last = latest() end
+  local left = -1
+  if last == id then left = redis.call('PTTL', key) end -- -1: no expiry (set by hand)
+  if left < 0 then
     if redis.call('ZREM', key, id) == 0 then return {4, 0, 0, 0} end
     return {0, 0, 0, 0}
   end
-  local at = l - redis.call('PTTL', key) * 1000
+  local at = l - left * 1000
   redis.call('ZREM', key, id)
   l = latest()
-  if l ~= nil and at <= l then redis.call('PEXPIRE', key, ms(l - at)) end
+  if l ~= nil and at < l then
+    redis.call('PEXPIRE', key, ms(l - at))
+  else
+    redis.call('DEL', key)
+  end
   return {0, 0, 0, 0}
 end
 
