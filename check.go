@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,7 +39,7 @@ var ErrEvictionPolicy = errors.New("redlimit: Redis may evict limiter keys")
 // [WithEvictionCheck]).
 func CheckRedis(ctx context.Context, rdb redis.UniversalClient) error {
 	if isNilClient(rdb) {
-		return fmt.Errorf("redlimit: check redis: nil Redis client: %w", ErrInvalidArgument)
+		return errorf("check redis: nil Redis client: %w", ErrInvalidArgument)
 	}
 	if err := checkContext(ctx); err != nil {
 		return err
@@ -57,7 +56,7 @@ func CheckRedis(ctx context.Context, rdb redis.UniversalClient) error {
 		}
 	})
 	if err != nil {
-		errs = append(errs, fmt.Errorf("redlimit: check redis: %w", err))
+		errs = append(errs, errorf("check redis: %w", err))
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
@@ -74,7 +73,7 @@ func checkServer(ctx context.Context, c redis.Cmdable, addr string) error {
 	case refusedCommand(err):
 		return nil
 	case err != nil:
-		return fmt.Errorf("redlimit: check redis %s: %w", name, err)
+		return errorf("check redis %s: %w", name, err)
 	}
 	limit, policy := cfg["maxmemory"], cfg["maxmemory-policy"]
 	if limit == "" || policy == "" {
@@ -82,12 +81,12 @@ func checkServer(ctx context.Context, c redis.Cmdable, addr string) error {
 	}
 	bytes, err := strconv.ParseInt(limit, 10, 64)
 	if err != nil {
-		return fmt.Errorf("redlimit: check redis %s: maxmemory %q is not a number", name, limit)
+		return errorf("check redis %s: maxmemory %q is not a number", name, limit)
 	}
 	if !evicts(bytes, policy) {
 		return nil
 	}
-	return fmt.Errorf("redlimit: Redis %s has maxmemory %d and maxmemory-policy %s: once full it deletes keys, limiter keys among them, which come back with a full allowance (use noeviction, or a Redis of its own for limits): %w",
+	return errorf("Redis %s has maxmemory %d and maxmemory-policy %s: once full it deletes keys, limiter keys among them, which come back with a full allowance (use noeviction, or a Redis of its own for limits): %w",
 		name, bytes, policy, ErrEvictionPolicy)
 }
 

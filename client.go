@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"time"
 
@@ -28,7 +27,7 @@ func isNilClient(rdb redis.UniversalClient) bool {
 // has closed. It does not touch the network.
 func checkClient(rdb redis.UniversalClient) error {
 	if closedNow(rdb) {
-		return fmt.Errorf("the Redis client is closed (%w): %w", redis.ErrClosed, ErrInvalidArgument)
+		return errorf("the Redis client is closed (%w): %w", redis.ErrClosed, ErrInvalidArgument)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,13 +23,13 @@ import (
 // TIME twice in a row and keeps the reading with the shorter round trip,
 // taken to be from its middle (Cristian's method): the first round trip
 // may include dialing and the connection's handshake. It reads again every
-// [ClockResyncInterval] (the clocks drift apart), after Redis comes back
+// 10 s (the clocks drift apart), after Redis comes back
 // from an outage, and when its wall and monotonic clocks disagree (the
 // clock was set, or the machine slept). Calls that need a reading share
 // the one under way, each waiting no longer than its context allows; a
 // reading that is only due is waited for by the one call that takes it.
-// If TIME keeps failing, the last reading serves for twice
-// ClockResyncInterval; after that, calls fail with TIME's error (an
+// If TIME keeps failing, the last reading serves for 20 s;
+// after that, calls fail with TIME's error (an
 // outage's goes to the fallback) until a reading succeeds. Time sent by
 // one limiter never goes backwards.
 //
@@ -60,9 +59,9 @@ func WithClientClock() Option {
 	return optionFunc(func(c *config) { c.clientClock = true })
 }
 
-// ClockResyncInterval is how often a limiter with [WithClientClock]
+// clockResyncInterval is how often a limiter with WithClientClock
 // measures its clock's offset to the Redis server's again.
-const ClockResyncInterval = 10 * time.Second
+const clockResyncInterval = 10 * time.Second
 
 // clockStepTolerance is how far a client clock may seem to go back, or its
 // wall and monotonic readings drift apart, before the limiter takes it for
@@ -174,7 +173,7 @@ func (c *clientClock) stale() { c.base.Store(nil) }
 // clock and the latest measurement, never less than what it returned
 // before.
 //
-// A measurement that is due (older than ClockResyncInterval) is made by
+// A measurement that is due (older than clockResyncInterval) is made by
 // one call while the others go on with the old one; one that is missing,
 // or that a step of the client's clock or a long time (twice the
 // interval: the limiter was idle, or measurements kept failing) makes
@@ -188,8 +187,8 @@ func (c *clientClock) nowMicros(ctx context.Context) (int64, error) {
 		if b != nil {
 			var ok bool
 			elapsed, ok = b.since(now)
-			fit = ok && elapsed <= 2*ClockResyncInterval
-			if fit && elapsed <= ClockResyncInterval {
+			fit = ok && elapsed <= 2*clockResyncInterval
+			if fit && elapsed <= clockResyncInterval {
 				return c.send(b, elapsed), nil
 			}
 		}
@@ -206,7 +205,7 @@ func (c *clientClock) nowMicros(ctx context.Context) (int64, error) {
 		select {
 		case <-m.done:
 		case <-ctx.Done():
-			return 0, fmt.Errorf("redlimit: client clock: %w", ctx.Err())
+			return 0, errorf("client clock: %w", ctx.Err())
 		}
 		switch {
 		case m.err == nil:
@@ -267,7 +266,7 @@ func (c *clientClock) join(ctx context.Context, b *clockBase) (*measurement, boo
 		return c.flight, false, nil
 	}
 	if c.closed {
-		return nil, false, fmt.Errorf("redlimit: client clock: %w", ErrClosed)
+		return nil, false, errorf("client clock: %w", ErrClosed)
 	}
 	if c.base.Load() != b {
 		return nil, false, nil
@@ -313,7 +312,7 @@ func (c *clientClock) read(ctx context.Context) (*clockBase, error) {
 			if best != nil {
 				break // the first reading will do
 			}
-			return nil, fmt.Errorf("redlimit: client clock: TIME: %w", err)
+			return nil, errorf("client clock: TIME: %w", err)
 		}
 		rtt := c.now().Sub(before)
 		if best == nil || rtt < bestRTT {

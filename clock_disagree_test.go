@@ -92,7 +92,7 @@ func clockSteps(unit time.Duration) []time.Duration { return []time.Duration{5 *
 func TestClientClockStepBucket(t *testing.T) { testClientClockStepBucket(t, miniStepRig, time.Second) }
 
 // On a real redis-server the keys live one unit on the server's real
-// clock: 5 s, longer than the test; shorter than ClockResyncInterval,
+// clock: 5 s, longer than the test; shorter than clockResyncInterval,
 // whose measurement would freeze the instance ahead (its time never goes
 // back).
 func TestClientClockStepBucketRedis(t *testing.T) {

@@ -103,8 +103,8 @@ func TestClientClockStepDuringMeasurement(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, t0.UnixMicro(), first)
 
-		client.add(ClockResyncInterval + time.Second) // a resync is due
-		server.add(ClockResyncInterval + time.Second)
+		client.add(clockResyncInterval + time.Second) // a resync is due
+		server.add(clockResyncInterval + time.Second)
 		hold.Store(true)
 		var got [2]int64
 		var errs [2]error
@@ -116,7 +116,7 @@ func TestClientClockStepDuringMeasurement(t *testing.T) {
 		synctest.Wait()
 		close(gate)
 		wg.Wait()
-		want := t0.Add(ClockResyncInterval + time.Second).UnixMicro()
+		want := t0.Add(clockResyncInterval + time.Second).UnixMicro()
 		for i := range got {
 			require.NoError(t, errs[i])
 			if got[i] != want {

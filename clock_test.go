@@ -95,7 +95,7 @@ func TestClientClockMonotonic(t *testing.T) {
 	assert.Equal(t, t0.Add(time.Second).UnixMicro(), third)
 }
 
-// The offset is measured again after ClockResyncInterval and after an
+// The offset is measured again after clockResyncInterval and after an
 // outage.
 func TestClientClockResync(t *testing.T) {
 	b, m := miniBackend(t)
@@ -111,7 +111,7 @@ func TestClientClockResync(t *testing.T) {
 	got, err := lim.clock.nowMicros(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, t0.Add(time.Second).UnixMicro(), got, "within the resync interval: the old offset")
-	local = local.Add(ClockResyncInterval)
+	local = local.Add(clockResyncInterval)
 	got, err = lim.clock.nowMicros(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, t0.Add(5*time.Second).UnixMicro(), got, "after the interval: the server's time")

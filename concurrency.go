@@ -21,7 +21,8 @@ import (
 // slot by now), or it was released.
 var ErrLeaseExpired = errors.New("redlimit: lease expired")
 
-// Limits on the values of a [Concurrency].
+// Limits on the values of a [Concurrency]: NewConcurrency refuses values
+// outside them with an error wrapping ErrInvalidLimit.
 const (
 	// MaxConcurrency is the largest max accepted: each live lease is a
 	// sorted-set member in Redis (about 30 bytes up to 128 leases on a
@@ -33,11 +34,12 @@ const (
 	// comes back only when its lease expires, so keep ttl short and call
 	// Extend for long work.
 	MaxLeaseTTL = 24 * time.Hour
-	// AcquirePollInterval is the longest Acquire waits before asking Redis
-	// again whether a slot is free (less when the oldest lease expires
-	// sooner; each wait is drawn between half of it and all of it).
-	AcquirePollInterval = 50 * time.Millisecond
 )
+
+// acquirePollInterval is the longest Acquire waits before asking Redis
+// again whether a slot is free (less when the oldest lease expires
+// sooner; each wait is drawn between half of it and all of it).
+const acquirePollInterval = 50 * time.Millisecond
 
 // Concurrency limits how many leases per key are held at once, across
 // every instance that shares its Redis and key prefix: at most max
@@ -83,7 +85,7 @@ const (
 // WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
 // WithClientClock. The observer sees every try to take a lease with
 // Strategy 0 and N 1; transitions have Strategy 0. WithBlock,
-// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithLease are
+// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithPrefetch are
 // refused; WithRedisFunctions and WithReservationTTL are accepted and
 // change nothing (a concurrency limit runs its own scripts).
 //
@@ -154,10 +156,11 @@ const releaseTimeout = time.Second
 // every instance. A lease not released or extended within ttl expires, so a
 // crashed holder's slot comes back. max must be in [1, MaxConcurrency] and
 // ttl in [MinLeaseTTL, MaxLeaseTTL], a whole number of microseconds; else
-// the error wraps ErrInvalidLimit.
+// the error wraps ErrInvalidLimit. An invalid option, or one that does not
+// apply (see [Concurrency]), is an error wrapping ErrInvalidArgument.
 func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts ...Option) (*Concurrency, error) {
 	bad := func(format string, args ...any) (*Concurrency, error) {
-		return nil, fmt.Errorf("redlimit: concurrency: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return nil, errorf("concurrency: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
 	case max < 1 || max > MaxConcurrency:
@@ -188,7 +191,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 	}
 	if refused != "" {
 		e.close()
-		return bad("%s does not apply to a concurrency limit", refused)
+		return nil, errorf("concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
 		e:        e,
@@ -197,7 +200,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		ttlArg:   int64(ttl / time.Microsecond),
 		local:    newLRU[*localSem](e.cfg.localKeys),
 		localCap: fallbackCapacity(max, e.cfg.share),
-		poll:     AcquirePollInterval,
+		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
@@ -258,7 +261,7 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		return nil, Result{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+		return nil, Result{}, errorf("concurrency %q: %w", key, err)
 	}
 	state := c.e.stateKey(key, &c.e.own.rules[0])
 	if c.e.rescue.isDown(state) {
@@ -272,10 +275,10 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 			// lease back in the background rather than leave its slot
 			// taken until ttl, or keep the caller past its deadline.
 			c.queueRelease(key, state, id, true)
-			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, ctxErr)
+			return nil, Result{}, errorf("concurrency %q: %w", key, ctxErr)
 		}
 		if !c.e.rescue.outage(ctx, err, state) {
-			return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w", key, err)
+			return nil, Result{}, errorf("concurrency %q: %w", key, err)
 		}
 		if mayHaveRun(err) {
 			c.queueRelease(key, state, id, false) // given back once Redis answers
@@ -293,11 +296,11 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 // Acquire takes a lease on key, waiting until one is free or ctx is done
 // (then the error wraps ctx's error). It does not poll busily: after a
 // denial it waits for the shorter of the RetryAfter Redis gave (the oldest
-// lease's expiry) and a random time between AcquirePollInterval/2 and
-// AcquirePollInterval, then tries again; a lease of key released by this
+// lease's expiry) and a random time between acquirePollInterval/2 and
+// acquirePollInterval, then tries again; a lease of key released by this
 // Concurrency (in this process) wakes one waiter at once. So a slot freed
 // in this process is taken within a round trip, one freed by another
-// process within about AcquirePollInterval. Waiters are not served in
+// process within about acquirePollInterval. Waiters are not served in
 // order. Each try is one TryAcquire, seen by the observer.
 func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 	if err := checkKey(key); err != nil {
@@ -324,7 +327,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 			return nil, ErrClosed
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("redlimit: acquire %q: %w", key, ctx.Err())
+			return nil, errorf("acquire %q: %w", key, ctx.Err())
 		}
 	}
 }
@@ -363,13 +366,13 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 	}
 	c.e.evict.poke()
 	if len(reply) != 4 {
-		return Result{}, 0, fmt.Errorf("redlimit: concurrency: script replied %d values, want 4", len(reply))
+		return Result{}, 0, errorf("concurrency: script replied %d values, want 4", len(reply))
 	}
 	var v [4]int64
 	for i, x := range reply {
 		n, ok := x.(int64)
 		if !ok {
-			return Result{}, 0, fmt.Errorf("redlimit: concurrency: script reply %d is %T, want an integer", i, x)
+			return Result{}, 0, errorf("concurrency: script reply %d is %T, want an integer", i, x)
 		}
 		v[i] = n
 	}
@@ -401,7 +404,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	case FallbackDeny:
 		return nil, denied, nil
 	case FallbackError:
-		return nil, Result{}, fmt.Errorf("redlimit: concurrency %q: %w: %w", key, ErrUnavailable, c.cause(state))
+		return nil, Result{}, errorf("concurrency %q: %w: %w", key, ErrUnavailable, c.cause(state))
 	}
 	// A semaphore that holds leases is never dropped for another key's:
 	// its key would start again with every slot free. With every one
@@ -513,10 +516,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	if l.c == nil {
-		return fmt.Errorf("redlimit: release a lease that Acquire did not return: %w", ErrInvalidArgument)
+		return errorf("release a lease that Acquire did not return: %w", ErrInvalidArgument)
 	}
 	if err := checkContext(ctx); err != nil {
-		return fmt.Errorf("redlimit: release lease of %q: %w", l.key, err)
+		return errorf("release lease of %q: %w", l.key, err)
 	}
 	if !l.done.CompareAndSwap(false, true) {
 		return nil
@@ -547,11 +550,11 @@ func (l *Lease) Release(ctx context.Context) error {
 		// The command or its reply was lost, or is late: made again, so
 		// that the caller's deadline does not keep the slot until ttl.
 		c.queueRelease(l.key, l.state, l.id, true)
-		return fmt.Errorf("redlimit: release %q (made again in the background): %w", l.key, callerDone(ctx))
+		return errorf("release %q (made again in the background): %w", l.key, callerDone(ctx))
 	case c.e.rescue.outage(ctx, err, l.state):
 		return c.lostRelease(l)
 	}
-	return fmt.Errorf("redlimit: release %q: %w", l.key, err)
+	return errorf("release %q: %w", l.key, err)
 }
 
 // lostRelease is Release of a Redis lease while Redis is unavailable (or
@@ -561,7 +564,7 @@ func (l *Lease) Release(ctx context.Context) error {
 func (c *Concurrency) lostRelease(l *Lease) error {
 	c.queueRelease(l.key, l.state, l.id, false)
 	if c.e.cfg.fallback == FallbackError {
-		return fmt.Errorf("redlimit: release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
+		return errorf("release %q (made again once Redis is back, or its slot comes back when its ttl ends): %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	return nil
 }
@@ -683,44 +686,44 @@ func (c *Concurrency) releasePass(closing context.Context, batch []pendingReleas
 // ErrClosed.
 func (l *Lease) Extend(ctx context.Context) error {
 	if l == nil || l.c == nil {
-		return fmt.Errorf("redlimit: extend a lease that Acquire did not return: %w", ErrInvalidArgument)
+		return errorf("extend a lease that Acquire did not return: %w", ErrInvalidArgument)
 	}
 	if err := checkContext(ctx); err != nil {
-		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, err)
+		return errorf("extend lease of %q: %w", l.key, err)
 	}
 	c := l.c
 	if c.e.closed.Load() {
 		return ErrClosed
 	}
 	if l.done.Load() {
-		return fmt.Errorf("redlimit: extend lease of %q: released: %w", l.key, ErrLeaseExpired)
+		return errorf("extend lease of %q: released: %w", l.key, ErrLeaseExpired)
 	}
 	switch {
 	case l.sem != nil:
 		if !l.sem.extend(l.local, c.e.cfg.now(), c.limit.Period) {
 			l.done.Store(true)
-			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
+			return errorf("extend lease of %q: %w", l.key, ErrLeaseExpired)
 		}
 		return nil
 	case l.free:
 		return nil
 	case c.e.rescue.isDown(l.state):
-		return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
+		return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
 	_, code, err := c.eval(ctx, opExtend, l.state, l.id)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
-			return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ctxErr)
+			return errorf("extend lease of %q: %w", l.key, ctxErr)
 		}
 		if c.e.rescue.outage(ctx, err, l.state) {
-			return fmt.Errorf("redlimit: extend lease of %q: %w: %w", l.key, ErrUnavailable, err)
+			return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, err)
 		}
-		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, err)
+		return errorf("extend lease of %q: %w", l.key, err)
 	}
 	if code == leaseMissing {
 		l.done.Store(true)
 		c.held.remove(l)
-		return fmt.Errorf("redlimit: extend lease of %q: %w", l.key, ErrLeaseExpired)
+		return errorf("extend lease of %q: %w", l.key, ErrLeaseExpired)
 	}
 	c.held.extend(l)
 	return nil

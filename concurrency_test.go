@@ -79,7 +79,11 @@ func TestConcurrencyLimitValidation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := NewConcurrency(b.rdb, tt.max, tt.ttl, tt.opts...)
 			if !tt.ok {
-				require.ErrorIs(t, err, ErrInvalidLimit)
+				want := ErrInvalidLimit // max and ttl are the limit
+				if tt.opts != nil {
+					want = ErrInvalidArgument // an option that cannot work, or does not apply
+				}
+				require.ErrorIs(t, err, want)
 				assert.True(t, strings.HasPrefix(err.Error(), "redlimit: "), "error %q lacks the package prefix", err)
 				return
 			}
@@ -333,10 +337,10 @@ func TestConcurrencyLimitAcquirePolls(t *testing.T) {
 	require.True(t, ok, "Acquire failed")
 	took := at.Sub(released)
 	t.Logf("%d tries in %v; the slot was taken %v after its release", n, wait, took)
-	// Each wait is at least AcquirePollInterval/2: at most wait/25ms + 1 tries.
-	assert.LessOrEqual(t, n, int64(wait/(AcquirePollInterval/2))+1, "busy polling")
+	// Each wait is at least acquirePollInterval/2: at most wait/25ms + 1 tries.
+	assert.LessOrEqual(t, n, int64(wait/(acquirePollInterval/2))+1, "busy polling")
 	assert.GreaterOrEqual(t, n, int64(3), "too few tries")
-	assert.LessOrEqual(t, took, AcquirePollInterval+500*time.Millisecond, "slot found late (margin 500ms: 2 busy cores)")
+	assert.LessOrEqual(t, took, acquirePollInterval+500*time.Millisecond, "slot found late (margin 500ms: 2 busy cores)")
 }
 
 // Acquire respects the context's deadline, and Close ends it.
@@ -700,7 +704,7 @@ func TestConcurrencyLimitHolderKilled(t *testing.T) {
 		}
 	}
 	back := time.Since(killed)
-	bound := holderTTL + AcquirePollInterval + 500*time.Millisecond // margin: 2 busy cores
+	bound := holderTTL + acquirePollInterval + 500*time.Millisecond // margin: 2 busy cores
 	t.Logf("capacity back %v after the SIGKILL (first slot %v; ttl %v, holder extending every %v; bound %v)",
 		back, first, holderTTL, holderTTL/4, bound)
 	require.LessOrEqual(t, back, bound)

@@ -109,7 +109,7 @@
 // TIME in a script (AWS ElastiCache Serverless, some proxies),
 // [WithClientClock] sends the time with each call instead: the limiter
 // measures its clock's offset to the server's with the plain TIME command,
-// again every [ClockResyncInterval] and after an outage, so instances agree
+// again every 10 s and after an outage, so instances agree
 // to within about one round trip. No script uses a command newer than
 // Redis 6.0 (PXAT and PEXPIRETIME are not used).
 //

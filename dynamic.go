@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -51,12 +50,12 @@ func (e *engine) dynamicRules(ctx context.Context, key string) (*ruleSet, error)
 	if f := e.cfg.rulesFunc; f != nil {
 		rules, err := f(ctx, key)
 		if err != nil {
-			return nil, fmt.Errorf("redlimit: rules for %q: %w", key, err)
+			return nil, errorf("rules for %q: %w", key, err)
 		}
 		rs := e.own
 		if len(rules) > 0 {
 			if rs, err = policyRules(rules); err != nil {
-				return nil, fmt.Errorf("redlimit: rules for %q: %w", key, err)
+				return nil, errorf("rules for %q: %w", key, err)
 			}
 		}
 		// A caller that asked for the call's rules gets them (httplimit, for
@@ -68,7 +67,7 @@ func (e *engine) dynamicRules(ctx context.Context, key string) (*ruleSet, error)
 	}
 	limit, err := e.cfg.limitFunc(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("redlimit: limit for %q: %w", key, err)
+		return nil, errorf("limit for %q: %w", key, err)
 	}
 	if limit == (Limit{}) {
 		return e.own, nil
@@ -79,7 +78,7 @@ func (e *engine) dynamicRules(ctx context.Context, key string) (*ruleSet, error)
 	own := &e.own.rules[0]
 	r, err := newRule(own.name, own.alg, limit)
 	if err != nil {
-		return nil, fmt.Errorf("redlimit: limit for %q: %w", key, err)
+		return nil, errorf("limit for %q: %w", key, err)
 	}
 	rs := newRuleSet([]rule{r})
 	if e.limits.size.Load() < maxCachedLimits {

@@ -92,7 +92,7 @@ func TestLimitFuncErrors(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "no key written for failed calls")
 	_, err = NewTokenBucket(b.rdb, PerSecond(1), WithRulesFunc(func(context.Context, string) ([]Rule, error) { return nil, nil }))
-	require.ErrorIs(t, err, ErrInvalidLimit, "WithRulesFunc is for policies")
+	require.ErrorIs(t, err, ErrInvalidArgument, "WithRulesFunc is for policies")
 }
 
 // The deny cache and the fallback follow the limit of the latest call.

@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -53,11 +52,11 @@ type rule struct {
 func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 	l, err := limit.validate(alg.maxRate)
 	if err != nil {
-		return rule{}, fmt.Errorf("redlimit: %v: %w", alg.strategy, err)
+		return rule{}, errorf("%v: %w", alg.strategy, err)
 	}
 	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
 		// The key's lifetime, the time to refill a whole bucket, must fit.
-		return rule{}, fmt.Errorf("redlimit: %v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
+		return rule{}, errorf("%v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
 			alg.strategy, l, MaxPeriod, ErrInvalidLimit)
 	}
 	periodUS := int64(l.Period / time.Microsecond)
@@ -174,12 +173,12 @@ type engine struct {
 	kind   string        // in errors: the strategy's name or "policy"
 	clock  *clientClock  // nil: the server's TIME
 
-	rescue *rescue
-	evict  *evictWatch // WithEvictionCheck (evict.go)
-	denies *denyCache
-	leases *leases    // WithLease; nil when off
-	limits limitCache // WithLimitFunc's limits, validated
-	closed atomic.Bool
+	rescue     *rescue
+	evict      *evictWatch // WithEvictionCheck (evict.go)
+	denies     *denyCache
+	prefetcher *prefetcher // WithPrefetch; nil when off
+	limits     limitCache  // WithLimitFunc's limits, validated
+	closed     atomic.Bool
 	// noFunctions: the server cannot run the rules' Redis Function
 	// (WithRedisFunctions); the script decides instead.
 	noFunctions atomic.Bool
@@ -192,23 +191,23 @@ type engine struct {
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
 	if isNilClient(rdb) {
-		return nil, fmt.Errorf("redlimit: %s: nil Redis client: %w", kind, ErrInvalidArgument)
+		return nil, errorf("%s: nil Redis client: %w", kind, ErrInvalidArgument)
 	}
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("redlimit: %s: option %d is nil: %w", kind, i, ErrInvalidArgument)
+			return nil, errorf("%s: option %d is nil: %w", kind, i, ErrInvalidArgument)
 		}
 		o.apply(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.lease.check(kind, rules, cfg.reserveTTL); err != nil {
+	if err := cfg.prefetch.check(kind, rules, cfg.reserveTTL); err != nil {
 		return nil, err
 	}
 	if err := checkClient(rdb); err != nil {
-		return nil, fmt.Errorf("redlimit: %s: %w", kind, err)
+		return nil, errorf("%s: %w", kind, err)
 	}
 	e := &engine{
 		rdb:    rdb,
@@ -225,8 +224,8 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
 	}
-	if cfg.lease.size > 0 {
-		e.leases = newLeases(e)
+	if cfg.prefetch.size > 0 {
+		e.prefetcher = newPrefetcher(e)
 	}
 	return e, nil
 }
@@ -247,12 +246,12 @@ func (e *engine) check(key string, n int, rs *ruleSet) error {
 func (e *engine) checkCount(name string, n int, rs *ruleSet) error {
 	switch {
 	case n < 0:
-		return fmt.Errorf("redlimit: %s = %d is negative: %w", name, n, ErrInvalidArgument)
+		return errorf("%s = %d is negative: %w", name, n, ErrInvalidArgument)
 	case n > rs.maxN:
-		return fmt.Errorf("redlimit: %s = %d, but %s allows at most %d at once: %w",
+		return errorf("%s = %d, but %s allows at most %d at once: %w",
 			name, n, e.describe(rs), rs.maxN, ErrExceedsLimit)
 	case rs.logs > 0 && n > MaxSlidingLogN/rs.logs:
-		return fmt.Errorf("redlimit: %s = %d: sliding logs take at most %d events per call between them, here %d each (use a sliding counter or a bucket to weigh calls): %w",
+		return errorf("%s = %d: sliding logs take at most %d events per call between them, here %d each (use a sliding counter or a bucket to weigh calls): %w",
 			name, n, MaxSlidingLogN, MaxSlidingLogN/rs.logs, ErrInvalidArgument)
 	}
 	return nil
@@ -334,7 +333,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		if hasDeadline {
 			left := time.Until(deadline) - waitMargin
 			if left <= 0 {
-				return fmt.Errorf("redlimit: wait for %q: %w", key, context.DeadlineExceeded)
+				return errorf("wait for %q: %w", key, context.DeadlineExceeded)
 			}
 			// A slot whose sleep would end past the deadline would be
 			// taken for nothing.
@@ -349,7 +348,7 @@ func (e *engine) waitN(ctx context.Context, key string, n int) error {
 		}
 		wait := res.RetryAfter
 		if why == reasonMaxDelay || (hasDeadline && wait > time.Until(deadline)) {
-			return fmt.Errorf("redlimit: wait for %q needs %v more than the context allows: %w", key, wait, context.DeadlineExceeded)
+			return errorf("wait for %q needs %v more than the context allows: %w", key, wait, context.DeadlineExceeded)
 		}
 		if wait < time.Millisecond {
 			wait = time.Millisecond
@@ -369,7 +368,7 @@ const waitMargin = time.Millisecond
 // detach returns a context with ctx's values but not its end, which ends
 // after timeout or when life does: work that others wait for, or that
 // must land, goes on when the call that started it returns, and stops at
-// the limiter's Close (a lease being taken, a client-clock measurement).
+// the limiter's Close (a prefetch being taken, a client-clock measurement).
 func detach(ctx, life context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	stop := context.AfterFunc(life, cancel)
@@ -390,13 +389,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("redlimit: wait: %w", ctx.Err())
+		return errorf("wait: %w", ctx.Err())
 	}
 }
 
 // reset forgets all state of key for the given rules: their Redis keys, the
 // penalty block, the pending reservations on those states (and so the
-// key's leases here), and this process's fallback and deny-cache entries.
+// key's prefetches here), and this process's fallback and deny-cache entries.
 func (e *engine) reset(ctx context.Context, key string) error {
 	if e.closed.Load() {
 		return ErrClosed
@@ -412,8 +411,8 @@ func (e *engine) reset(ctx context.Context, key string) error {
 		return err
 	}
 	first := e.stateKey(key, &rs.rules[0])
-	if e.leases != nil {
-		e.leases.drop(ctx, first)
+	if e.prefetcher != nil {
+		e.prefetcher.drop(ctx, first)
 	}
 	e.rescue.forget(first)
 	if e.denies != nil {
@@ -423,19 +422,19 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(first, rs, i))
 	}
-	// The reservations too (and so the leases): settled after the reset,
+	// The reservations too (and so the prefetches): settled after the reset,
 	// one would give its events back into the fresh state.
 	keys = append(keys, blockKeyOf(first, rs))
 	keys = appendReserveKeys(keys, first, rs)
 	if err := e.rdb.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("redlimit: reset %q: %w", key, err)
+		return errorf("reset %q: %w", key, err)
 	}
 	// Again: a call sent between the first forget and the DEL was decided
-	// on the old state, and its denial, or a lease it took, must not
-	// outlive it (the lease's reservation went with the DEL: given back,
+	// on the old state, and its denial, or a prefetch it took, must not
+	// outlive it (the prefetch's reservation went with the DEL: given back,
 	// it gives nothing).
-	if e.leases != nil {
-		e.leases.drop(ctx, first)
+	if e.prefetcher != nil {
+		e.prefetcher.drop(ctx, first)
 	}
 	if e.denies != nil {
 		e.denies.forget(first)
@@ -444,17 +443,17 @@ func (e *engine) reset(ctx context.Context, key string) error {
 }
 
 // close stops the fallback monitor and makes later calls return ErrClosed.
-// Its error says what leases it could not give back (see leases.close).
+// Its error says what prefetches it could not give back (see prefetcher.close).
 func (e *engine) close() error {
 	var err error
 	if e.closed.CompareAndSwap(false, true) {
-		if e.leases != nil {
-			err = e.leases.close() // gives back what the leases did not serve
+		if e.prefetcher != nil {
+			err = e.prefetcher.close() // gives back what the prefetches did not serve
 		}
 		e.rescue.close()
 		e.evict.leave(e)
 		if e.clock != nil {
-			e.clock.close() // after the leases, whose give-back may read it
+			e.clock.close() // after the prefetches, whose give-back may read it
 		}
 	}
 	return err
@@ -522,9 +521,9 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 			return res, reasonDenyCache, nil
 		}
 	}
-	lease := e.leases != nil && rc == nil && n > 0
-	if lease {
-		if res, ok := e.leases.serve(state, n, rs); ok {
+	prefetching := e.prefetcher != nil && rc == nil && n > 0
+	if prefetching {
+		if res, ok := e.prefetcher.serve(state, n, rs); ok {
 			return res, reasonAllowed, nil
 		}
 	}
@@ -538,23 +537,23 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	var res Result
 	var why reason
 	var err error
-	if lease {
-		res, why, err = e.leases.eval(ctx, key, state, n, rs)
+	if prefetching {
+		res, why, err = e.prefetcher.eval(ctx, key, state, n, rs)
 	} else {
 		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc)
 	}
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
-			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, ctxErr)
+			return Result{}, 0, errorf("%s %q: %w", e.kind, key, ctxErr)
 		}
 		if !e.rescue.outage(ctx, err, state) {
-			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, key, err)
+			return Result{}, 0, errorf("%s %q: %w", e.kind, key, err)
 		}
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
 	}
 	e.evict.poke()
-	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !lease) {
-		// The key is blocked (a lease's denial sets no block): the
+	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !prefetching) {
+		// The key is blocked (a prefetch's denial sets no block): the
 		// fallback keeps the block, should the node go down meanwhile.
 		e.rescue.block(state, rs, min(res.RetryAfter, e.cfg.block))
 	}
@@ -722,13 +721,13 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	switch r := reply.(type) {
 	case string:
 		if len(r) != packedReply {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
+			return Result{}, 0, errorf("%s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
 		}
 		if r[0] >= clockBehind {
 			e.behind()
 		}
 		if rc != nil && r[0]&^clockBehind == byte(reasonAllowed) {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied an admitted reservation without its tags", e.kind)
+			return Result{}, 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
 		}
 		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
 	case []any:
@@ -743,12 +742,12 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			want += len(rs.rules)
 		}
 		if len(r) != want {
-			return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %d values, want %d", e.kind, len(r), want)
+			return Result{}, 0, errorf("%s: script replied %d values, want %d", e.kind, len(r), want)
 		}
 		for i, x := range r {
 			n, ok := x.(int64)
 			if !ok {
-				return Result{}, 0, fmt.Errorf("redlimit: %s: script reply %d is %T, want an integer", e.kind, i, x)
+				return Result{}, 0, errorf("%s: script reply %d is %T, want an integer", e.kind, i, x)
 			}
 			if i < 5 {
 				v[i] = n
@@ -757,7 +756,7 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			}
 		}
 	default:
-		return Result{}, 0, fmt.Errorf("redlimit: %s: script replied %T, want an array or a string", e.kind, reply)
+		return Result{}, 0, errorf("%s: script replied %T, want an array or a string", e.kind, reply)
 	}
 	why := reason(v[0])
 	idx := int(v[4]) - 1

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"log"
 	"reflect"
 	"strconv"
@@ -298,7 +297,7 @@ func serverName(addr string) string {
 
 // transition is the report to e of the rise on the master si.
 func transition(e *engine, si serverInfo) Transition {
-	err := fmt.Errorf("redlimit: %s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
+	err := errorf("%s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
 		e.kind, serverName(si.addr), si.rise, si.maxmem, si.policy, ErrEvictionPolicy)
 	return Transition{Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
 }
@@ -316,7 +315,7 @@ func readInfo(ctx context.Context, c redis.Cmdable, addr string) (si serverInfo)
 	si.addr = addr
 	defer func() {
 		if p := recover(); p != nil {
-			si = serverInfo{addr: addr, err: fmt.Errorf("redlimit: INFO panicked: %v", p), refused: true}
+			si = serverInfo{addr: addr, err: errorf("INFO panicked: %v", p), refused: true}
 		}
 	}()
 	text, err := c.Info(ctx, "memory").Result()

@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -80,7 +79,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 	first := &rs.rules[0]
 	if r.gone.Load() {
 		// The program closed the client while the node was down.
-		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, redis.ErrClosed)
+		return Result{}, 0, errorf("%s %q: %w", e.kind, state, redis.ErrClosed)
 	}
 	switch e.cfg.fallback {
 	case FallbackAllow:
@@ -93,9 +92,9 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 			cause = r.downCause(state)
 		}
 		if cause == nil {
-			return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w", e.kind, state, ErrUnavailable)
+			return Result{}, 0, errorf("%s %q: %w", e.kind, state, ErrUnavailable)
 		}
-		return Result{}, 0, fmt.Errorf("redlimit: %s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
+		return Result{}, 0, errorf("%s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
 	}
 	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
 	set.mu.Lock()

@@ -11,22 +11,29 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/errprefix"
 )
 
 // Errors returned by the package. Every error is wrapped with context, so
-// compare with [errors.Is].
+// compare with [errors.Is]. A message names the package once, at its start:
+// "redlimit: settle \"k\": reservation already settled or lapsed".
 var (
 	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n is
 	// more than the limit can ever allow at once (more than Rate for the
 	// windows, more than Burst for the buckets), and by Reservation.Settle
 	// when used is more than the state can owe (see Settle).
 	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
-	// ErrInvalidLimit is returned by the constructors for a Limit or option
-	// that cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large).
+	// ErrInvalidLimit is returned by the constructors (and for a limit from
+	// WithLimitFunc or WithRulesFunc) for a Limit, Rule or Strategy that
+	// cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large, an
+	// unknown strategy, two rules sharing one state).
 	ErrInvalidLimit = errors.New("redlimit: invalid limit")
-	// ErrInvalidArgument is returned for a call argument that cannot work: an
-	// empty key, a negative n, a nil Context, a Reservation or Lease that
-	// Reserve or Acquire did not return.
+	// ErrInvalidArgument is returned for an argument that cannot work: an
+	// option that is invalid or does not apply to the limiter (by the
+	// constructors), a nil client or option, and at call time an empty key,
+	// a negative n, a nil Context, a Reservation or Lease that Reserve or
+	// Acquire did not return.
 	ErrInvalidArgument = errors.New("redlimit: invalid argument")
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("redlimit: limiter closed")
@@ -34,6 +41,14 @@ var (
 	// the fallback policy is FallbackError.
 	ErrUnavailable = errors.New("redlimit: redis unavailable")
 )
+
+// errorf returns an error with the message "redlimit: " and format, for
+// every error the package makes around a sentinel or a cause; a wrapped
+// error's own "redlimit: " is left out of the message (errors.Is and
+// errors.As still see it), so that the package is named once.
+func errorf(format string, args ...any) error {
+	return errprefix.Errorf("redlimit: ", format, args...)
+}
 
 // Limit is a rate: Rate events per Period. The zero value is not a valid
 // Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.
@@ -62,8 +77,9 @@ func (l Limit) String() string {
 	return s
 }
 
-// Limits on the values a Limit may hold. They keep every number the scripts
-// compute exact, or at worst rounded, in a Lua double.
+// Limits on the values a Limit may hold: a Limit outside them is an error
+// wrapping ErrInvalidLimit. They keep every number the scripts compute
+// exact, or at worst rounded, in a Lua double.
 const (
 	// MaxRate is the largest Rate (and Burst) accepted: 2^40, about 1.1e12.
 	MaxRate = 1 << 40
@@ -154,7 +170,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return st, nil
 		}
 	}
-	return 0, fmt.Errorf("redlimit: unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
+	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
 }
 
 // New returns a limiter of strategy s. It is the same as calling the
@@ -172,14 +188,14 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 	case LeakyBucket:
 		return NewLeakyBucket(rdb, limit, opts...)
 	}
-	return nil, fmt.Errorf("redlimit: unknown strategy %v: %w", s, ErrInvalidLimit)
+	return nil, errorf("unknown strategy %v: %w", s, ErrInvalidLimit)
 }
 
 // validate checks a limit against the rules every strategy shares and
 // returns it with Burst filled in.
 func (l Limit) validate(maxRate int) (Limit, error) {
 	bad := func(format string, args ...any) (Limit, error) {
-		return l, fmt.Errorf("redlimit: limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return l, errorf("limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
 	case l.Rate < 1:
@@ -206,7 +222,7 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 // checkKey rejects keys that cannot be limited.
 func checkKey(key string) error {
 	if key == "" {
-		return fmt.Errorf("redlimit: empty key: %w", ErrInvalidArgument)
+		return errorf("empty key: %w", ErrInvalidArgument)
 	}
 	return nil
 }
@@ -215,7 +231,7 @@ func checkKey(key string) error {
 // deep inside the client), as net/http's NewRequestWithContext does.
 func checkContext(ctx context.Context) error {
 	if ctx == nil {
-		return fmt.Errorf("redlimit: nil Context: %w", ErrInvalidArgument)
+		return errorf("nil Context: %w", ErrInvalidArgument)
 	}
 	return nil
 }
@@ -225,7 +241,9 @@ func checkContext(ctx context.Context) error {
 // inside the hash tag, so that one key is one cluster slot and a huge key
 // (an attacker's header, say) costs neither Redis memory nor time on every
 // call. "%h" cannot come out of escaping, so a hashed key never meets a
-// short one.
+// short one. It is not a bound on keys (any non-empty key is valid) but
+// part of the key layout (see [WithPrefix]) that tools reading Redis
+// rebuild, as cmd/redlimit's inspect does.
 const MaxKeyLen = 256
 
 // escapeKey makes a user key safe to put inside a hash tag: '%', '{' and '}'
@@ -283,9 +301,9 @@ type config struct {
 	limitFunc    func(ctx context.Context, key string) (Limit, error)
 	rulesFunc    func(ctx context.Context, key string) ([]Rule, error)
 	reserveTTL   time.Duration
-	lease        leaseConfig   // WithLease (lease.go)
-	functions    bool          // WithRedisFunctions (functions.go)
-	evictEvery   time.Duration // WithEvictionCheck (evict.go)
+	prefetch     prefetchConfig // WithPrefetch (prefetch.go)
+	functions    bool           // WithRedisFunctions (functions.go)
+	evictEvery   time.Duration  // WithEvictionCheck (evict.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -309,7 +327,7 @@ func defaultConfig() config {
 
 func (c *config) validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("redlimit: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case c.prefix == "":
@@ -348,7 +366,7 @@ func (c *config) validate() error {
 // and '}' in key percent-encoded, or, for a key longer than MaxKeyLen,
 // "%h" and its SHA-256 in hex in its place; beside it, with WithBlock, the
 // penalty block (":b" after the first rule's key) and, with reservations
-// or leases, each rule's pending reservations (":r" after its key).
+// or prefetches, each rule's pending reservations (":r" after its key).
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }

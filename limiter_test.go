@@ -420,7 +420,13 @@ func TestConstructorValidation(t *testing.T) {
 				return
 			}
 			require.Error(t, err, "New(%v) accepted an invalid configuration", tt.limit)
-			mustErrorIs(t, err, ErrInvalidLimit)
+			// An invalid option is an invalid argument, not an invalid limit.
+			want, notWant := ErrInvalidLimit, ErrInvalidArgument
+			if tt.opts != nil {
+				want, notWant = ErrInvalidArgument, ErrInvalidLimit
+			}
+			mustErrorIs(t, err, want)
+			assert.NotErrorIs(t, err, notWant)
 			assert.True(t, strings.HasPrefix(err.Error(), "redlimit: "), "error %q lacks the package prefix", err)
 		})
 	}

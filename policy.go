@@ -25,7 +25,8 @@ type Rule struct {
 	PerCall bool
 }
 
-// MaxRules is the most rules a Policy may have.
+// MaxRules is the most rules a Policy may have: more is an error wrapping
+// ErrInvalidLimit.
 const MaxRules = 16
 
 // Policy is a [Limiter] that holds several rules on one key, all or
@@ -64,7 +65,7 @@ type Policy struct {
 // denial consumes nothing in any rule. It returns an error wrapping
 // ErrInvalidLimit for no rules, more than [MaxRules], an invalid limit, two
 // rules with the same Strategy and Period (they would share one state), or
-// two with the same name.
+// two with the same name, and one wrapping ErrInvalidArgument for an invalid option.
 func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy, error) {
 	rs, err := policyRules(rules)
 	if err != nil {
@@ -75,7 +76,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		return nil, err
 	}
 	if e.cfg.limitFunc != nil {
-		return nil, fmt.Errorf("redlimit: policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidLimit)
+		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
 	bake(e.own, e.cfg.functions)
 	return &Policy{engine: e}, nil
@@ -84,7 +85,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 // policyRules checks a policy's rules and prepares them.
 func policyRules(rules []Rule) (*ruleSet, error) {
 	bad := func(format string, args ...any) (*ruleSet, error) {
-		return nil, fmt.Errorf("redlimit: policy: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
+		return nil, errorf("policy: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
 	case len(rules) == 0:
@@ -104,7 +105,7 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		}
 		ru, err := newRule(name, alg, r.Limit)
 		if err != nil {
-			return nil, fmt.Errorf("redlimit: policy: rule %q: %w", name, err)
+			return nil, errorf("policy: rule %q: %w", name, err)
 		}
 		if r.PerCall {
 			ru.perCall = true
@@ -173,7 +174,7 @@ func (p *Policy) Reset(ctx context.Context, key string) error {
 
 // Close stops the policy's fallback monitor, if one runs, and makes every
 // later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once. With [WithLease] it gives back what the
-// leases did not serve first, as [RateLimiter.Close] does, and its error
+// safe to call more than once. With [WithPrefetch] it gives back what the
+// prefetches did not serve first, as [RateLimiter.Close] does, and its error
 // says what it could not give back.
 func (p *Policy) Close() error { return p.close() }

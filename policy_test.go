@@ -44,7 +44,11 @@ func TestPolicyValidation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := NewPolicy(b.rdb, tt.rules, tt.opts...)
-			require.ErrorIs(t, err, ErrInvalidLimit)
+			want := ErrInvalidLimit
+			if tt.opts != nil {
+				want = ErrInvalidArgument // an option that does not apply to a policy
+			}
+			require.ErrorIs(t, err, want)
 			assert.Regexp(t, "^redlimit: ", err.Error())
 		})
 	}

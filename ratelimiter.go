@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -32,7 +31,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 		return nil, err
 	}
 	if e.cfg.rulesFunc != nil {
-		return nil, fmt.Errorf("redlimit: %v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidLimit)
+		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
 	bake(e.own, e.cfg.functions)
 	return &RateLimiter{engine: e, limit: r.limit}, nil
@@ -74,7 +73,7 @@ func (l *RateLimiter) WaitN(ctx context.Context, key string, n int) error {
 // its penalty block, the pending reservations on that state, whichever
 // limiter took them (settling one afterwards gives nothing back into the
 // fresh state, and returns ErrSettled if it held nothing else) and so the
-// unused events of leases, and this process's fallback and deny-cache
+// unused events of prefetches, and this process's fallback and deny-cache
 // entries.
 func (l *RateLimiter) Reset(ctx context.Context, key string) error {
 	return l.reset(ctx, key)
@@ -82,9 +81,9 @@ func (l *RateLimiter) Reset(ctx context.Context, key string) error {
 
 // Close stops the limiter's fallback monitor, if one runs, and makes every
 // later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once. With [WithLease] it first gives back what
-// the leases did not serve, within about 100 ms; its error (wrapping
-// [ErrUnavailable]) says how many events of how many leases it could not
+// safe to call more than once. With [WithPrefetch] it first gives back what
+// the prefetches did not serve, within about 100 ms; its error (wrapping
+// [ErrUnavailable]) says how many events of how many prefetches it could not
 // give back, and the limiter is closed all the same.
 func (l *RateLimiter) Close() error { return l.close() }
 

@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -92,7 +91,7 @@ func (p *Policy) Reserve(ctx context.Context, key string, n int) (*Reservation, 
 
 func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, error) {
 	if n < 1 && !e.closed.Load() {
-		return nil, fmt.Errorf("redlimit: reserve n = %d: a reservation takes at least 1 event: %w", n, ErrInvalidArgument)
+		return nil, errorf("reserve n = %d: a reservation takes at least 1 event: %w", n, ErrInvalidArgument)
 	}
 	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
@@ -165,21 +164,21 @@ func (r *Reservation) Result() Result {
 // taken.
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	if r == nil || r.e == nil {
-		return Result{}, fmt.Errorf("redlimit: settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
+		return Result{}, errorf("settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
 	}
 	if err := checkContext(ctx); err != nil {
-		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+		return Result{}, errorf("settle %q: %w", r.key, err)
 	}
 	if err := checkUsed(used, r.n, r.rs); err != nil {
-		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+		return Result{}, errorf("settle %q: %w", r.key, err)
 	}
 	if !r.res.Allowed {
-		return Result{}, fmt.Errorf("redlimit: settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
+		return Result{}, errorf("settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done {
-		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrSettled)
+		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
 	}
 	if r.e.closed.Load() {
 		return Result{}, ErrClosed
@@ -195,7 +194,7 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		return r.settleLocal(used), nil
 	}
 	if r.e.rescue.isDown(r.state) {
-		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrUnavailable)
+		return Result{}, errorf("settle %q: %w", r.key, ErrUnavailable)
 	}
 	res, err := r.settleRedis(ctx, used)
 	if err != nil {
@@ -220,10 +219,10 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 // MaxSlidingLogN between the policy's logs, as AllowN does.
 func checkUsed(used, n int, rs *ruleSet) error {
 	if used < 0 {
-		return fmt.Errorf("redlimit: used = %d is negative: %w", used, ErrInvalidArgument)
+		return errorf("used = %d is negative: %w", used, ErrInvalidArgument)
 	}
 	if used > MaxRate {
-		return fmt.Errorf("redlimit: used = %d, more than MaxRate (%d): %w", used, MaxRate, ErrExceedsLimit)
+		return errorf("used = %d, more than MaxRate (%d): %w", used, MaxRate, ErrExceedsLimit)
 	}
 	entries := 0
 	for i := range rs.rules {
@@ -233,7 +232,7 @@ func checkUsed(used, n int, rs *ruleSet) error {
 			// Keeps or gives back its one event, whatever used.
 		case r.alg.bucket:
 			if payback := float64(used) * float64(r.limit.Period) / float64(r.limit.Rate); payback > float64(MaxPeriod) {
-				return fmt.Errorf("redlimit: used = %d: %v %v would take %v to pay it back, more than MaxPeriod: %w",
+				return errorf("used = %d: %v %v would take %v to pay it back, more than MaxPeriod: %w",
 					used, r.alg.strategy, r.limit, time.Duration(min(payback, math.MaxInt64)), ErrExceedsLimit)
 			}
 		case r.alg.strategy == SlidingLog:
@@ -241,7 +240,7 @@ func checkUsed(used, n int, rs *ruleSet) error {
 		}
 	}
 	if entries > MaxSlidingLogN {
-		return fmt.Errorf("redlimit: used = %d: the sliding logs would write %d entries, more than MaxSlidingLogN (%d) (use a sliding counter or a bucket to weigh calls): %w",
+		return errorf("used = %d: the sliding logs would write %d entries, more than MaxSlidingLogN (%d) (use a sliding counter or a bucket to weigh calls): %w",
 			used, entries, MaxSlidingLogN, ErrInvalidArgument)
 	}
 	return nil
@@ -288,7 +287,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 		return Result{}, r.settleErr(ctx, err)
 	}
 	if len(reply) == 1 {
-		return Result{}, fmt.Errorf("redlimit: settle %q: %w", r.key, ErrSettled)
+		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
 	}
 	res, _, err := e.parse(reply, rs, nil)
 	if err != nil {
@@ -302,12 +301,12 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 // (ErrUnavailable, and Redis marked down), or what Redis said.
 func (r *Reservation) settleErr(ctx context.Context, err error) error {
 	if ctxErr := callerDone(ctx); ctxErr != nil {
-		return fmt.Errorf("redlimit: settle %q: %w", r.key, ctxErr)
+		return errorf("settle %q: %w", r.key, ctxErr)
 	}
 	if r.e.rescue.outage(ctx, err, r.state) {
-		return fmt.Errorf("redlimit: settle %q: %w: %w", r.key, ErrUnavailable, err)
+		return errorf("settle %q: %w: %w", r.key, ErrUnavailable, err)
 	}
-	return fmt.Errorf("redlimit: settle %q: %w", r.key, err)
+	return errorf("settle %q: %w", r.key, err)
 }
 
 // settleLocal settles a reservation the fallback took. Each stand-in gets

@@ -5,7 +5,8 @@ import "github.com/redis/go-redis/v9"
 // MaxSlidingLogRate is the largest Rate a SlidingLog limiter accepts: it
 // keeps one sorted-set member per admitted event (about 36 bytes of Redis
 // memory each up to 128 events, about 120 past that: see the README), so
-// a key at its limit holds Rate of them.
+// a key at its limit holds Rate of them. A larger Rate is an error wrapping
+// ErrInvalidLimit.
 const MaxSlidingLogRate = 100_000
 
 // NewSlidingLog returns a limiter that allows at most limit.Rate events in

@@ -52,7 +52,7 @@ bench_out=$(GOWORK=off go test -run '^$' -bench . -benchtime=1x ./... 2>&1) || {
 # 5 minutes the package takes). The names say which they are;
 # TestEngineTestsNamed (redis_test.go) checks that every test that starts a
 # server matches.
-engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestLeaseHangNoQueue$'
+engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestPrefetchHangNoQueue$'
 
 echo "== tests"
 for m in "${modules[@]}"; do

@@ -120,6 +120,7 @@ import (
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
 	"github.com/redlimit/redlimit/internal/calldelay"
+	"github.com/redlimit/redlimit/internal/errprefix"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -328,7 +329,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 	}
 	key, err := in.cfg.keyFunc(ctx, fullMethod)
 	if err == nil && key == "" {
-		err = fmt.Errorf("grpclimit: %s: empty key: %w", fullMethod, ErrNoKey)
+		err = errprefix.Errorf("grpclimit: ", "%s: empty key: %w", fullMethod, ErrNoKey)
 	}
 	if err != nil {
 		in.report(ctx, fullMethod, err)

@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -10,6 +9,8 @@ import (
 	"github.com/redlimit/redlimit/httplimit"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+
+	"github.com/redlimit/redlimit/internal/errprefix"
 )
 
 // KeyFunc returns the rate-limit key of a call to fullMethod, such as
@@ -41,7 +42,7 @@ type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 func PeerKey(ctx context.Context, _ string) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
-		return "", fmt.Errorf("grpclimit: no peer address: %w", ErrNoKey)
+		return "", errprefix.Errorf("grpclimit: ", "no peer address: %w", ErrNoKey)
 	}
 	return addrKey(p.Addr), nil
 }
@@ -71,7 +72,7 @@ func IPKey(opts ...httplimit.IPOption) KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
-			return "", fmt.Errorf("grpclimit: no peer address: %w", ErrNoKey)
+			return "", errprefix.Errorf("grpclimit: ", "no peer address: %w", ErrNoKey)
 		}
 		ip, ok := peerIP(p.Addr)
 		if !ok {
@@ -138,6 +139,6 @@ func MetadataKey(name string) KeyFunc {
 				return v, nil
 			}
 		}
-		return "", fmt.Errorf("grpclimit: no %q metadata: %w", name, ErrNoKey)
+		return "", errprefix.Errorf("grpclimit: ", "no %q metadata: %w", name, ErrNoKey)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/redlimit/redlimit/internal/errprefix"
 )
 
 // KeyFunc returns the key that a request is limited by. It returns an error
@@ -18,7 +20,7 @@ type KeyFunc func(*http.Request) (string, error)
 // lacks what identifies its client, such as the header of [HeaderKey].
 var ErrNoKey = errors.New("httplimit: no key in request")
 
-var errEmptyKey = fmt.Errorf("httplimit: key function returned an empty key: %w", ErrNoKey)
+var errEmptyKey = errprefix.Errorf("httplimit: ", "key function returned an empty key: %w", ErrNoKey)
 
 // HeaderKey returns a KeyFunc whose key is the value of the request header
 // name (its first value, with surrounding spaces trimmed), such as an API
@@ -37,7 +39,7 @@ func HeaderKey(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		v := strings.TrimSpace(r.Header.Get(name))
 		if v == "" {
-			return "", fmt.Errorf("httplimit: header %q is missing or empty: %w", name, ErrNoKey)
+			return "", errprefix.Errorf("httplimit: ", "header %q is missing or empty: %w", name, ErrNoKey)
 		}
 		return v, nil
 	}

@@ -16,13 +16,13 @@ n = n0
 if denied and n > 0 then
   -- n = 0 only reports: it is never denied (a lowered limit can leave a
   -- rule over its allowance) and never writes.
-  -- A lease's denial (lease.go: its id starts with 'lease:') is not a
+  -- A prefetch's denial (prefetch.go: its id starts with 'prefetch:') is not a
   -- call's: it sets no block.
   -- The block lasts block; while it does, a call is told to retry when
   -- this n would be allowed again, if that is later (the key's value), so
   -- that a client that waits its RetryAfter is not denied again by the
   -- limit, and after the block smaller calls are the limit's to decide.
-  if code == 1 and block > 0 and string.sub(rid, 1, 6) ~= 'lease:' then
+  if code == 1 and block > 0 and string.sub(rid, 1, 9) ~= 'prefetch:' then
     if retry < block then retry = block end
     rcall('SET', KEYS[nkeys], now + retry, 'PX', ms(block))
     if reset_denied < retry then reset_denied = retry end

@@ -80,11 +80,15 @@ func check(ctx context.Context, rdb redis.UniversalClient, addr string, w io.Wri
 	if !errors.Is(err, redlimit.ErrEvictionPolicy) {
 		return err
 	}
+	// Each line is one server's error; a line that ends with the sentinel's
+	// text (without its "redlimit: ", as the library writes it when it
+	// wraps it) is a server that may evict.
 	evicting := 0
+	policyText := ": " + strings.TrimPrefix(redlimit.ErrEvictionPolicy.Error(), "redlimit: ")
 	for line := range strings.SplitSeq(err.Error(), "\n") {
-		if strings.HasSuffix(line, redlimit.ErrEvictionPolicy.Error()) {
+		if strings.HasSuffix(line, policyText) {
 			evicting++
-			fmt.Fprintf(w, "evicts: %s\n", strings.TrimSuffix(strings.ReplaceAll(line, "redlimit: ", ""), ": "+strings.TrimPrefix(redlimit.ErrEvictionPolicy.Error(), "redlimit: ")))
+			fmt.Fprintf(w, "evicts: %s\n", strings.TrimSuffix(strings.ReplaceAll(line, "redlimit: ", ""), policyText))
 			continue
 		}
 		fmt.Fprintf(w, "error: %s\n", strings.ReplaceAll(line, "redlimit: ", ""))

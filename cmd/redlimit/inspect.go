@@ -34,7 +34,7 @@ time to live and value:
 	<prefix>:{<KEY>}:<code><period in µs>     the state
 	<prefix>:{<KEY>}:<code><period in µs>:b   the penalty block (WithBlock)
 	<prefix>:{<KEY>}:<code><period in µs>:r   the pending reservations
-	                                         (Reserve, and leases)
+	                                         (Reserve, and prefetches)
 
 where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
 sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,

@@ -145,8 +145,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef(c.name, "%v", err)
 	}
 	err := runCmd(ctx, fs.Args(), stdout, stderr)
-	if errors.Is(err, redlimit.ErrInvalidLimit) {
-		// The limit comes from the flags.
+	if errors.Is(err, redlimit.ErrInvalidLimit) || errors.Is(err, redlimit.ErrInvalidArgument) {
+		// The limit and the options come from the flags.
 		return usagef(c.name, "%s", trimPrefix(err))
 	}
 	return err

@@ -49,7 +49,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "k"}, 2, "", "redlimit: inspect: -rate is required"},
 		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "-rate", "5"}, 2, "", "redlimit: inspect: missing KEY"},
 		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "all", "-period", "1s", "-rate", "5", "k"}, 2, "", `redlimit: inspect: invalid value "all" for flag -strategy: unknown strategy "all" (want fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)`},
-		{[]string{"reset", "-redis", "127.0.0.1:1", "-strategy", "sliding-log", "-period", "1s", "-prefix", "a{b", "k"}, 2, "", `redlimit: reset: prefix "a{b" must not contain '{' or '}' (they would move keys to another cluster slot): invalid limit`},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-strategy", "sliding-log", "-period", "1s", "-prefix", "a{b", "k"}, 2, "", `redlimit: reset: prefix "a{b" must not contain '{' or '}' (they would move keys to another cluster slot): invalid argument`},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runT(t, tt.args...)

@@ -110,7 +110,7 @@ var strategyCodes = map[redlimit.Strategy]string{
 }
 
 // The suffixes of the Redis keys beside a key's state: its penalty block
-// (WithBlock) and its pending reservations (Reserve, and leases); a
+// (WithBlock) and its pending reservations (Reserve, and prefetches); a
 // single-strategy limiter's reservations are those of its one rule.
 const (
 	blockSuffix   = ":b"

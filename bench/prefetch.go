@@ -14,29 +14,29 @@ import (
 	"github.com/redlimit/redlimit"
 )
 
-// LeaseFleet is instances of one token-bucket limiter, each with its own
+// PrefetchFleet is instances of one token-bucket limiter, each with its own
 // go-redis client (as separate processes would have), on one Redis: the
-// load of cmd/lease. Every client counts the commands it sends.
-type LeaseFleet struct {
+// load of cmd/prefetch. Every client counts the commands it sends.
+type PrefetchFleet struct {
 	Lims  []*redlimit.RateLimiter
 	rdbs  []*redis.Client
 	calls []*atomic.Uint64
 }
 
-// NewLeaseFleet makes n limiters of limit with opts, each on its own client
+// NewPrefetchFleet makes n limiters of limit with opts, each on its own client
 // of the server at addr with opts redistest.TunedOptions-like options.
 // Every limiter gets FallbackDeny, so that an outage (a slow reply on a
 // busy machine) can only lower what is admitted, never add fallback
 // admissions to it.
-func NewLeaseFleet(addr string, clientOpts *redis.Options, n int, limit redlimit.Limit, opts ...redlimit.Option) (*LeaseFleet, error) {
-	f := &LeaseFleet{}
+func NewPrefetchFleet(addr string, clientOpts *redis.Options, n int, limit redlimit.Limit, opts ...redlimit.Option) (*PrefetchFleet, error) {
+	f := &PrefetchFleet{}
 	opts = append([]redlimit.Option{redlimit.WithFallback(redlimit.FallbackDeny)}, opts...)
 	for range n {
 		o := *clientOpts
 		o.Addr = addr
 		rdb := redis.NewClient(&o)
 		c := new(atomic.Uint64)
-		rdb.AddHook(leaseCallCounter{c})
+		rdb.AddHook(callCounter{c})
 		lim, err := redlimit.NewTokenBucket(rdb, limit, opts...)
 		if err != nil {
 			rdb.Close()
@@ -48,9 +48,9 @@ func NewLeaseFleet(addr string, clientOpts *redis.Options, n int, limit redlimit
 	return f, nil
 }
 
-// Close closes the limiters (giving back what their leases hold) and the
+// Close closes the limiters (giving back what their prefetches hold) and the
 // clients.
-func (f *LeaseFleet) Close() {
+func (f *PrefetchFleet) Close() {
 	for i := range f.Lims {
 		f.Lims[i].Close()
 		f.rdbs[i].Close()
@@ -58,7 +58,7 @@ func (f *LeaseFleet) Close() {
 }
 
 // RedisCalls is the commands the fleet's clients sent so far.
-func (f *LeaseFleet) RedisCalls() uint64 {
+func (f *PrefetchFleet) RedisCalls() uint64 {
 	var n uint64
 	for _, c := range f.calls {
 		n += c.Load()
@@ -66,25 +66,25 @@ func (f *LeaseFleet) RedisCalls() uint64 {
 	return n
 }
 
-// leaseCallCounter counts every command a client sends (a pipeline's each).
-type leaseCallCounter struct{ n *atomic.Uint64 }
+// callCounter counts every command a client sends (a pipeline's each).
+type callCounter struct{ n *atomic.Uint64 }
 
-func (h leaseCallCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h leaseCallCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
 		return next(ctx, cmd)
 	}
 }
-func (h leaseCallCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.n.Add(uint64(len(cmds)))
 		return next(ctx, cmds)
 	}
 }
 
-// LeaseLoad is what a fleet is asked.
-type LeaseLoad struct {
+// PrefetchLoad is what a fleet is asked.
+type PrefetchLoad struct {
 	Key string
 	// Offered is the calls per second offered to each instance, paced
 	// evenly; 0 is a closed loop (each goroutine calls as fast as it can).
@@ -93,40 +93,40 @@ type LeaseLoad struct {
 	Duration time.Duration
 }
 
-// LeaseSample is one run of a fleet.
-type LeaseSample struct {
+// PrefetchSample is one run of a fleet.
+type PrefetchSample struct {
 	Decisions, Allowed, Degraded, Errors uint64
 	FirstErr                             string
 	RedisCalls                           uint64
 	Elapsed                              time.Duration
-	// The events the fleet's leases held unused (LeaseStats.Unused summed
+	// The events the fleet's prefetches held unused (PrefetchStats.Unused summed
 	// over the instances), sampled every millisecond: capacity that no
 	// other instance could admit at that moment.
-	IdleMean float64
-	IdleMax  int64
-	Leases   uint64 // leases taken
-	Served   uint64 // calls served from a lease
+	IdleMean   float64
+	IdleMax    int64
+	Prefetches uint64 // prefetches taken
+	Served     uint64 // calls served from a prefetch
 }
 
 // PerSec is the decisions per second of the run.
-func (s LeaseSample) PerSec() float64 { return float64(s.Decisions) / s.Elapsed.Seconds() }
+func (s PrefetchSample) PerSec() float64 { return float64(s.Decisions) / s.Elapsed.Seconds() }
 
-// CallsPerDecision is the Redis commands sent per decision (leases, their
+// CallsPerDecision is the Redis commands sent per decision (prefetches, their
 // settling, and calls decided one by one).
-func (s LeaseSample) CallsPerDecision() float64 {
+func (s PrefetchSample) CallsPerDecision() float64 {
 	if s.Decisions == 0 {
 		return 0
 	}
 	return float64(s.RedisCalls) / float64(s.Decisions)
 }
 
-// Run offers the load to every instance of the fleet at once. The leases'
+// Run offers the load to every instance of the fleet at once. The prefetches'
 // counters are read before and after, so a fleet can run several loads.
-func (f *LeaseFleet) Run(ctx context.Context, load LeaseLoad) LeaseSample {
-	var s LeaseSample
+func (f *PrefetchFleet) Run(ctx context.Context, load PrefetchLoad) PrefetchSample {
+	var s PrefetchSample
 	var decisions, allowed, degraded, errs atomic.Uint64
 	var firstErr atomic.Value
-	stats0 := f.leaseTotals()
+	stats0 := f.prefetchTotals()
 	calls0 := f.RedisCalls()
 
 	stop := make(chan struct{})
@@ -145,7 +145,7 @@ func (f *LeaseFleet) Run(ctx context.Context, load LeaseLoad) LeaseSample {
 			}
 			var idle int64
 			for _, lim := range f.Lims {
-				idle += lim.LeaseStats().Unused
+				idle += lim.PrefetchStats().Unused
 			}
 			idleSum += idle
 			idleN++
@@ -202,21 +202,21 @@ func (f *LeaseFleet) Run(ctx context.Context, load LeaseLoad) LeaseSample {
 	if idleN > 0 {
 		s.IdleMean = float64(idleSum) / float64(idleN)
 	}
-	stats1 := f.leaseTotals()
+	stats1 := f.prefetchTotals()
 	s.Decisions, s.Allowed, s.Degraded, s.Errors = decisions.Load(), allowed.Load(), degraded.Load(), errs.Load()
 	if e, ok := firstErr.Load().(string); ok {
 		s.FirstErr = e
 	}
 	s.RedisCalls = f.RedisCalls() - calls0
-	s.Leases = stats1.Taken - stats0.Taken
+	s.Prefetches = stats1.Taken - stats0.Taken
 	s.Served = stats1.Served - stats0.Served
 	return s
 }
 
-func (f *LeaseFleet) leaseTotals() redlimit.LeaseStats {
-	var t redlimit.LeaseStats
+func (f *PrefetchFleet) prefetchTotals() redlimit.PrefetchStats {
+	var t redlimit.PrefetchStats
 	for _, lim := range f.Lims {
-		s := lim.LeaseStats()
+		s := lim.PrefetchStats()
 		t.Taken += s.Taken
 		t.Served += s.Served
 		t.Returned += s.Returned
@@ -225,12 +225,12 @@ func (f *LeaseFleet) leaseTotals() redlimit.LeaseStats {
 	return t
 }
 
-// LeaseConfig says what cmd/lease runs.
-type LeaseConfig struct {
+// PrefetchConfig says what cmd/prefetch runs.
+type PrefetchConfig struct {
 	Addr       string
 	ClientOpts *redis.Options
-	Size       int           // WithLease size
-	MaxAge     time.Duration // WithLease maxAge
+	Size       int           // WithPrefetch size
+	MaxAge     time.Duration // WithPrefetch maxAge
 	Rounds     int           // interleaved rounds; the median is reported
 	Duration   time.Duration // per run
 	HotRate    float64       // calls per second offered to the hot key (one instance)
@@ -238,56 +238,56 @@ type LeaseConfig struct {
 	Log        io.Writer
 }
 
-// LeaseReport is cmd/lease's figures: the medians over the rounds.
-type LeaseReport struct {
-	Cfg LeaseConfig
+// PrefetchReport is cmd/prefetch's figures: the medians over the rounds.
+type PrefetchReport struct {
+	Cfg PrefetchConfig
 	// A hot key, one instance, limit far above the load: paced at
-	// HotRate, and closed loop, with leases and without.
-	PacedLease, PacedPlain, LoopLease, LoopPlain []LeaseSample
+	// HotRate, and closed loop, with prefetches and without.
+	PacedPrefetch, PacedPlain, LoopPrefetch, LoopPlain []PrefetchSample
 	// Four instances on one key: at 4× the limit; and at 50,000/s in all
 	// below a high limit.
-	FleetOver, FleetUnder []LeaseSample
+	FleetOver, FleetUnder []PrefetchSample
 	OverLimit             redlimit.Limit
 }
 
-// RunLease measures leases against one round trip per decision; see
-// cmd/lease.
-func RunLease(ctx context.Context, cfg LeaseConfig) (*LeaseReport, error) {
+// RunPrefetch measures prefetches against one round trip per decision; see
+// cmd/prefetch.
+func RunPrefetch(ctx context.Context, cfg PrefetchConfig) (*PrefetchReport, error) {
 	logf := func(format string, args ...any) {
 		if cfg.Log != nil {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
 	high := redlimit.Limit{Rate: 100_000_000, Period: time.Second} // never reached
-	lease := redlimit.WithLease(cfg.Size, cfg.MaxAge)
-	rep := &LeaseReport{Cfg: cfg, OverLimit: redlimit.Limit{Rate: 2000, Period: time.Second, Burst: 2000}}
+	prefetch := redlimit.WithPrefetch(cfg.Size, cfg.MaxAge)
+	rep := &PrefetchReport{Cfg: cfg, OverLimit: redlimit.Limit{Rate: 2000, Period: time.Second, Burst: 2000}}
 	type run struct {
 		name  string
 		n     int
 		limit redlimit.Limit
 		opts  []redlimit.Option
-		load  LeaseLoad
-		out   *[]LeaseSample
+		load  PrefetchLoad
+		out   *[]PrefetchSample
 	}
 	runs := []run{
-		{"paced, lease", 1, high, []redlimit.Option{lease}, LeaseLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedLease},
-		{"paced, one round trip", 1, high, nil, LeaseLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedPlain},
-		{"closed loop, lease", 1, high, []redlimit.Option{lease}, LeaseLoad{Conc: cfg.Conc}, &rep.LoopLease},
-		{"closed loop, one round trip", 1, high, nil, LeaseLoad{Conc: cfg.Conc}, &rep.LoopPlain},
+		{"paced, prefetch", 1, high, []redlimit.Option{prefetch}, PrefetchLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedPrefetch},
+		{"paced, one round trip", 1, high, nil, PrefetchLoad{Offered: cfg.HotRate, Conc: 8}, &rep.PacedPlain},
+		{"closed loop, prefetch", 1, high, []redlimit.Option{prefetch}, PrefetchLoad{Conc: cfg.Conc}, &rep.LoopPrefetch},
+		{"closed loop, one round trip", 1, high, nil, PrefetchLoad{Conc: cfg.Conc}, &rep.LoopPlain},
 		// 4 instances, each offered the limit's rate: 4× in all.
-		{"4 instances at 4× the limit", 4, rep.OverLimit, []redlimit.Option{lease},
-			LeaseLoad{Offered: float64(rep.OverLimit.Rate), Conc: 8}, &rep.FleetOver},
-		{"4 instances, 50,000/s in all, below the limit", 4, high, []redlimit.Option{lease},
-			LeaseLoad{Offered: cfg.HotRate / 4, Conc: 4}, &rep.FleetUnder},
+		{"4 instances at 4× the limit", 4, rep.OverLimit, []redlimit.Option{prefetch},
+			PrefetchLoad{Offered: float64(rep.OverLimit.Rate), Conc: 8}, &rep.FleetOver},
+		{"4 instances, 50,000/s in all, below the limit", 4, high, []redlimit.Option{prefetch},
+			PrefetchLoad{Offered: cfg.HotRate / 4, Conc: 4}, &rep.FleetUnder},
 	}
 	for r := range cfg.Rounds {
 		for i, ru := range runs {
-			f, err := NewLeaseFleet(cfg.Addr, cfg.ClientOpts, ru.n, ru.limit, ru.opts...)
+			f, err := NewPrefetchFleet(cfg.Addr, cfg.ClientOpts, ru.n, ru.limit, ru.opts...)
 			if err != nil {
 				return nil, err
 			}
 			load := ru.load
-			load.Key = fmt.Sprintf("lease-bench:%d:%d", r, i) // a fresh key: a full bucket
+			load.Key = fmt.Sprintf("prefetch-bench:%d:%d", r, i) // a fresh key: a full bucket
 			load.Duration = cfg.Duration
 			s := f.Run(ctx, load)
 			f.Close()
@@ -299,10 +299,10 @@ func RunLease(ctx context.Context, cfg LeaseConfig) (*LeaseReport, error) {
 	return rep, nil
 }
 
-// leaseMedian returns the sample whose key is the median.
-func leaseMedian(ss []LeaseSample, key func(LeaseSample) float64) LeaseSample {
+// prefetchMedian returns the sample whose key is the median.
+func prefetchMedian(ss []PrefetchSample, key func(PrefetchSample) float64) PrefetchSample {
 	s := slices.Clone(ss)
-	slices.SortFunc(s, func(a, b LeaseSample) int {
+	slices.SortFunc(s, func(a, b PrefetchSample) int {
 		ka, kb := key(a), key(b)
 		switch {
 		case ka < kb:
@@ -316,23 +316,23 @@ func leaseMedian(ss []LeaseSample, key func(LeaseSample) float64) LeaseSample {
 }
 
 // Markdown writes the report.
-func (r *LeaseReport) Markdown(w io.Writer) {
+func (r *PrefetchReport) Markdown(w io.Writer) {
 	c := r.Cfg
-	perSec := LeaseSample.PerSec
-	fmt.Fprintf(w, "Leases: `WithLease(%d, %v)`, token bucket, real redis-server, %d interleaved rounds of %v, medians.\n\n",
+	perSec := PrefetchSample.PerSec
+	fmt.Fprintf(w, "Prefetch: `WithPrefetch(%d, %v)`, token bucket, real redis-server, %d interleaved rounds of %v, medians.\n\n",
 		c.Size, c.MaxAge, c.Rounds, c.Duration)
-	fmt.Fprintf(w, "| run | decisions/s | Redis calls per decision | leases | served locally | idle capacity mean / max (events) | degraded |\n|---|---:|---:|---:|---:|---:|---:|\n")
-	row := func(name string, ss []LeaseSample) LeaseSample {
-		s := leaseMedian(ss, perSec)
-		fmt.Fprintf(w, "| %s | %.0f | %.4f | %d | %d | %.1f / %d | %d |\n", name, s.PerSec(), s.CallsPerDecision(), s.Leases, s.Served, s.IdleMean, s.IdleMax, s.Degraded)
+	fmt.Fprintf(w, "| run | decisions/s | Redis calls per decision | prefetches | served locally | idle capacity mean / max (events) | degraded |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	row := func(name string, ss []PrefetchSample) PrefetchSample {
+		s := prefetchMedian(ss, perSec)
+		fmt.Fprintf(w, "| %s | %.0f | %.4f | %d | %d | %.1f / %d | %d |\n", name, s.PerSec(), s.CallsPerDecision(), s.Prefetches, s.Served, s.IdleMean, s.IdleMax, s.Degraded)
 		return s
 	}
-	row(fmt.Sprintf("hot key, %.0f/s offered, lease", c.HotRate), r.PacedLease)
+	row(fmt.Sprintf("hot key, %.0f/s offered, prefetch", c.HotRate), r.PacedPrefetch)
 	row(fmt.Sprintf("hot key, %.0f/s offered, one round trip", c.HotRate), r.PacedPlain)
-	ll := row(fmt.Sprintf("hot key, closed loop (%d goroutines), lease", c.Conc), r.LoopLease)
+	ll := row(fmt.Sprintf("hot key, closed loop (%d goroutines), prefetch", c.Conc), r.LoopPrefetch)
 	lp := row(fmt.Sprintf("hot key, closed loop (%d goroutines), one round trip", c.Conc), r.LoopPlain)
-	row("4 instances × 12,500/s on one key, lease", r.FleetUnder)
-	fmt.Fprintf(w, "\nClosed loop, lease / one round trip: **%.1f×** the decisions per second. "+
+	row("4 instances × 12,500/s on one key, prefetch", r.FleetUnder)
+	fmt.Fprintf(w, "\nClosed loop, prefetch / one round trip: **%.1f×** the decisions per second. "+
 		"Degraded decisions (FallbackDeny after a client timeout on a busy machine) are counted as decisions.\n\n", ll.PerSec()/lp.PerSec())
 
 	fmt.Fprintf(w, "4 instances (own clients), one key, each offered %d/s, limit %v (4× over):\n\n", r.OverLimit.Rate, r.OverLimit)

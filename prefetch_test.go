@@ -38,8 +38,8 @@ func bubbleRedis(t *testing.T) (*redis.Client, *miniredis.Miniredis, *atomic.Int
 	return rdb, m, &calls
 }
 
-// redisRemaining is what Redis holds for key under l, leases aside: a
-// report (n = 0) by a limiter without leases.
+// redisRemaining is what Redis holds for key under l, prefetches aside: a
+// report (n = 0) by a limiter without prefetches.
 func redisRemaining(t *testing.T, rdb redis.UniversalClient, s Strategy, l Limit, key string) int {
 	t.Helper()
 	plain, err := New(rdb, s, l)
@@ -50,62 +50,62 @@ func redisRemaining(t *testing.T, rdb redis.UniversalClient, s Strategy, l Limit
 	return res.Remaining
 }
 
-func TestLeaseOptions(t *testing.T) {
+func TestPrefetchOptions(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	l := PerSecond(100)
 	for _, s := range Strategies() {
-		lim, err := New(rdb, s, l, WithLease(100, time.Second))
+		lim, err := New(rdb, s, l, WithPrefetch(100, time.Second))
 		if s == TokenBucket || s == FixedWindow {
 			require.NoError(t, err, "%v", s)
 			lim.Close()
 			continue
 		}
-		require.ErrorIs(t, err, ErrInvalidLimit, "%v takes no lease", s)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%v takes no prefetch", s)
 	}
 	bad := []Option{
-		WithLease(-1, time.Second),
-		WithLease(3, time.Second),
-		WithLease(100, 0),
-		WithLease(100, time.Millisecond-1),
-		WithLease(100, 2*time.Minute),
-		WithLease(100, 20*time.Second), // more than half the reservation lifetime below
+		WithPrefetch(-1, time.Second),
+		WithPrefetch(3, time.Second),
+		WithPrefetch(100, 0),
+		WithPrefetch(100, time.Millisecond-1),
+		WithPrefetch(100, 2*time.Minute),
+		WithPrefetch(100, 20*time.Second), // more than half the reservation lifetime below
 	}
 	for i, o := range bad {
 		_, err := NewTokenBucket(rdb, l, WithReservationTTL(30*time.Second), o)
-		require.ErrorIs(t, err, ErrInvalidLimit, "option %d", i)
+		require.ErrorIs(t, err, ErrInvalidArgument, "option %d", i)
 	}
-	lim, err := NewTokenBucket(rdb, l, WithLease(0, 0)) // off
+	lim, err := NewTokenBucket(rdb, l, WithPrefetch(0, 0)) // off
 	require.NoError(t, err)
 	lim.Close()
 
-	// A policy of token buckets takes leases; a fixed window in a policy
+	// A policy of token buckets takes prefetches; a fixed window in a policy
 	// cannot tell when its window ends from the policy's reply.
 	p, err := NewPolicy(rdb, []Rule{
 		{Strategy: TokenBucket, Limit: PerSecond(10)},
 		{Strategy: TokenBucket, Limit: PerHour(1000)},
-	}, WithLease(10, time.Second))
+	}, WithPrefetch(10, time.Second))
 	require.NoError(t, err)
 	p.Close()
 	_, err = NewPolicy(rdb, []Rule{
 		{Strategy: TokenBucket, Limit: PerSecond(10)},
 		{Strategy: FixedWindow, Limit: PerHour(1000)},
-	}, WithLease(10, time.Second))
-	require.ErrorIs(t, err, ErrInvalidLimit)
-	_, err = NewConcurrency(rdb, 10, time.Second, WithLease(10, time.Second))
-	require.ErrorIs(t, err, ErrInvalidLimit)
+	}, WithPrefetch(10, time.Second))
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = NewConcurrency(rdb, 10, time.Second, WithPrefetch(10, time.Second))
+	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
-// A cold key goes to Redis call by call; a hot one takes leases that grow
-// with its rate here, and served calls say what the lease has left. Every
+// A cold key goes to Redis call by call; a hot one takes prefetches that grow
+// with its rate here, and served calls say what the prefetch has left. Every
 // event served was taken in Redis: after Close, Redis has exactly what the
 // calls did not take.
-func TestLeaseHotKey(t *testing.T) {
+func TestPrefetchHotKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, calls := bubbleRedis(t)
 		var seen decisions
 		l := Limit{Rate: 10, Period: time.Hour, Burst: 1_000_000} // no refill to speak of
-		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(100, 100*time.Millisecond), WithObserver(seen.record))
+		lim := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(100, 100*time.Millisecond), WithObserver(seen.record))
 		ctx := context.Background()
 
 		for i := range 3 {
@@ -116,35 +116,35 @@ func TestLeaseHotKey(t *testing.T) {
 			assert.Equal(t, l.Burst-1-i, res.Remaining, "call %d: from Redis", i)
 			assert.GreaterOrEqual(t, calls.Load()-before, int64(1), "call %d: cold, one round trip", i)
 		}
-		assert.Zero(t, lim.LeaseStats().Taken, "no lease for a cold key")
+		assert.Zero(t, lim.PrefetchStats().Taken, "no prefetch for a cold key")
 
 		const total = 10_000
 		before := calls.Load()
 		prev := -1
 		for i := 3; i < total; i++ {
-			served := lim.LeaseStats().Served
+			served := lim.PrefetchStats().Served
 			res, err := lim.Allow(ctx, "k")
 			require.NoError(t, err)
 			require.True(t, res.Allowed, "call %d", i)
-			if lim.LeaseStats().Served == served {
-				prev = res.Remaining // took a lease
+			if lim.PrefetchStats().Served == served {
+				prev = res.Remaining // took a prefetch
 				continue
 			}
-			// Served from the lease.
+			// Served from the prefetch.
 			require.False(t, res.Degraded)
 			require.Zero(t, res.RetryAfter)
 			require.Equal(t, l, res.Limit)
-			require.Less(t, res.Remaining, 100, "call %d: what the lease has left", i)
-			require.Equal(t, prev-1, res.Remaining, "call %d: one event less in the lease", i)
+			require.Less(t, res.Remaining, 100, "call %d: what the prefetch has left", i)
+			require.Equal(t, prev-1, res.Remaining, "call %d: one event less in the prefetch", i)
 			prev = res.Remaining
 		}
-		synctest.Wait() // the sweeper settles the used-up leases
-		st := lim.LeaseStats()
+		synctest.Wait() // the sweeper settles the used-up prefetches
+		st := lim.PrefetchStats()
 		perDecision := float64(calls.Load()-before) / (total - 3)
-		t.Logf("%d decisions: %d leases, %d served locally, %.4f Redis calls per decision; %+v",
+		t.Logf("%d decisions: %d prefetches, %d served locally, %.4f Redis calls per decision; %+v",
 			total, st.Taken, st.Served, perDecision, st)
 		assert.Less(t, perDecision, 0.03)
-		assert.Equal(t, uint64(total-3)-st.Taken, st.Served, "every call not taking a lease was served from one")
+		assert.Equal(t, uint64(total-3)-st.Taken, st.Served, "every call not taking a prefetch was served from one")
 
 		// The observer saw every call: allowed, not degraded.
 		ds := seen.list()
@@ -155,10 +155,10 @@ func TestLeaseHotKey(t *testing.T) {
 			require.Equal(t, NotDenied, d.DeniedBy)
 		}
 
-		// Zero over-admission: the lease's rest goes back at Close, and
+		// Zero over-admission: the prefetch's rest goes back at Close, and
 		// Redis has exactly what the calls did not take.
 		require.NoError(t, lim.Close())
-		st = lim.LeaseStats()
+		st = lim.PrefetchStats()
 		assert.Zero(t, st.Held)
 		assert.Zero(t, st.Unused)
 		assert.Zero(t, st.Lost)
@@ -166,9 +166,9 @@ func TestLeaseHotKey(t *testing.T) {
 	})
 }
 
-// hotLease makes a key hot on lim (calls served by leases) and returns the
-// events admitted and what the lease holds unused.
-func hotLease(t *testing.T, lim *RateLimiter, key string, calls int) (admitted int, unused int64) {
+// hotPrefetch makes a key hot on lim (calls served by prefetches) and returns the
+// events admitted and what the prefetch holds unused.
+func hotPrefetch(t *testing.T, lim *RateLimiter, key string, calls int) (admitted int, unused int64) {
 	t.Helper()
 	for range calls {
 		res, err := lim.Allow(context.Background(), key)
@@ -176,15 +176,15 @@ func hotLease(t *testing.T, lim *RateLimiter, key string, calls int) (admitted i
 		require.True(t, res.Allowed)
 	}
 	synctest.Wait()
-	st := lim.LeaseStats()
-	require.Equal(t, 1, st.Held, "one lease held: %+v", st)
+	st := lim.PrefetchStats()
+	require.Equal(t, 1, st.Held, "one prefetch held: %+v", st)
 	require.Positive(t, st.Unused, "%+v", st)
 	return calls, st.Unused
 }
 
-// Close, Reset and maxAge give back what a lease did not serve: Redis
+// Close, Reset and maxAge give back what a prefetch did not serve: Redis
 // shows it as remaining again.
-func TestLeaseGivesBack(t *testing.T) {
+func TestPrefetchGivesBack(t *testing.T) {
 	const maxAge = 200 * time.Millisecond
 	for _, s := range []Strategy{TokenBucket, FixedWindow} {
 		l := Limit{Rate: 10, Period: time.Hour, Burst: 10_000} // no refill to speak of
@@ -194,22 +194,22 @@ func TestLeaseGivesBack(t *testing.T) {
 		t.Run(s.String()+"/close", func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb, _, _ := bubbleRedis(t)
-				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
-				admitted, unused := hotLease(t, lim, "k", 40)
-				assert.Equal(t, capacity(l, s)-admitted-int(unused), redisRemaining(t, rdb, s, l, "k"), "the lease is taken in Redis")
+				lim := newLimiter(t, rdb, s, l, WithPrefetch(50, maxAge))
+				admitted, unused := hotPrefetch(t, lim, "k", 40)
+				assert.Equal(t, capacity(l, s)-admitted-int(unused), redisRemaining(t, rdb, s, l, "k"), "the prefetch is taken in Redis")
 				require.NoError(t, lim.Close())
 				assert.Equal(t, capacity(l, s)-admitted, redisRemaining(t, rdb, s, l, "k"), "given back at Close")
-				st := lim.LeaseStats()
-				assert.Equal(t, LeaseStats{Taken: st.Taken, Served: st.Served, Returned: uint64(unused)}, st)
+				st := lim.PrefetchStats()
+				assert.Equal(t, PrefetchStats{Taken: st.Taken, Served: st.Served, Returned: uint64(unused)}, st)
 			})
 		})
 		t.Run(s.String()+"/reset", func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb, _, calls := bubbleRedis(t)
-				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
-				hotLease(t, lim, "k", 40)
+				lim := newLimiter(t, rdb, s, l, WithPrefetch(50, maxAge))
+				hotPrefetch(t, lim, "k", 40)
 				require.NoError(t, lim.Reset(context.Background(), "k"))
-				st := lim.LeaseStats()
+				st := lim.PrefetchStats()
 				assert.Zero(t, st.Held)
 				assert.Zero(t, st.Unused)
 				assert.Equal(t, capacity(l, s), redisRemaining(t, rdb, s, l, "k"))
@@ -219,21 +219,21 @@ func TestLeaseGivesBack(t *testing.T) {
 				res, err := lim.Allow(context.Background(), "k")
 				require.NoError(t, err)
 				assert.Equal(t, capacity(l, s)-1, res.Remaining)
-				assert.Equal(t, st.Served, lim.LeaseStats().Served)
+				assert.Equal(t, st.Served, lim.PrefetchStats().Served)
 				assert.Equal(t, int64(1), calls.Load()-before)
 			})
 		})
 		t.Run(s.String()+"/maxAge", func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rdb, _, _ := bubbleRedis(t)
-				lim := newLimiter(t, rdb, s, l, WithLease(50, maxAge))
-				admitted, unused := hotLease(t, lim, "k", 40)
+				lim := newLimiter(t, rdb, s, l, WithPrefetch(50, maxAge))
+				admitted, unused := hotPrefetch(t, lim, "k", 40)
 				time.Sleep(maxAge - time.Millisecond)
 				synctest.Wait()
-				assert.Equal(t, 1, lim.LeaseStats().Held, "held until maxAge")
+				assert.Equal(t, 1, lim.PrefetchStats().Held, "held until maxAge")
 				time.Sleep(time.Millisecond)
 				synctest.Wait()
-				st := lim.LeaseStats()
+				st := lim.PrefetchStats()
 				assert.Zero(t, st.Held, "given back at maxAge: %+v", st)
 				assert.Equal(t, uint64(unused), st.Returned)
 				assert.Equal(t, capacity(l, s)-admitted, redisRemaining(t, rdb, s, l, "k"))
@@ -242,15 +242,15 @@ func TestLeaseGivesBack(t *testing.T) {
 	}
 }
 
-// A fixed window's lease ends with its window: what Redis counted in one
+// A fixed window's prefetch ends with its window: what Redis counted in one
 // window is never served in the next. Calls at 10,000/s run across a
 // window's end; afterwards Redis's count for the new window is exactly the
 // calls admitted in it.
-func TestLeaseFixedWindowEnds(t *testing.T) {
+func TestPrefetchFixedWindowEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, _ := bubbleRedis(t)
 		l := PerMinute(1_000_000)
-		lim := newLimiter(t, rdb, FixedWindow, l, WithLease(1000, time.Second))
+		lim := newLimiter(t, rdb, FixedWindow, l, WithPrefetch(1000, time.Second))
 		edge := time.Now().Truncate(time.Minute).Add(time.Minute)
 		time.Sleep(time.Until(edge.Add(-500 * time.Millisecond)))
 		ctx := context.Background()
@@ -266,14 +266,14 @@ func TestLeaseFixedWindowEnds(t *testing.T) {
 				after++
 			}
 			if time.Until(edge) == 2*time.Millisecond {
-				idleNearEdge = lim.LeaseStats().Unused
+				idleNearEdge = lim.PrefetchStats().Unused
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		st := lim.LeaseStats()
-		t.Logf("%d calls before the edge, %d after; 2 ms before it %d events leased unused; %+v", before, after, idleNearEdge, st)
+		st := lim.PrefetchStats()
+		t.Logf("%d calls before the edge, %d after; 2 ms before it %d events prefetched unused; %+v", before, after, idleNearEdge, st)
 		assert.Positive(t, st.Served)
-		// 2 ms at 10,000/s is 20 events: a lease holds the key's rate
+		// 2 ms at 10,000/s is 20 events: a prefetch holds the key's rate
 		// until the window ends, not size.
 		assert.LessOrEqual(t, idleNearEdge, int64(40))
 		require.NoError(t, lim.Close())
@@ -282,14 +282,14 @@ func TestLeaseFixedWindowEnds(t *testing.T) {
 	})
 }
 
-// A lease that Redis denies is never served from: the call is decided by
-// Redis with its own n, and the lease's denial sets no penalty block.
-func TestLeaseDenied(t *testing.T) {
+// A prefetch that Redis denies is never served from: the call is decided by
+// Redis with its own n, and the prefetch's denial sets no penalty block.
+func TestPrefetchDenied(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, calls := bubbleRedis(t)
 		l := Limit{Rate: 1, Period: time.Hour, Burst: 100}
 		var seen decisions
-		a := newLimiter(t, rdb, TokenBucket, l, WithLease(20, 10*time.Second), WithBlock(time.Hour), WithObserver(seen.record))
+		a := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(20, 10*time.Second), WithBlock(time.Hour), WithObserver(seen.record))
 		b := newLimiter(t, rdb, TokenBucket, l, WithBlock(time.Hour))
 		ctx := context.Background()
 		for range 3 { // cold: one by one; a learns 97 are left
@@ -302,20 +302,20 @@ func TestLeaseDenied(t *testing.T) {
 		require.True(t, res.Allowed)
 		require.Equal(t, 2, res.Remaining)
 
-		// a asks for a lease of 4 (a quarter of 97 is more): denied, so
+		// a asks for a prefetch of 4 (a quarter of 97 is more): denied, so
 		// the call is decided alone, and allowed.
 		before := calls.Load()
 		res, err = a.Allow(ctx, "k")
 		require.NoError(t, err)
 		assert.True(t, res.Allowed)
 		assert.Equal(t, 1, res.Remaining)
-		assert.Equal(t, int64(2), calls.Load()-before, "the lease, then the call")
-		assert.Zero(t, a.LeaseStats().Taken)
+		assert.Equal(t, int64(2), calls.Load()-before, "the prefetch, then the call")
+		assert.Zero(t, a.PrefetchStats().Taken)
 		n, err := rdb.Exists(ctx, a.stateKey("k")+blockSuffix).Result()
 		require.NoError(t, err)
-		assert.Zero(t, n, "a denied lease sets no block")
+		assert.Zero(t, n, "a denied prefetch sets no block")
 
-		res, err = a.Allow(ctx, "k") // 1 left: one call, no lease
+		res, err = a.Allow(ctx, "k") // 1 left: one call, no prefetch
 		require.NoError(t, err)
 		assert.True(t, res.Allowed)
 		res, err = a.Allow(ctx, "k")
@@ -330,21 +330,21 @@ func TestLeaseDenied(t *testing.T) {
 	})
 }
 
-// While Redis is down a lease still held serves (Degraded false: its
+// While Redis is down a prefetch still held serves (Degraded false: its
 // events were taken in Redis); when it is used up the fallback decides
 // (Degraded true).
-func TestLeaseOutage(t *testing.T) {
+func TestPrefetchOutage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, m, _ := bubbleRedis(t)
 		var seen decisions
-		lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithLease(100, time.Second), WithObserver(seen.record))
+		lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithPrefetch(100, time.Second), WithObserver(seen.record))
 		ctx := context.Background()
 		for range 50 {
 			_, err := lim.Allow(ctx, "k")
 			require.NoError(t, err)
 		}
 		synctest.Wait()
-		unused := lim.LeaseStats().Unused
+		unused := lim.PrefetchStats().Unused
 		require.Positive(t, unused)
 		m.SetError("LOADING Redis is loading the dataset in memory")
 		for i := range unused + 10 {
@@ -358,15 +358,15 @@ func TestLeaseOutage(t *testing.T) {
 	})
 }
 
-// A policy of token buckets takes leases for all its rules at once.
-func TestLeasePolicy(t *testing.T) {
+// A policy of token buckets takes prefetches for all its rules at once.
+func TestPrefetchPolicy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, _ := bubbleRedis(t)
 		rules := []Rule{
 			{Name: "second", Strategy: TokenBucket, Limit: PerSecond(100_000)},
 			{Name: "hour", Strategy: TokenBucket, Limit: PerHour(300)},
 		}
-		p, err := NewPolicy(rdb, rules, WithLease(100, time.Second))
+		p, err := NewPolicy(rdb, rules, WithPrefetch(100, time.Second))
 		require.NoError(t, err)
 		ctx := context.Background()
 		admitted := 0
@@ -379,7 +379,7 @@ func TestLeasePolicy(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 300, admitted, "exactly the hourly limit")
-		assert.Positive(t, p.LeaseStats().Served)
+		assert.Positive(t, p.PrefetchStats().Served)
 		require.NoError(t, p.Close())
 		plain, err := NewPolicy(rdb, rules)
 		require.NoError(t, err)
@@ -393,7 +393,7 @@ func TestLeasePolicy(t *testing.T) {
 // Four limiters with their own clients on one key, on real Redis, offered
 // about 4× the limit for 2 s: together they admit no more than
 // Burst + Rate·d, and each holds at most size events idle at any time.
-func TestLeaseFleetRealRedis(t *testing.T) {
+func TestPrefetchFleetRealRedis(t *testing.T) {
 	srv := realServer(t)
 	const (
 		instances = 4
@@ -411,7 +411,7 @@ func TestLeaseFleetRealRedis(t *testing.T) {
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 2*time.Second
 		rdb := redis.NewClient(opts)
 		t.Cleanup(func() { rdb.Close() })
-		lims[i] = newLimiter(t, rdb, TokenBucket, l, WithLease(size, 100*time.Millisecond), WithFallback(FallbackDeny))
+		lims[i] = newLimiter(t, rdb, TokenBucket, l, WithPrefetch(size, 100*time.Millisecond), WithFallback(FallbackDeny))
 	}
 	ctx := context.Background()
 	var admitted, offered, degraded atomic.Int64
@@ -432,7 +432,7 @@ func TestLeaseFleetRealRedis(t *testing.T) {
 			}
 			var idle int64
 			for _, lim := range lims {
-				u := lim.LeaseStats().Unused
+				u := lim.PrefetchStats().Unused
 				assert.LessOrEqual(t, u, int64(size), "one instance holds at most size idle")
 				idle += u
 			}
@@ -482,56 +482,56 @@ func TestLeaseFleetRealRedis(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	bound := float64(l.Burst) + float64(l.Rate)*elapsed.Seconds()
-	var st LeaseStats
+	var st PrefetchStats
 	for _, lim := range lims {
-		s := lim.LeaseStats()
+		s := lim.PrefetchStats()
 		st.Taken += s.Taken
 		st.Served += s.Served
 		require.NoError(t, lim.Close())
-		s = lim.LeaseStats()
+		s = lim.PrefetchStats()
 		assert.Zero(t, s.Held)
 		assert.Zero(t, s.Unused)
 		assert.Zero(t, s.Lost)
 	}
 	got := admitted.Load()
-	t.Logf("offered %d in %v (%d degraded), admitted %d of Burst + Rate·d = %.0f (%.1f%%); leases %d, served locally %d; idle capacity mean %.1f, max %d events",
+	t.Logf("offered %d in %v (%d degraded), admitted %d of Burst + Rate·d = %.0f (%.1f%%); prefetches %d, served locally %d; idle capacity mean %.1f, max %d events",
 		offered.Load(), elapsed, degraded.Load(), got, bound, 100*float64(got)/bound, st.Taken, st.Served,
 		float64(sumIdle.Load())/float64(max(samples.Load(), 1)), maxIdle.Load())
 	assert.LessOrEqual(t, float64(got), bound, "over-admitted")
 	assert.LessOrEqual(t, maxIdle.Load(), int64(instances*size))
-	assert.Positive(t, st.Taken, "leases were taken while the bucket had plenty")
+	assert.Positive(t, st.Taken, "prefetches were taken while the bucket had plenty")
 }
 
-// Close gives back what leases hold, on real Redis too.
-func TestLeaseCloseRealRedis(t *testing.T) {
+// Close gives back what prefetches hold, on real Redis too.
+func TestPrefetchCloseRealRedis(t *testing.T) {
 	rdb := redis.NewClient(redistest.TunedOptions(realServer(t).Addr))
 	t.Cleanup(func() { rdb.Close() })
 	l := Limit{Rate: 1, Period: time.Hour, Burst: 10_000}
 	key := "close-" + time.Now().Format("150405.000000")
-	lim := newLimiter(t, rdb, TokenBucket, l, WithLease(100, time.Minute))
+	lim := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(100, time.Minute))
 	ctx := context.Background()
 	for range 300 {
 		res, err := lim.Allow(ctx, key)
 		require.NoError(t, err)
 		require.True(t, res.Allowed)
 	}
-	unused := lim.LeaseStats().Unused
+	unused := lim.PrefetchStats().Unused
 	require.Positive(t, unused)
 	// Remaining is rounded down, and the bucket's state is rounded up to
 	// 8 digits (a hundred-millionth of a token here): one less at most.
 	assert.InDelta(t, l.Burst-300-int(unused), redisRemaining(t, rdb, TokenBucket, l, key), 1)
 	require.NoError(t, lim.Close())
 	assert.InDelta(t, l.Burst-300, redisRemaining(t, rdb, TokenBucket, l, key), 1)
-	assert.Equal(t, uint64(unused), lim.LeaseStats().Returned)
+	assert.Equal(t, uint64(unused), lim.PrefetchStats().Returned)
 }
 
 // Calls from many goroutines on one key: Redis counts exactly what was
 // admitted, and never more than the bucket.
-func TestLeaseConcurrentExact(t *testing.T) {
+func TestPrefetchConcurrentExact(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, _ := bubbleRedis(t)
 		l := Limit{Rate: 1, Period: time.Hour, Burst: 2500}
-		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(200, time.Second))
+		lim := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(200, time.Second))
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for range 16 {
@@ -550,20 +550,20 @@ func TestLeaseConcurrentExact(t *testing.T) {
 		wg.Wait()
 		require.NoError(t, lim.Close())
 		got := int(admitted.Load())
-		t.Logf("admitted %d of %d; %+v", got, l.Burst, lim.LeaseStats())
+		t.Logf("admitted %d of %d; %+v", got, l.Burst, lim.PrefetchStats())
 		assert.LessOrEqual(t, got, l.Burst)
 		assert.Equal(t, l.Burst-got, redisRemaining(t, rdb, TokenBucket, l, "k"), "Redis counts exactly what was admitted")
-		assert.Positive(t, lim.LeaseStats().Served)
+		assert.Positive(t, lim.PrefetchStats().Served)
 	})
 }
 
-// When Redis hangs, the calls waiting for a lease request do not then
+// When Redis hangs, the calls waiting for a prefetch request do not then
 // queue behind one another's: each is decided within about one client
 // timeout, by the fallback.
-func TestLeaseHangNoQueue(t *testing.T) {
+func TestPrefetchHangNoQueue(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := tunedClient(t, srv.Addr)
-	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithLease(50, 50*time.Millisecond))
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1_000_000), WithPrefetch(50, 50*time.Millisecond))
 	ctx := context.Background()
 	for range 200 {
 		_, err := lim.Allow(ctx, "k")
@@ -590,11 +590,11 @@ func TestLeaseHangNoQueue(t *testing.T) {
 	assert.Less(t, time.Duration(longest.Load()), time.Second, "32 calls did not queue (100 ms timeouts)")
 }
 
-// A call whose context ends while its lease is taken loses its own event at
-// most, as a plain call does: the lease, taken in Redis all the same,
+// A call whose context ends while its prefetch is taken loses its own event at
+// most, as a plain call does: the prefetch, taken in Redis all the same,
 // comes to the key and goes back unused (it was lost: 272 events of a
-// lease of 273 stayed taken).
-func TestLeaseCallCanceledRedis(t *testing.T) {
+// prefetch of 273 stayed taken).
+func TestPrefetchCallCanceledRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	direct := tunedClient(t, srv.Addr)
 	proxy := redistest.NewProxy(t, srv.Addr)
@@ -603,14 +603,14 @@ func TestLeaseCallCanceledRedis(t *testing.T) {
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { rdb.Close() })
 	l := Limit{Rate: 1, Period: time.Hour, Burst: 10_000}
-	lim := newLimiter(t, rdb, TokenBucket, l, WithLease(1000, time.Second))
+	lim := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(1000, time.Second))
 	ctx := context.Background()
-	for range 400 { // a hot key: leases, the last given back after its second
+	for range 400 { // a hot key: prefetches, the last given back after its second
 		res, err := lim.Allow(ctx, "k")
 		require.NoError(t, err)
 		require.True(t, res.Allowed)
 	}
-	require.Eventually(t, func() bool { return lim.LeaseStats().Held == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return lim.PrefetchStats().Held == 0 }, 5*time.Second, 5*time.Millisecond)
 	require.Equal(t, l.Burst-400, redisRemaining(t, direct, TokenBucket, l, "k"))
 
 	proxy.SetDelay(50 * time.Millisecond)
@@ -618,50 +618,50 @@ func TestLeaseCallCanceledRedis(t *testing.T) {
 	_, err := lim.Allow(short, "k")
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Eventually(t, func() bool { return lim.LeaseStats().Taken > 0 && lim.LeaseStats().Held == 1 }, 5*time.Second, 5*time.Millisecond,
-		"the lease came to the key: %+v", lim.LeaseStats())
+	require.Eventually(t, func() bool { return lim.PrefetchStats().Taken > 0 && lim.PrefetchStats().Held == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the prefetch came to the key: %+v", lim.PrefetchStats())
 	proxy.SetDelay(0)
 	require.NoError(t, lim.Close())
-	st := lim.LeaseStats()
+	st := lim.PrefetchStats()
 	assert.Zero(t, st.Held, "%+v", st)
 	assert.Zero(t, st.Lost, "%+v", st)
 	got := redisRemaining(t, direct, TokenBucket, l, "k")
-	assert.Equal(t, l.Burst-401, got, "Redis holds the 400 admitted and the canceled call's 1, the lease given back: %+v", st)
+	assert.Equal(t, l.Burst-401, got, "Redis holds the 400 admitted and the canceled call's 1, the prefetch given back: %+v", st)
 }
 
-// A policy with a per-call rule cannot lease: a lease hands out events,
+// A policy with a per-call rule cannot prefetch: a prefetch hands out events,
 // and the rule counts calls.
-func TestLeasePerCallRejected(t *testing.T) {
+func TestPrefetchPerCallRejected(t *testing.T) {
 	b, _ := miniBackend(t)
 	for _, rules := range [][]Rule{
 		{
 			{Strategy: TokenBucket, Limit: PerSecond(5), PerCall: true},
 			{Strategy: TokenBucket, Limit: PerMinute(10_000)},
 		},
-		{{Strategy: TokenBucket, Limit: PerHour(100), PerCall: true}}, // one rule: it took one event a lease
+		{{Strategy: TokenBucket, Limit: PerHour(100), PerCall: true}}, // one rule: it took one event a prefetch
 		{{Strategy: FixedWindow, Limit: PerHour(100), PerCall: true}},
 	} {
-		_, err := NewPolicy(b.rdb, rules, WithLease(50, 100*time.Millisecond))
-		require.ErrorIs(t, err, ErrInvalidLimit, "%+v", rules)
+		_, err := NewPolicy(b.rdb, rules, WithPrefetch(50, 100*time.Millisecond))
+		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", rules)
 	}
 	// Nor are a rules function's: those calls go to Redis, one by one,
 	// and never admit more than the per-call limit.
-	p := newPolicy(t, b.rdb, []Rule{{Strategy: TokenBucket, Limit: PerHour(1000)}}, WithLease(50, 10*time.Second),
+	p := newPolicy(t, b.rdb, []Rule{{Strategy: TokenBucket, Limit: PerHour(1000)}}, WithPrefetch(50, 10*time.Second),
 		WithRulesFunc(func(context.Context, string) ([]Rule, error) {
 			return []Rule{{Strategy: TokenBucket, Limit: PerHour(100), PerCall: true}}, nil
 		}))
 	assert.Equal(t, 100, allowedOf(t, p, "k", 300), "calls admitted under a per-call limit of 100 an hour")
-	assert.Zero(t, p.LeaseStats().Taken, "leases taken for a per-call rule")
+	assert.Zero(t, p.PrefetchStats().Taken, "prefetches taken for a per-call rule")
 }
 
 // Close while Redis hangs ends within its budget of 100 ms, whether the
-// leases are held or the sweeper is giving back expired ones, and says
+// prefetches are held or the sweeper is giving back expired ones, and says
 // what it could not give back: an error wrapping ErrUnavailable that names
-// the events and leases, counted as Lost. Before, it took 1.4-3.5 s (the
+// the events and prefetches, counted as Lost. Before, it took 1.4-3.5 s (the
 // sweeper's give-back and Close's each waited 1 s). Nothing is left
 // running. With a ReadTimeout of 1 s the bound is the library's own
 // deadlines, not the client's timeout.
-func TestLeaseCloseHangRedis(t *testing.T) {
+func TestPrefetchCloseHangRedis(t *testing.T) {
 	verifyNoLeak(t)
 	srv := realServer(t)
 	const (
@@ -675,7 +675,7 @@ func TestLeaseCloseHangRedis(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		readTimeout time.Duration
-		sweeping    bool // Close comes while the sweeper gives back expired leases
+		sweeping    bool // Close comes while the sweeper gives back expired prefetches
 	}{
 		{"held", 100 * time.Millisecond, false},
 		{"sweeping", 100 * time.Millisecond, true},
@@ -693,7 +693,7 @@ func TestLeaseCloseHangRedis(t *testing.T) {
 			if tc.sweeping {
 				age = maxAge
 			}
-			lim, err := NewTokenBucket(rdb, l, WithLease(100, age), WithPrefix("closehang"+strconv.FormatInt(time.Now().UnixNano(), 36)))
+			lim, err := NewTokenBucket(rdb, l, WithPrefetch(100, age), WithPrefix("closehang"+strconv.FormatInt(time.Now().UnixNano(), 36)))
 			require.NoError(t, err)
 			ctx := context.Background()
 			for i := range keys {
@@ -703,42 +703,42 @@ func TestLeaseCloseHangRedis(t *testing.T) {
 					require.True(t, res.Allowed)
 				}
 			}
-			// The leases used up are given back; one lease a key is left.
-			require.Eventually(t, func() bool { return lim.LeaseStats().Held == keys }, 5*time.Second, time.Millisecond,
-				"%+v", lim.LeaseStats())
-			before := lim.LeaseStats()
+			// The prefetches used up are given back; one prefetch a key is left.
+			require.Eventually(t, func() bool { return lim.PrefetchStats().Held == keys }, 5*time.Second, time.Millisecond,
+				"%+v", lim.PrefetchStats())
+			before := lim.PrefetchStats()
 			require.Positive(t, before.Unused)
 
 			proxy.Blackhole(true)
 			t.Cleanup(func() { proxy.Blackhole(false) })
 			if tc.sweeping {
-				// The leases expire; the sweeper queues them and starts
+				// The prefetches expire; the sweeper queues them and starts
 				// giving them back into the black hole.
 				time.Sleep(maxAge + maxAge/3)
 			}
 			start := time.Now()
 			err = lim.Close()
 			took := time.Since(start)
-			st := lim.LeaseStats()
+			st := lim.PrefetchStats()
 			t.Logf("Close took %v (budget %v + margin %v): %v; before %+v, after %+v", took, budget, margin, err, before, st)
 			assert.Less(t, took, budget+margin, "Close while Redis hangs")
 			require.ErrorIs(t, err, ErrUnavailable)
 			assert.Zero(t, st.Held)
 			assert.Zero(t, st.Unused)
 			assert.Equal(t, uint64(before.Unused), st.Lost, "what Close could not give back counts as lost")
-			assert.Contains(t, err.Error(), fmt.Sprintf("%d events of %d leases not given back", before.Unused, keys))
+			assert.Contains(t, err.Error(), fmt.Sprintf("%d events of %d prefetches not given back", before.Unused, keys))
 			assert.NoError(t, lim.Close(), "a second Close")
 		})
 	}
 }
 
-// sweepers counts the goroutines of lease sweepers.
+// sweepers counts the goroutines of prefetch sweepers.
 func sweepers() int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "redlimit.(*leases).sweep(")
+			return strings.Count(string(buf[:n]), "redlimit.(*prefetcher).sweep(")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
@@ -752,18 +752,18 @@ func cpuTime(t *testing.T) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// 1,000 limiters with hot-key prefetching, each used once (a lease taken)
+// 1,000 limiters with hot-key prefetching, each used once (a prefetch taken)
 // and then idle, cost no goroutine and under 1% of a core once their
-// leases are given back. Before, each kept its sweeper ticking until
+// prefetches are given back. Before, each kept its sweeper ticking until
 // Close: 1,000 goroutines, 17-20% of a core at maxAge 100 ms, 109-111% at
 // 4 ms.
-func TestLeaseIdleSweepersRedis(t *testing.T) {
+func TestPrefetchIdleSweepersRedis(t *testing.T) {
 	srv := realServer(t)
 	const limiters = 1000
 	for _, maxAge := range []time.Duration{100 * time.Millisecond, 4 * time.Millisecond} {
 		t.Run(maxAge.String(), func(t *testing.T) {
 			// Long timeouts: a loaded machine must not look like an
-			// outage, when the fallback would decide and take no lease.
+			// outage, when the fallback would decide and take no prefetch.
 			opts := redistest.TunedOptions(srv.Addr)
 			opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = 2*time.Second, 2*time.Second, 2*time.Second, 2*time.Second
 			rdb := redis.NewClient(opts)
@@ -771,7 +771,7 @@ func TestLeaseIdleSweepersRedis(t *testing.T) {
 			prefix := "idle" + strconv.FormatInt(time.Now().UnixNano(), 36)
 			lims := make([]*RateLimiter, limiters)
 			for i := range lims {
-				lims[i] = newLimiter(t, rdb, TokenBucket, PerSecond(1000), WithLease(16, maxAge), WithPrefix(prefix))
+				lims[i] = newLimiter(t, rdb, TokenBucket, PerSecond(1000), WithPrefetch(16, maxAge), WithPrefix(prefix))
 			}
 			ctx := context.Background()
 			var wg sync.WaitGroup
@@ -780,9 +780,9 @@ func TestLeaseIdleSweepersRedis(t *testing.T) {
 					for i := w; i < limiters; i += 8 {
 						key := "tenant" + strconv.Itoa(i)
 						// 4 events from Redis, then a call hot enough
-						// for a lease of 5 (again, on a machine so
+						// for a prefetch of 5 (again, on a machine so
 						// loaded that maxAge passed between the two).
-						for try := 0; lims[i].LeaseStats().Taken == 0 && try < 20; try++ {
+						for try := 0; lims[i].PrefetchStats().Taken == 0 && try < 20; try++ {
 							_, err := lims[i].AllowN(ctx, key, 4)
 							if !assert.NoError(t, err) {
 								return
@@ -797,16 +797,16 @@ func TestLeaseIdleSweepersRedis(t *testing.T) {
 			}
 			wg.Wait()
 			for i, lim := range lims {
-				require.Positive(t, lim.LeaseStats().Taken, "limiter %d took no lease: %+v", i, lim.LeaseStats())
+				require.Positive(t, lim.PrefetchStats().Taken, "limiter %d took no prefetch: %+v", i, lim.PrefetchStats())
 			}
 			require.Eventually(t, func() bool {
 				for _, lim := range lims {
-					if lim.LeaseStats().Held > 0 {
+					if lim.PrefetchStats().Held > 0 {
 						return false
 					}
 				}
 				return true
-			}, 30*time.Second, 10*time.Millisecond, "the leases age out and are given back")
+			}, 30*time.Second, 10*time.Millisecond, "the prefetches age out and are given back")
 
 			// The runtime's own clean-up after the churn above (the
 			// collector, the race detector's) is not the limiters' cost.
@@ -830,16 +830,16 @@ func TestLeaseIdleSweepersRedis(t *testing.T) {
 }
 
 // The sweeper stops when nothing is held and starts again with the next
-// lease, racing with it: bursts of calls from several goroutines, with
-// pauses that let every lease age out, on a limiter whose leases last 1 ms.
-// No lease is ever left without a sweeper to give it back, and Redis counts
+// prefetch, racing with it: bursts of calls from several goroutines, with
+// pauses that let every prefetch age out, on a limiter whose prefetches last 1 ms.
+// No prefetch is ever left without a sweeper to give it back, and Redis counts
 // exactly what was admitted.
-func TestLeaseSweeperRestarts(t *testing.T) {
+func TestPrefetchSweeperRestarts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rdb, _, _ := bubbleRedis(t)
 		l := Limit{Rate: 1, Period: time.Hour, Burst: 100_000}
 		const maxAge = time.Millisecond
-		lim := newLimiter(t, rdb, TokenBucket, l, WithLease(50, maxAge))
+		lim := newLimiter(t, rdb, TokenBucket, l, WithPrefetch(50, maxAge))
 		ctx := context.Background()
 		var admitted atomic.Int64
 		idle := 0
@@ -857,11 +857,11 @@ func TestLeaseSweeperRestarts(t *testing.T) {
 			}
 			wg.Wait()
 			// A pause of 0 to 3 ms: the sweeper may be stopping, or
-			// stopped, when the next burst takes a lease.
+			// stopped, when the next burst takes a prefetch.
 			time.Sleep(time.Duration(round%4) * maxAge)
 			if round%4 == 3 {
 				synctest.Wait()
-				if lim.LeaseStats().Held == 0 && sweepers() == 0 {
+				if lim.PrefetchStats().Held == 0 && sweepers() == 0 {
 					idle++
 				}
 			}
@@ -869,12 +869,12 @@ func TestLeaseSweeperRestarts(t *testing.T) {
 		assert.Equal(t, 15, idle, "rounds after which the sweeper had stopped, of 15")
 		time.Sleep(2 * maxAge)
 		synctest.Wait()
-		st := lim.LeaseStats()
+		st := lim.PrefetchStats()
 		assert.Positive(t, st.Taken)
-		assert.Zero(t, st.Held, "every lease given back: %+v", st)
+		assert.Zero(t, st.Held, "every prefetch given back: %+v", st)
 		assert.Zero(t, sweepers(), "the sweeper stops when nothing is held")
 		require.NoError(t, lim.Close())
-		st = lim.LeaseStats()
+		st = lim.PrefetchStats()
 		assert.Zero(t, st.Lost, "%+v", st)
 		assert.Equal(t, l.Burst-int(admitted.Load()), redisRemaining(t, rdb, TokenBucket, l, "k"),
 			"Redis counts exactly what was admitted: %+v", st)

@@ -12,12 +12,12 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// TestLeaseBench runs cmd/lease's load for a moment on a real Redis: every
-// run decides without errors, leases serve the hot key, and the fleet at
+// TestPrefetchBench runs cmd/prefetch's load for a moment on a real Redis: every
+// run decides without errors, prefetches serve the hot key, and the fleet at
 // 4× its limit admits no more than Burst + Rate·d.
-func TestLeaseBench(t *testing.T) {
+func TestPrefetchBench(t *testing.T) {
 	s := redistest.Start(t)
-	rep, err := RunLease(context.Background(), LeaseConfig{
+	rep, err := RunPrefetch(context.Background(), PrefetchConfig{
 		Addr:       s.Addr,
 		ClientOpts: redistest.TunedOptions(s.Addr),
 		Size:       1000,
@@ -31,12 +31,12 @@ func TestLeaseBench(t *testing.T) {
 	var sb strings.Builder
 	rep.Markdown(&sb)
 	t.Log("\n" + sb.String())
-	for _, ss := range [][]LeaseSample{rep.PacedLease, rep.PacedPlain, rep.LoopLease, rep.LoopPlain, rep.FleetOver, rep.FleetUnder} {
+	for _, ss := range [][]PrefetchSample{rep.PacedPrefetch, rep.PacedPlain, rep.LoopPrefetch, rep.LoopPlain, rep.FleetOver, rep.FleetUnder} {
 		require.Len(t, ss, 1)
 		assert.Zero(t, ss[0].Errors, ss[0].FirstErr)
 		assert.Positive(t, ss[0].Decisions)
 	}
-	assert.Positive(t, rep.LoopLease[0].Served)
+	assert.Positive(t, rep.LoopPrefetch[0].Served)
 	o := rep.FleetOver[0]
 	bound := float64(rep.OverLimit.Burst) + float64(rep.OverLimit.Rate)*o.Elapsed.Seconds()
 	assert.LessOrEqual(t, float64(o.Allowed), bound)

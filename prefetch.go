@@ -1,0 +1,866 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WithPrefetch lets a hot key be decided in this process, from events taken
+// from Redis in advance: a prefetch. It is for TokenBucket and FixedWindow
+// limiters, and for a Policy whose rules are all token buckets, none of them
+// PerCall; the other
+// strategies reject it (an error wrapping ErrInvalidArgument): a sliding
+// log's entries carry the time of each event, a sliding counter weighs a
+// window by the time into the next, and a leaky bucket gives each event its
+// own Delay, so none of them can hand out an event later than Redis counted
+// it. size 0 turns prefetches off, which is the default.
+//
+// How it works. A key's first calls go to Redis one by one, as without
+// prefetches. When this process has seen at least 4 events for the key in the
+// last maxAge, a call takes a prefetch instead: one script call that takes
+// k events in Redis, as [RateLimiter.Reserve] does, with
+//
+//	k = min(size, the key's events here in the last maxAge,
+//	        a quarter of the Remaining Redis last reported for the key)
+//
+// (a FixedWindow prefetch also ends with its window, and holds no more than
+// the key's rate here over that time). The call takes its n events from
+// the prefetch; later calls for the key take theirs from it without a round
+// trip, under a mutex per key, until it is used up, maxAge after it was
+// taken, or the window ends; then what is left is given back to Redis
+// (settled, one script call) and the next call takes a new prefetch. Reset
+// gives the key's prefetch back at once, Close every prefetch (see Close below).
+// Calls that find a prefetch being taken
+// wait for it (or for their context). A prefetch is taken apart from the call
+// that asked for it (with its context's values, not its end, for at most a
+// second or until the call's deadline if later): a call whose context ends
+// first returns its context's error, and the prefetch still comes to the key,
+// so that it loses no more than a call without prefetches would.
+//
+// What it guarantees. No over-admission: every event served here was taken
+// in Redis first, so the instances together never admit more than the
+// limit; a prefetch that Redis denies is never served from, the call is then
+// decided by Redis alone, with its own n (and its own RetryAfter, penalty
+// block and deny-cache entry). A prefetch asks for at most a quarter of what
+// Redis reported left, and a key with fewer than 16 left is decided one
+// call at a time, so that a key near its limit is not held idle by
+// instances that do not need it. The cost is capacity held idle: events
+// prefetched by one instance and not yet served cannot be admitted by another.
+// Per key and instance that is at most size (a prefetch given back but not
+// yet settled counts against the next), and it comes back within about
+// 1.25×maxAge, or as soon as the prefetch is used up (see
+// [RateLimiter.PrefetchStats]); an instance that crashes strands its prefetches
+// until the bucket refills or the window ends. A limiter holds at most
+// 1024 prefetches at once; more hot keys are decided one call at a time. A
+// token bucket's event may be served up to maxAge after Redis counted it,
+// so from any start the fleet admits at most Burst + Rate·t, but a short
+// interval may see up to Rate·maxAge more than Burst + Rate·d (admitted
+// earlier in Redis); a fixed window's prefetch never outlives its window.
+//
+// What a call served from a prefetch reports: Allowed true, Degraded false,
+// Limit and Rule of the prefetch, RetryAfter and Delay 0, ResetAfter the
+// prefetch's ResetAfter less the time since, and Remaining the events left in
+// this instance's prefetch: what this instance is sure to admit without
+// asking Redis. It is never more than what Redis reported left when the
+// prefetch was taken (the prefetch included) less what was served from it since;
+// Redis may have more. The observer (see [WithObserver]) sees every call,
+// also those served from a prefetch: NotDenied, not Degraded, a Latency of
+// about a microsecond (a call that took the prefetch, or waited for it, also
+// counts the round trip). Denials always come from Redis or the deny
+// cache.
+//
+// Not prefetched: Reserve (a reservation is settled in Redis), AllowN with
+// n = 0 (it reports Redis's state, without the prefetches that instances
+// hold), dynamic rules (WithLimitFunc, WithRulesFunc) that are not
+// prefetchable, and every call while Redis is marked down (the fallback
+// decides; a prefetch still held is served from until it ends). With
+// WithBlock, a block that another instance sets reaches this one's callers
+// when its prefetch ends. Reset gives back this process's prefetch on the key;
+// other processes keep serving theirs until they end.
+//
+// What it costs. A limiter with prefetches runs one goroutine only while it
+// holds a prefetch (or one waits to be given back): it wakes every maxAge/4,
+// at least 1 ms apart, for about 4 µs of CPU (0.02% of a core at maxAge
+// 100 ms), and it ends when the last prefetch is given back. An idle limiter
+// costs no goroutine and no CPU.
+//
+// Close gives back every prefetch, 16 at a time, all within 100 ms, and waits
+// for the Redis calls of prefetches under way (a give-back, or a prefetch being
+// taken), which the client's ReadTimeout bounds: with the recommended
+// 100 ms it ends within about 100 ms even while Redis hangs. What it
+// could not give back it reports in an error wrapping [ErrUnavailable]
+// that names the events and prefetches (and in PrefetchStats.Lost): those events
+// count as used until their state expires, as a crashed instance's do.
+//
+// size must be at least 4; maxAge between 1ms and 1 minute, and at most
+// half the reservation lifetime (see [WithReservationTTL]). Longer prefetches
+// save round trips on keys whose rate is steady, but hold more capacity
+// idle when a key cools down.
+func WithPrefetch(size int, maxAge time.Duration) Option {
+	return optionFunc(func(c *config) { c.prefetch = prefetchConfig{size: size, maxAge: maxAge} })
+}
+
+// prefetchConfig is WithPrefetch's arguments.
+type prefetchConfig struct {
+	size   int
+	maxAge time.Duration
+}
+
+const (
+	// prefetchMinEvents is the smallest prefetch worth taking; a key is hot when
+	// it saw at least this many events here in the last maxAge.
+	prefetchMinEvents = 4
+	// prefetchShare: a prefetch takes at most 1/prefetchShare of the Remaining that
+	// Redis reported for the key.
+	prefetchShare = 4
+	// prefetchMaxHeld bounds the prefetches a limiter holds at once.
+	prefetchMaxHeld = 1024
+	// prefetchKeys bounds the keys whose rate a limiter tracks.
+	prefetchKeys = 16 * 1024
+	// prefetchMaxAge is the longest maxAge.
+	prefetchMaxAge = time.Minute
+	// prefetchReturnTimeout bounds taking a prefetch (or the call's deadline, if
+	// later; Close ends it).
+	prefetchReturnTimeout = time.Second
+	// prefetchSettleTimeout bounds each give-back of the sweeper (one script
+	// call; what fails is tried again at the next sweep) and all of
+	// Close's together, so that Close ends within about this while Redis
+	// hangs.
+	prefetchSettleTimeout = 100 * time.Millisecond
+	// prefetchCloseWorkers is how many prefetches Close gives back at once.
+	prefetchCloseWorkers = 16
+	// prefetchIDPrefix starts a prefetch's reservation id; reply.lua sets no
+	// penalty block when it denies a prefetch (it is not a call's denial).
+	prefetchIDPrefix = "prefetch:"
+)
+
+// check validates the prefetch options against the engine's rules.
+func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duration) error {
+	bad := func(format string, args ...any) error {
+		return errorf("%s: WithPrefetch: %s: %w", kind, fmt.Sprintf(format, args...), ErrInvalidArgument)
+	}
+	switch {
+	case c.size == 0:
+		return nil
+	case c.size < prefetchMinEvents || c.size > MaxRate:
+		return bad("size %d must be 0 or between %d and %d", c.size, prefetchMinEvents, MaxRate)
+	case c.maxAge < time.Millisecond || c.maxAge > prefetchMaxAge:
+		return bad("maxAge %v must be between 1ms and %v", c.maxAge, prefetchMaxAge)
+	case c.maxAge > reserveTTL/2:
+		return bad("maxAge %v must be at most half the reservation lifetime %v", c.maxAge, reserveTTL)
+	}
+	if !prefetchable(&ruleSet{rules: rules}) {
+		return bad("prefetches are for token buckets and fixed windows (and policies of token buckets, none per call): " +
+			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay")
+	}
+	return nil
+}
+
+// prefetchable reports whether calls under rs can be served from a prefetch: one
+// token bucket or fixed window, or token buckets only, none per call (a
+// per-call rule counts a call as one event whatever n, so a prefetch of k
+// events would take one in Redis and serve k calls).
+func prefetchable(rs *ruleSet) bool {
+	for i := range rs.rules {
+		if rs.rules[i].perCall {
+			return false
+		}
+	}
+	if len(rs.rules) == 1 {
+		s := rs.rules[0].alg.strategy
+		return s == TokenBucket || s == FixedWindow
+	}
+	for i := range rs.rules {
+		if rs.rules[i].alg.strategy != TokenBucket {
+			return false
+		}
+	}
+	return true
+}
+
+// PrefetchStats is what a limiter's prefetches hold and did (see [WithPrefetch]).
+type PrefetchStats struct {
+	Held   int   // prefetches held now, or being taken
+	Unused int64 // events those prefetches took in Redis and have not served: capacity idle in this process
+	// Taken counts the prefetches taken, Served the calls served from a prefetch
+	// without a round trip, Returned the unused events settled back to
+	// Redis (a fixed window takes them back only within their window),
+	// and Lost those that could not be (Redis unreachable for half the
+	// reservation lifetime, or within Close's 100 ms): they stand as used,
+	// until the bucket refills or the window ends.
+	Taken, Served, Returned, Lost uint64
+}
+
+// PrefetchStats returns what the limiter's prefetches hold now and did so far.
+// Without [WithPrefetch] it is all zeros.
+func (l *RateLimiter) PrefetchStats() PrefetchStats { return l.engine.prefetchStats() }
+
+// PrefetchStats returns what the policy's prefetches hold now and did so far.
+// Without [WithPrefetch] it is all zeros.
+func (p *Policy) PrefetchStats() PrefetchStats { return p.engine.prefetchStats() }
+
+func (e *engine) prefetchStats() PrefetchStats {
+	l := e.prefetcher
+	if l == nil {
+		return PrefetchStats{}
+	}
+	return PrefetchStats{
+		Held:     int(l.nheld.Load()),
+		Unused:   l.unused.Load(),
+		Taken:    l.taken.Load(),
+		Served:   l.served.Load(),
+		Returned: l.returned.Load(),
+		Lost:     l.lost.Load(),
+	}
+}
+
+// prefetcher is a limiter's prefetching: per key, a rate estimate and at most one
+// prefetch; and the goroutine that gives back what ends.
+type prefetcher struct {
+	e      *engine
+	size   int
+	maxAge int64 // ns
+	keys   *lru[*prefetchEntry]
+	closed atomic.Bool
+
+	nheld, unused                 atomic.Int64
+	taken, served, returned, lost atomic.Uint64
+
+	mu   sync.Mutex
+	held map[*prefetch]struct{} // taken and not given back yet
+	back []*prefetch            // ended, to give back
+	// running: the sweeper runs. It runs only while a prefetch is held: it
+	// stops when held is empty, and track starts it again.
+	running bool
+	wake    chan struct{}
+	wg      sync.WaitGroup // the sweeper
+	fetches sync.WaitGroup // prefetches being taken (fetch)
+	// closing ends at Close: the sweeper stops, the prefetches still being
+	// taken end.
+	closing    context.Context
+	endFetches context.CancelFunc
+	// closeCtx bounds the give-backs from Close on (set by Close).
+	closeCtx context.Context
+	// What could not be given back from Close on: events, prefetches, the
+	// first error (guarded by mu).
+	closeLost, closeLostPrefetches atomic.Int64
+	closeErr                       error
+}
+
+// prefetchEntry is one key's prefetch state in this process. Its fields are
+// guarded by mu.
+type prefetchEntry struct {
+	mu sync.Mutex
+	// Events seen here: cur since winStart (ns, monoNow), prev in the
+	// maxAge before.
+	winStart  int64
+	cur, prev int64
+	remaining int   // the Remaining Redis last reported; -1: unknown
+	pending   int   // events of prefetches taken off this key and not yet given back
+	windowEnd int64 // a fixed window: when the window Redis last reported ends (monoNow); 0: unknown
+	prefetch  *prefetch
+	fetching  *prefetchRequest // the prefetch request in flight, if any
+	epoch     uint64           // Resets: a prefetch taken across one is given back
+}
+
+// prefetchRequest is a prefetch request in flight: done is closed when it is
+// over, and ok (written before) says whether it left a prefetch on the key.
+type prefetchRequest struct {
+	done chan struct{}
+	ok   bool // a prefetch is on the key: serve from it
+	// The answer of the call that asked for the prefetch, when decided (served
+	// from it, or denied by a block), or its error; else the call is
+	// decided on its own.
+	res     Result
+	why     reason
+	decided bool
+	err     error
+}
+
+// prefetch is k events taken in Redis for one key, served here.
+type prefetch struct {
+	rv      *Reservation
+	entry   *prefetchEntry
+	sig     uint64 // the limits it was taken under
+	k, used int    // used is guarded by entry.mu while the prefetch is the entry's
+	start   int64  // monoNow before the request
+	expires int64
+	res     Result // Redis's answer to the prefetch request
+
+	settling bool // guarded by prefetcher.mu: being given back, or given back
+}
+
+func newPrefetcher(e *engine) *prefetcher {
+	closing, endFetches := context.WithCancel(context.Background())
+	return &prefetcher{
+		e:          e,
+		size:       e.cfg.prefetch.size,
+		maxAge:     int64(e.cfg.prefetch.maxAge),
+		keys:       newLRU[*prefetchEntry](prefetchKeys),
+		held:       make(map[*prefetch]struct{}),
+		wake:       make(chan struct{}, 1),
+		closing:    closing,
+		endFetches: endFetches,
+	}
+}
+
+func newPrefetchEntry() *prefetchEntry { return &prefetchEntry{remaining: -1} }
+
+// record counts n events at now in the key's rate estimate.
+func (en *prefetchEntry) record(now int64, n int, w int64) {
+	switch d := now - en.winStart; {
+	case d >= 2*w || d < 0:
+		en.prev, en.cur, en.winStart = 0, 0, now
+	case d >= w:
+		en.prev, en.cur, en.winStart = en.cur, 0, en.winStart+w
+	}
+	en.cur += int64(n)
+}
+
+// recent returns the events seen here in the last w, as the sliding
+// counter estimates them (prev evenly spread).
+func (en *prefetchEntry) recent(now int64, w int64) int64 {
+	d := now - en.winStart
+	switch {
+	case d >= 2*w || d < 0:
+		return 0
+	case d >= w:
+		return int64(float64(en.cur) * float64(2*w-d) / float64(w))
+	}
+	return en.cur + int64(float64(en.prev)*float64(w-d)/float64(w))
+}
+
+// valid reports whether pf can serve n events now under the limits sig.
+func (pf *prefetch) valid(now int64, n int, sig uint64) bool {
+	return pf.sig == sig && now < pf.expires && pf.k-pf.used >= n
+}
+
+// result is the answer to a call served from pf.
+func (pf *prefetch) result(now int64) Result {
+	return Result{
+		Allowed:    true,
+		Limit:      pf.res.Limit,
+		Rule:       pf.res.Rule,
+		Remaining:  pf.k - pf.used,
+		ResetAfter: max(pf.res.ResetAfter-time.Duration(now-pf.start), 0),
+	}
+}
+
+// serve answers n events for the key whose first state key is state from
+// its prefetch, if it has one that can; it counts the events in the key's
+// rate either way. A prefetch that cannot serve is given back.
+func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
+	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	now := monoNow()
+	en.mu.Lock()
+	en.record(now, n, l.maxAge)
+	pf := en.prefetch
+	if pf == nil {
+		en.mu.Unlock()
+		return Result{}, false
+	}
+	if !pf.valid(now, n, rs.sig) {
+		en.detachLocked()
+		en.mu.Unlock()
+		l.giveBack(pf)
+		return Result{}, false
+	}
+	pf.used += n
+	res := pf.result(now)
+	en.mu.Unlock()
+	l.unused.Add(-int64(n))
+	l.served.Add(1)
+	return res, true
+}
+
+// eval decides n events for key in Redis: by taking a prefetch when the key
+// is hot, else by one call. It is what decide does instead of engine.eval
+// when prefetches are on and the call was not served from a prefetch.
+func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
+	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	for {
+		en.mu.Lock()
+		now := monoNow()
+		if pf := en.prefetch; pf != nil {
+			// Taken by another call since serve looked.
+			if pf.valid(now, n, rs.sig) {
+				pf.used += n
+				res := pf.result(now)
+				en.mu.Unlock()
+				l.unused.Add(-int64(n))
+				l.served.Add(1)
+				return res, reasonAllowed, nil
+			}
+			en.detachLocked()
+			en.mu.Unlock()
+			l.giveBack(pf)
+			continue
+		}
+		if f := en.fetching; f != nil {
+			en.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return Result{}, 0, ctx.Err()
+			}
+			if f.ok {
+				continue // serve from it, or wait for the next
+			}
+			// The request brought no prefetch (denied, or Redis failing):
+			// the call is decided on its own, so that calls never queue
+			// behind prefetch requests one after another.
+			return l.direct(ctx, en, state, n, rs)
+		}
+		k := l.sizeFor(en, now, n, rs)
+		if k == 0 {
+			en.mu.Unlock()
+			return l.direct(ctx, en, state, n, rs)
+		}
+		f := &prefetchRequest{done: make(chan struct{})}
+		en.fetching = f
+		epoch := en.epoch
+		en.mu.Unlock()
+
+		// The prefetch is taken apart from the call, so that a call whose
+		// context ends while Redis takes k events for it does not lose
+		// them: the prefetch comes to the key all the same, and the call
+		// returns its context's error.
+		l.mu.Lock()
+		if l.closed.Load() { // Close waits for the fetches it can see
+			l.mu.Unlock()
+			en.mu.Lock()
+			en.fetching = nil
+			en.mu.Unlock()
+			close(f.done)
+			l.nheld.Add(-1)
+			return l.direct(ctx, en, state, n, rs)
+		}
+		l.fetches.Add(1)
+		l.mu.Unlock()
+		go func() {
+			defer l.fetches.Done()
+			l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
+		}()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return Result{}, 0, ctx.Err()
+		}
+		switch {
+		case f.err != nil:
+			return Result{}, 0, f.err
+		case f.decided:
+			return f.res, f.why, nil
+		}
+		// Fewer than k left: the call is decided on its own.
+		return l.direct(ctx, en, state, n, rs)
+	}
+}
+
+// fetch takes a prefetch of k events for the key of en, n of them for the
+// call that asked for it, and puts it on the key (or gives it back, if a
+// Reset or Close came since epoch), then answers f. It runs apart from the
+// call, with the call's context values but not its end, bounded by
+// prefetchReturnTimeout or the call's deadline, whichever is later.
+func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefetchRequest, key, state string, k, n int, rs *ruleSet, now int64, epoch uint64) {
+	budget := prefetchReturnTimeout
+	if deadline, ok := callCtx.Deadline(); ok {
+		budget = max(budget, time.Until(deadline))
+	}
+	ctx, cancel := detach(callCtx, l.closing, budget) // Close ends it
+	defer cancel()
+	res, why, pf, err := l.take(ctx, key, state, k, rs, now)
+
+	en.mu.Lock()
+	en.fetching = nil
+	if err != nil {
+		en.mu.Unlock()
+		f.err = err
+		l.nheld.Add(-1)
+		close(f.done)
+		return
+	}
+	en.remaining = res.Remaining
+	l.sawWindow(en, rs, now, res)
+	if pf == nil {
+		en.mu.Unlock()
+		if why == reasonBlock { // a block denies any n: the call's answer
+			f.res, f.why, f.decided = res, why, true
+		}
+		l.nheld.Add(-1)
+		close(f.done)
+		return
+	}
+	pf.entry, pf.used = en, n
+	l.taken.Add(1)
+	l.unused.Add(int64(k - n))
+	f.res, f.why, f.decided = pf.result(now), reasonAllowed, true
+	// A Reset or Close that came while the prefetch was taken: the call
+	// is admitted, the rest goes back.
+	if l.track(pf, en.epoch == epoch) {
+		en.prefetch = pf
+		f.ok = true
+		en.mu.Unlock()
+	} else {
+		en.pending += k - n
+		en.mu.Unlock()
+		l.giveBack(pf)
+	}
+	close(f.done) // after f's fields
+}
+
+// sizeFor returns the size of the prefetch to take for n events, or 0 for one
+// call. It holds a place among the held prefetches for a prefetch it sizes (the
+// caller lets it go when no prefetch is made). en.mu is held.
+func (l *prefetcher) sizeFor(en *prefetchEntry, now int64, n int, rs *ruleSet) int {
+	if en.remaining < 0 || l.closed.Load() || !prefetchable(rs) {
+		return 0
+	}
+	want := en.recent(now, l.maxAge)
+	if rs.rules[0].alg.strategy == FixedWindow && en.windowEnd != 0 {
+		// A fixed window's prefetch ends with its window: hold no more than
+		// the key's rate here until then.
+		left := en.windowEnd - now
+		if left <= 0 {
+			return 0 // a new window: learn what it has left first
+		}
+		if left < l.maxAge {
+			want = int64(float64(want) * float64(left) / float64(l.maxAge))
+		}
+	}
+	// What prefetches taken off this key still hold until they are given back
+	// counts against size: one key never holds more than size idle here.
+	k := min(int64(l.size-en.pending), want, int64(en.remaining/prefetchShare))
+	if k < int64(max(prefetchMinEvents, 2*n)) {
+		return 0
+	}
+	if l.nheld.Add(1) > prefetchMaxHeld {
+		l.nheld.Add(-1)
+		return 0
+	}
+	return int(k)
+}
+
+// sawWindow records when a fixed window that Redis reported on ends.
+// en.mu is held.
+func (l *prefetcher) sawWindow(en *prefetchEntry, rs *ruleSet, start int64, res Result) {
+	if rs.rules[0].alg.strategy == FixedWindow && len(rs.rules) == 1 && res.ResetAfter > 0 {
+		// ResetAfter runs to the window's end from Redis's now, which is
+		// after start: start + ResetAfter is never past the end.
+		en.windowEnd = start + int64(res.ResetAfter)
+	}
+}
+
+// direct decides n events with one script call, as without prefetches, and
+// keeps what Redis reports left.
+func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string, n int, rs *ruleSet) (Result, reason, error) {
+	start := monoNow()
+	res, why, err := l.e.eval(ctx, state, n, -1, rs, nil)
+	if err == nil {
+		en.mu.Lock()
+		en.remaining = res.Remaining
+		l.sawWindow(en, rs, start, res)
+		en.mu.Unlock()
+	}
+	return res, why, err
+}
+
+// take asks Redis for a prefetch of k events, a reservation whose id marks it
+// as a prefetch. A denied prefetch (pf nil) holds nothing.
+func (l *prefetcher) take(ctx context.Context, key, state string, k int, rs *ruleSet, start int64) (Result, reason, *prefetch, error) {
+	rc := &reserveCall{id: prefetchIDPrefix + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
+	res, why, err := l.e.eval(ctx, state, k, -1, rs, rc)
+	if err != nil || !res.Allowed {
+		return res, why, nil, err
+	}
+	pf := &prefetch{
+		rv: &Reservation{
+			e: l.e, rs: rs, key: key, state: state,
+			id: rc.id, n: k, res: res, tags: rc.tags,
+		},
+		sig:     rs.sig,
+		k:       k,
+		start:   start,
+		expires: start + l.maxAge,
+		res:     res,
+	}
+	if rs.rules[0].alg.strategy == FixedWindow && len(rs.rules) == 1 && res.ResetAfter > 0 {
+		// Events counted in this window must be served in it.
+		pf.expires = min(pf.expires, start+int64(res.ResetAfter))
+	}
+	return res, why, pf, nil
+}
+
+// track records a prefetch taken, and starts the sweeper that gives back
+// those that end, if it is not running (it stops when none is held). It reports whether the prefetch may be served from: ok, and
+// the limiter not closed. The key's entry is locked, so that Close, which
+// gives back every prefetch tracked, finds this one on its key or given back.
+func (l *prefetcher) track(pf *prefetch, ok bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.held[pf] = struct{}{}
+	if l.closed.Load() {
+		return false
+	}
+	if !l.running {
+		l.running = true
+		l.wg.Add(1)
+		go l.sweep()
+	}
+	return ok
+}
+
+// giveBack queues a prefetch no longer served from (taken off its entry) to
+// be settled: by the sweeper, or here, within Close's time, once the
+// limiter is closing.
+func (l *prefetcher) giveBack(pf *prefetch) {
+	l.mu.Lock()
+	if l.closed.Load() {
+		ctx := l.closeCtx
+		l.mu.Unlock()
+		l.settle(ctx, pf, true)
+		return
+	}
+	l.back = append(l.back, pf)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sweep is the goroutine that gives back prefetches: those queued, and every
+// maxAge/4 those that expired. It returns at Close, and when no prefetch is
+// held (track starts another with the next prefetch), so that an idle
+// limiter costs no goroutine and no CPU.
+func (l *prefetcher) sweep() {
+	defer l.wg.Done()
+	tick := time.NewTicker(time.Duration(max(l.maxAge/4, int64(time.Millisecond))))
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.closing.Done():
+			return
+		case <-tick.C:
+			l.expire(monoNow())
+		case <-l.wake:
+		}
+		l.giveBackQueued()
+		l.mu.Lock()
+		if len(l.held) == 0 && len(l.back) == 0 {
+			l.running = false // under mu, as track's check
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+}
+
+// giveBackQueued settles the prefetches queued, one script call each, each
+// within prefetchSettleTimeout; those that fail for an outage are queued
+// again. It stops at Close, which gives back the rest.
+func (l *prefetcher) giveBackQueued() {
+	l.mu.Lock()
+	back := l.back
+	l.back = nil
+	l.mu.Unlock()
+	var retry []*prefetch
+	for i, pf := range back {
+		if l.closing.Err() != nil {
+			retry = append(retry, back[i:]...)
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), prefetchSettleTimeout)
+		if !l.settle(ctx, pf, false) {
+			retry = append(retry, pf)
+		}
+		cancel()
+	}
+	if len(retry) > 0 {
+		l.mu.Lock()
+		l.back = append(l.back, retry...)
+		l.mu.Unlock()
+	}
+}
+
+// expire takes the prefetches that ended by now off their keys and queues them.
+func (l *prefetcher) expire(now int64) {
+	var ended []*prefetch
+	l.mu.Lock()
+	for pf := range l.held {
+		if pf.expires <= now {
+			ended = append(ended, pf)
+		}
+	}
+	l.mu.Unlock()
+	for _, pf := range ended {
+		if l.detach(pf) {
+			l.mu.Lock()
+			l.back = append(l.back, pf)
+			l.mu.Unlock()
+		}
+	}
+}
+
+// detach takes pf off its key, if it is still the key's prefetch.
+func (l *prefetcher) detach(pf *prefetch) bool {
+	en := pf.entry
+	en.mu.Lock()
+	defer en.mu.Unlock()
+	if en.prefetch != pf {
+		return false
+	}
+	en.detachLocked()
+	return true
+}
+
+// detachLocked takes the entry's prefetch off it; its unused events count as
+// pending until it is given back. en.mu is held.
+func (en *prefetchEntry) detachLocked() {
+	en.pending += en.prefetch.k - en.prefetch.used
+	en.prefetch = nil
+}
+
+// settle gives back what pf did not serve. It reports false when it should
+// be tried again (Redis unreachable, within the reservation lifetime, and
+// not final).
+func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool {
+	l.mu.Lock()
+	if pf.settling {
+		l.mu.Unlock()
+		return true // Close and a late give-back: settled once
+	}
+	pf.settling = true
+	l.mu.Unlock()
+	unused := int64(pf.k - pf.used)
+	var err error
+	var res Result
+	if l.e.rescue.isDown(pf.rv.state) {
+		err = ErrUnavailable
+	} else {
+		res, err = pf.rv.settleRedis(ctx, pf.used)
+	}
+	l.mu.Lock()
+	if err != nil && !final && (errors.Is(err, ErrUnavailable) || isUnavailable(err)) &&
+		time.Duration(monoNow()-pf.start) < l.e.cfg.reserveTTL/2 {
+		pf.settling = false
+		l.mu.Unlock()
+		return false
+	}
+	delete(l.held, pf)
+	l.mu.Unlock()
+	en := pf.entry
+	en.mu.Lock()
+	en.pending -= int(unused)
+	if err == nil {
+		en.remaining = res.Remaining
+	}
+	en.mu.Unlock()
+	l.nheld.Add(-1)
+	l.unused.Add(-unused)
+	if err != nil {
+		l.lost.Add(uint64(unused))
+		if l.closed.Load() {
+			l.closeLost.Add(unused)
+			l.closeLostPrefetches.Add(1)
+			l.mu.Lock()
+			if l.closeErr == nil {
+				l.closeErr = err
+			}
+			l.mu.Unlock()
+		}
+	} else {
+		l.returned.Add(uint64(unused))
+	}
+	return true
+}
+
+// drop gives back this process's prefetch on the key whose first state key is
+// state, before a Reset; a prefetch being taken now is given back when it
+// comes.
+func (l *prefetcher) drop(ctx context.Context, state string) {
+	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en.mu.Lock()
+	en.epoch++
+	pf := en.prefetch
+	if pf != nil {
+		en.detachLocked()
+	}
+	en.mu.Unlock()
+	if pf != nil {
+		l.settle(ctx, pf, true)
+	}
+	en.mu.Lock()
+	en.remaining, en.windowEnd = -1, 0 // the Reset empties the key: learn again
+	en.mu.Unlock()
+}
+
+// close stops the sweeper and gives back every prefetch, all within
+// prefetchSettleTimeout. It returns an error wrapping ErrUnavailable (when
+// Redis could not be reached) that says how many events of how many prefetches
+// it could not give back: they count as used until their state expires.
+func (l *prefetcher) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), prefetchSettleTimeout)
+	defer cancel()
+	l.mu.Lock()
+	l.closed.Store(true)
+	l.closeCtx = ctx
+	l.mu.Unlock()
+	// The sweeper stops at its next give-back; a prefetch being taken ends
+	// (given back if it landed: track finds the limiter closed); no fetch
+	// starts from now on.
+	l.endFetches()
+	l.giveBackAll(ctx)
+	l.wg.Wait()
+	l.fetches.Wait()
+	// What the sweeper queued again, or a fetch left, meanwhile: lost at
+	// once if the time is up.
+	l.giveBackAll(ctx)
+	n := l.closeLostPrefetches.Load()
+	if n == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	cause := l.closeErr
+	l.mu.Unlock()
+	if !errors.Is(cause, ErrUnavailable) && isUnavailable(cause) {
+		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	return errorf("close: %d events of %d prefetches not given back (they count as used until their state expires): %w",
+		l.closeLost.Load(), n, cause)
+}
+
+// giveBackAll takes every prefetch held off its key and settles it, final,
+// prefetchCloseWorkers at a time, within ctx.
+func (l *prefetcher) giveBackAll(ctx context.Context) {
+	l.mu.Lock()
+	all := make([]*prefetch, 0, len(l.held))
+	for pf := range l.held {
+		if !pf.settling {
+			all = append(all, pf)
+		}
+	}
+	l.back = nil
+	l.mu.Unlock()
+	next := make(chan *prefetch)
+	var wg sync.WaitGroup
+	for range min(len(all), prefetchCloseWorkers) {
+		wg.Go(func() {
+			for pf := range next {
+				l.detach(pf)
+				l.settle(ctx, pf, true)
+			}
+		})
+	}
+	for _, pf := range all {
+		next <- pf
+	}
+	close(next)
+	wg.Wait()
+}
