@@ -764,7 +764,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 	en.mu.Unlock()
 	l.nheld.Add(-1)
 	l.unused.Add(-unused)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrSettled) { // settled: an earlier try gave it back, its reply lost
 		l.lost.Add(uint64(unused))
 		if l.closed.Load() {
 			l.closeLost.Add(unused)
