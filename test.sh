@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one test command (see README.md). It runs every module's tests with
-# -race, every command of README.md and of the examples' doc comments, the
+# The one test command (see CONTRIBUTING.md). It runs every module's tests with
+# -race, every command of the docs and of the examples' doc comments, the
 # release check, and the micro-benchmarks once each (to keep them working,
 # not to judge speed). Tests that need redis-server start their own on free
 # loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
@@ -33,8 +33,9 @@ for m in "${modules[@]}"; do
   (cd "$m" && GOWORK=$(gowork "$m") go vet ./...)
 done
 
-echo "== README and example commands"
-# Every command of README.md and of the examples' doc comments, as written
+echo "== docs and example commands"
+# Every command of the docs (README.md, CONTRIBUTING.md, docs/*.md) and of
+# the examples' doc comments, as written
 # (each example at least once); servers with -selftest. See the script.
 .ci/doc-commands.sh
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Runs every command of README.md and of the examples' doc comments as
-# written, so that none of them rots.
+# Runs every command of the docs (README.md, CONTRIBUTING.md, docs/*.md)
+# and of the examples' doc comments as written, so that none of them rots.
 #
 #   .ci/doc-commands.sh       run them (test.sh does)
 #   .ci/doc-commands.sh -l    list them and how each would run
 #   .ci/doc-commands.sh -v    run them and show the output of each
 #
 # Which lines are commands:
-#  - README.md: every line of a fenced block labelled sh (```sh), except
+#  - README.md, CONTRIBUTING.md and docs/*.md: every line of a fenced
+#    block labelled sh (```sh), except
 #    blank and # lines; and every inline code span that starts with "go ",
 #    "cd " or "./". A fenced block must be labelled (sh, text, go, ...), and
 #    bash, shell and console are refused (use sh), so that no command hides
@@ -43,6 +44,7 @@ declare -A skip=(
   ['go test -race -count=1 ./...']='names a step of ./test.sh, which runs it in every module'
   ['go vet']='names a step of ./test.sh, which runs it in every module'
   ['go run']='a verb in a sentence'
+  ['go get github.com/redlimit/redlimit']='run in a user'"'"'s module, not in this repository'
 )
 
 # ---- Inside the network namespace: .ci/doc-commands.sh --sandbox DIR ----
@@ -136,15 +138,16 @@ esac
 extract() {
   awk '
     function emit(cmd) { print FILENAME ":" FNR "\t" cmd }
-    FILENAME == "README.md" {
+    FNR == 1 { fence = 0 }
+    FILENAME ~ /\.md$/ {
       if ($0 ~ /^[ \t]*```/) {
         if (!fence) {
           fence = 1
           info = $0
           sub(/^[ \t]*```+[ \t]*/, "", info)
           sub(/[ \t].*$/, "", info)
-          if (info == "") print "!\tREADME.md:" FNR ": label this fenced block (sh for commands, text, go, ...)"
-          if (info ~ /^(bash|shell|console|sh-session|shell-session|zsh)$/) print "!\tREADME.md:" FNR ": label commands sh, not " info
+          if (info == "") print "!\t" FILENAME ":" FNR ": label this fenced block (sh for commands, text, go, ...)"
+          if (info ~ /^(bash|shell|console|sh-session|shell-session|zsh)$/) print "!\t" FILENAME ":" FNR ": label commands sh, not " info
         } else fence = 0
         next
       }
@@ -166,7 +169,7 @@ extract() {
       cmd = substr($0, 4)
       if (cmd ~ /^(go |cd |\.\/)/) emit(cmd)
     }
-  ' README.md examples/*/main.go
+  ' README.md CONTRIBUTING.md docs/*.md examples/*/main.go
 }
 
 mapfile -t records < <(extract)
@@ -268,7 +271,7 @@ for s in "${!skip[@]}"; do
 done
 for d in examples/*/; do
   d=${d%/}
-  [ -n "${ran_dir[$d]+x}" ] || { echo "$d: no command in its doc comment or README.md runs it" >&2; bad=1; }
+  [ -n "${ran_dir[$d]+x}" ] || { echo "$d: no command in its doc comment or the docs runs it" >&2; bad=1; }
 done
 if [ "$list_only" = 1 ]; then
   cut -f2,3 "$tmp/plan" | sed 's/\t/   (/; s/$/)/; s/^/run        /'

@@ -70,7 +70,20 @@ func run(addr, redisAddr string, selftest bool) error {
 		redisAddr = m.Addr()
 		log.Printf("embedded miniredis on %s", redisAddr)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	// The client options the README recommends for a limiter on the hot
+	// path: short timeouts, so that a slow Redis is an outage (the fallback
+	// answers) rather than a slow request, and no retries, since a retried
+	// script could count an event twice.
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  redisAddr,
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		PoolTimeout:           100 * time.Millisecond,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	})
 	defer rdb.Close()
 
 	lim, err := redlimit.NewTokenBucket(rdb, limit, redlimit.WithPrefix("httpserver"))
