@@ -16,11 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrLeaseExpired is returned by [Lease.Extend] for a lease that is no
-// longer held: its ttl ended before the call (another holder may have its
-// slot by now), or it was released.
-var ErrLeaseExpired = errors.New("redlimit: lease expired")
-
 // Limits on the values of a [Concurrency]: NewConcurrency refuses values
 // outside them with an error wrapping ErrInvalidLimit.
 const (

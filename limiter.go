@@ -4,51 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/redlimit/redlimit/internal/errprefix"
 )
-
-// Errors returned by the package. Every error is wrapped with context, so
-// compare with [errors.Is]. A message names the package once, at its start:
-// "redlimit: settle \"k\": reservation already settled or lapsed".
-var (
-	// ErrExceedsLimit is returned by AllowN, WaitN and Reserve when n is
-	// more than the limit can ever allow at once (more than Rate for the
-	// windows, more than Burst for the buckets), and by Reservation.Settle
-	// when used is more than the state can owe (see Settle).
-	ErrExceedsLimit = errors.New("redlimit: n exceeds the limit")
-	// ErrInvalidLimit is returned by the constructors (and for a limit from
-	// WithLimitFunc or WithRulesFunc) for a Limit, Rule or Strategy that
-	// cannot work (Rate < 1, Period < 1ms, Burst < 0, values too large, an
-	// unknown strategy, two rules sharing one state).
-	ErrInvalidLimit = errors.New("redlimit: invalid limit")
-	// ErrInvalidArgument is returned for an argument that cannot work: an
-	// option that is invalid or does not apply to the limiter (by the
-	// constructors), a nil client or option, and at call time an empty key,
-	// a negative n, a nil Context, a Reservation or Lease that Reserve or
-	// Acquire did not return.
-	ErrInvalidArgument = errors.New("redlimit: invalid argument")
-	// ErrClosed is returned by every call made after Close.
-	ErrClosed = errors.New("redlimit: limiter closed")
-	// ErrUnavailable is wrapped by the errors returned while Redis is down and
-	// the fallback policy is FallbackError.
-	ErrUnavailable = errors.New("redlimit: redis unavailable")
-)
-
-// errorf returns an error with the message "redlimit: " and format, for
-// every error the package makes around a sentinel or a cause; a wrapped
-// error's own "redlimit: " is left out of the message (errors.Is and
-// errors.As still see it), so that the package is named once.
-func errorf(format string, args ...any) error {
-	return errprefix.Errorf("redlimit: ", format, args...)
-}
 
 // Limit is a rate: Rate events per Period. The zero value is not a valid
 // Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.

@@ -12,13 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrSettled is returned by Settle and Cancel for a reservation that is
-// settled already (by an earlier call, also one whose reply was lost), that
-// lapsed (it was not settled within the reservation lifetime, see
-// [WithReservationTTL], and stands as taken), or that a Reset of every
-// rule's state forgot. Nothing changes.
-var ErrSettled = errors.New("redlimit: reservation already settled or lapsed")
-
 // Reservation is n events taken by Reserve, to be settled once with what
 // was really used: an LLM request's maximum tokens, settled with the
 // tokens it used; an upload's declared size, settled with the bytes sent.
