@@ -2,53 +2,9 @@ package redlimit
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Limit is a rate: Rate events per Period. The zero value is not a valid
-// Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.
-type Limit struct {
-	Rate   int           // events allowed per Period
-	Period time.Duration // window length, or the time in which Rate tokens refill
-	Burst  int           // bucket capacity for TokenBucket and LeakyBucket; 0 means Rate
-}
-
-// PerSecond returns a Limit of rate events per second.
-func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second} }
-
-// PerMinute returns a Limit of rate events per minute.
-func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
-
-// PerHour returns a Limit of rate events per hour.
-func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
-
-// String returns the limit as "rate/period", with the burst when it is set,
-// for example "10/1s" or "10/1s burst 20".
-func (l Limit) String() string {
-	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
-	if l.Burst != 0 && l.Burst != l.Rate {
-		s += " burst " + strconv.Itoa(l.Burst)
-	}
-	return s
-}
-
-// Limits on the values a Limit may hold: a Limit outside them is an error
-// wrapping ErrInvalidLimit. They keep every number the scripts compute
-// exact, or at worst rounded, in a Lua double.
-const (
-	// MaxRate is the largest Rate (and Burst) accepted: 2^40, about 1.1e12.
-	MaxRate = 1 << 40
-	// MaxPeriod is the largest Period accepted: 100 years.
-	MaxPeriod = 100 * 365 * 24 * time.Hour
-	// MinPeriod is the smallest Period accepted.
-	MinPeriod = time.Millisecond
 )
 
 // Result is the answer to one decision. For example, for a token bucket of
@@ -90,51 +46,6 @@ type Limiter interface {
 	Close() error
 }
 
-// Strategy names a rate-limiting algorithm. See the package documentation
-// for how to choose one.
-type Strategy int
-
-// The strategies.
-const (
-	FixedWindow Strategy = iota + 1
-	SlidingLog
-	SlidingCounter
-	TokenBucket
-	LeakyBucket
-)
-
-var strategyNames = [...]string{
-	FixedWindow:    "fixed-window",
-	SlidingLog:     "sliding-log",
-	SlidingCounter: "sliding-counter",
-	TokenBucket:    "token-bucket",
-	LeakyBucket:    "leaky-bucket",
-}
-
-// Strategies lists every strategy, in the order of their values.
-func Strategies() []Strategy {
-	return []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
-}
-
-// String returns the strategy's name: "fixed-window", "sliding-log",
-// "sliding-counter", "token-bucket" or "leaky-bucket".
-func (s Strategy) String() string {
-	if s >= FixedWindow && s <= LeakyBucket {
-		return strategyNames[s]
-	}
-	return "Strategy(" + strconv.Itoa(int(s)) + ")"
-}
-
-// ParseStrategy returns the strategy named s, as written by String.
-func ParseStrategy(s string) (Strategy, error) {
-	for _, st := range Strategies() {
-		if st.String() == s {
-			return st, nil
-		}
-	}
-	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
-}
-
 // New returns a limiter of strategy s. It is the same as calling the
 // strategy's own constructor, such as [NewTokenBucket].
 func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Limiter, error) {
@@ -153,34 +64,6 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 	return nil, errorf("unknown strategy %v: %w", s, ErrInvalidLimit)
 }
 
-// validate checks a limit against the rules every strategy shares and
-// returns it with Burst filled in.
-func (l Limit) validate(maxRate int) (Limit, error) {
-	bad := func(format string, args ...any) (Limit, error) {
-		return l, errorf("limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
-	}
-	switch {
-	case l.Rate < 1:
-		return bad("Rate must be at least 1")
-	case l.Rate > maxRate:
-		return bad("Rate must be at most %d", maxRate)
-	case l.Period < MinPeriod:
-		return bad("Period must be at least %v", MinPeriod)
-	case l.Period > MaxPeriod:
-		return bad("Period must be at most %v", MaxPeriod)
-	case l.Period%time.Microsecond != 0:
-		return bad("Period must be a whole number of microseconds")
-	case l.Burst < 0:
-		return bad("Burst must not be negative")
-	case l.Burst > MaxRate:
-		return bad("Burst must be at most %d", MaxRate)
-	}
-	if l.Burst == 0 {
-		l.Burst = l.Rate
-	}
-	return l, nil
-}
-
 // checkKey rejects keys that cannot be limited.
 func checkKey(key string) error {
 	if key == "" {
@@ -196,42 +79,4 @@ func checkContext(ctx context.Context) error {
 		return errorf("nil Context: %w", ErrInvalidArgument)
 	}
 	return nil
-}
-
-// MaxKeyLen is the longest key kept as it is in Redis key names. A longer
-// key is replaced by "%h" and the hex SHA-256 of the key (66 bytes), still
-// inside the hash tag, so that one key is one cluster slot and a huge key
-// (an attacker's header, say) costs neither Redis memory nor time on every
-// call. "%h" cannot come out of escaping, so a hashed key never meets a
-// short one. It is not a bound on keys (any non-empty key is valid) but
-// part of the key layout (see [WithPrefix]) that tools reading Redis
-// rebuild, as cmd/redlimit's inspect does.
-const MaxKeyLen = 256
-
-// escapeKey makes a user key safe to put inside a hash tag: '%', '{' and '}'
-// are percent-encoded, so the tag ends at the first '}' and two different
-// keys never give the same Redis key; keys longer than MaxKeyLen are hashed.
-func escapeKey(key string) string {
-	if len(key) > MaxKeyLen {
-		sum := sha256.Sum256([]byte(key))
-		return "%h" + hex.EncodeToString(sum[:])
-	}
-	if !strings.ContainsAny(key, "%{}") {
-		return key
-	}
-	var b strings.Builder
-	b.Grow(len(key) + 8)
-	for i := 0; i < len(key); i++ {
-		switch c := key[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '{':
-			b.WriteString("%7B")
-		case '}':
-			b.WriteString("%7D")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }
