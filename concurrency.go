@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/outage"
 )
 
 // Limits on the values of a [Concurrency]: NewConcurrency refuses values
@@ -570,7 +572,7 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 // not.
 func mayHaveRun(err error) bool {
 	var reply redis.Error
-	return !unreachable(err) && !errors.As(err, &reply)
+	return !outage.Unreachable(err) && !errors.As(err, &reply)
 }
 
 // queueRelease has retryReleases release the Redis lease id of key: at
@@ -664,7 +666,7 @@ func (c *Concurrency) releasePass(closing context.Context, batch []pendingReleas
 			switch {
 			case err == nil:
 				c.wake(p.key)
-			case isUnavailable(err):
+			case outage.Is(err):
 				keep = append(keep, p)
 				stalled = true
 			}

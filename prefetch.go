@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/outage"
 )
 
 // prefetchConfig is WithPrefetch's arguments.
@@ -652,7 +654,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 		res, err = pf.rv.settleRedis(ctx, pf.used)
 	}
 	l.mu.Lock()
-	if err != nil && !final && (errors.Is(err, ErrUnavailable) || isUnavailable(err)) &&
+	if err != nil && !final && (errors.Is(err, ErrUnavailable) || outage.Is(err)) &&
 		time.Duration(monoNow()-pf.start) < l.e.cfg.reserveTTL/2 {
 		pf.settling = false
 		l.mu.Unlock()
@@ -734,7 +736,7 @@ func (l *prefetcher) close() error {
 	l.mu.Lock()
 	cause := l.closeErr
 	l.mu.Unlock()
-	if !errors.Is(cause, ErrUnavailable) && isUnavailable(cause) {
+	if !errors.Is(cause, ErrUnavailable) && outage.Is(cause) {
 		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return errorf("close: %d events of %d prefetches not given back (they count as used until their state expires): %w",

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/outage"
 )
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
@@ -207,8 +205,8 @@ func (r *rescue) downCause(state string) error {
 // probed, and marked down only if the probe fails too. An error from a
 // Redis client that the program closed is not an outage.
 func (r *rescue) outage(ctx context.Context, err error, state string) bool {
-	kind := classify(err)
-	if kind == notOutage {
+	kind := outage.Classify(err)
+	if kind == outage.None {
 		return false
 	}
 	if errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb) {
@@ -216,7 +214,7 @@ func (r *rescue) outage(ctx context.Context, err error, state string) bool {
 		return false
 	}
 	sc := r.scopeOf(state)
-	if kind == nodeOutage {
+	if kind == outage.Node {
 		r.markDown(sc, err)
 	} else {
 		r.suspect(sc)
@@ -402,7 +400,7 @@ func (r *rescue) watch(n *node) {
 			return
 		default:
 			ok = 0
-			if unreachable(err) {
+			if outage.Unreachable(err) {
 				wait = min(2*wait, maxBackoff*every)
 			} else {
 				wait = every
@@ -463,117 +461,4 @@ func (r *rescue) close() {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
-}
-
-// outageKind says what an error means for the node that gave it.
-type outageKind int8
-
-const (
-	notOutage  outageKind = iota // an answer, a bug, or the caller's own business
-	callOutage                   // may concern this call only: probe the node before marking it down
-	nodeOutage                   // the node cannot answer now: mark it down
-)
-
-// Texts of go-redis v9 errors that are not exported.
-const (
-	errRingDown      = "redis: all ring shards are down"
-	errNoNodes       = "redis: cluster has no nodes"
-	errNoSentinel    = "redis: all sentinels specified in configuration are unreachable"
-	errConnUnusable  = "redis: timed out trying to mark connection as unusable"
-	errFDReaderGone  = "redis: autopipeline full-duplex reader exited"
-	errFDConnMoving  = "redis: autopipeline: full-duplex connection moving"
-	errFDMaxHold     = "redis: autopipeline: full-duplex connection max-hold reached"
-	errFDBudgetSpent = "redis: autopipeline: retry budget exhausted before shutdown flush"
-)
-
-// refusedInScript are the replies with which a server refuses a script's
-// write for a state of the node (memory, disk, role, replicas).
-var refusedInScript = [...]string{": -OOM ", ": -MISCONF ", ": -READONLY ", ": -NOREPLICAS ", ": -MASTERDOWN "}
-
-// scriptRefused tells whether err is a script's error wrapping such a
-// refusal. Redis 6 runs a script and refuses its first write, wrapping the
-// reason: "ERR Error running script (call to f_...): @user_script:269:
-// @user_script: 269: -OOM command not allowed ..." (OOM and MISCONF seen
-// on 6.0.16); Redis 7 refuses the script itself with the plain reply.
-func scriptRefused(err error) bool {
-	if !redis.HasErrorPrefix(err, "Error running script") {
-		return false
-	}
-	msg := err.Error()
-	for _, r := range refusedInScript {
-		if strings.Contains(msg, r) {
-			return true
-		}
-	}
-	return false
-}
-
-// classify tells whether err says that Redis cannot answer now, as opposed
-// to an answer or a bug, and whether it concerns the whole node.
-func classify(err error) outageKind {
-	if err == nil {
-		return notOutage
-	}
-	var (
-		opErr  *net.OpError
-		netErr net.Error
-		reply  redis.Error
-	)
-	switch {
-	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
-		return nodeOutage
-	case errors.As(err, &reply):
-		_, moved := redis.IsMovedError(err)
-		_, ask := redis.IsAskError(err)
-		switch {
-		case redis.IsTryAgainError(err), moved, ask:
-			// One call during a slot migration (go-redis follows MOVED and
-			// ASK, up to MaxRedirects times).
-			return callOutage
-		case redis.IsLoadingError(err), redis.IsReadOnlyError(err),
-			redis.IsClusterDownError(err), redis.IsMasterDownError(err),
-			redis.IsOOMError(err), redis.IsMaxClientsError(err),
-			redis.HasErrorPrefix(err, "BUSY "), redis.HasErrorPrefix(err, "NOREPLICAS"),
-			redis.HasErrorPrefix(err, "MISCONF"),
-			scriptRefused(err):
-			return nodeOutage
-		}
-		return notOutage
-	}
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, errRingDown), strings.Contains(msg, errNoNodes),
-		strings.Contains(msg, errNoSentinel):
-		return nodeOutage
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, redis.ErrAutoPipelineTimeout), errors.Is(err, redis.ErrAutoPipelineQueueFull),
-		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		strings.Contains(msg, errConnUnusable), strings.Contains(msg, errFDReaderGone),
-		strings.Contains(msg, errFDConnMoving), strings.Contains(msg, errFDMaxHold),
-		strings.Contains(msg, errFDBudgetSpent), errors.As(err, &netErr):
-		return callOutage
-	}
-	return notOutage
-}
-
-// isUnavailable reports whether err says that Redis cannot answer now, as
-// opposed to an answer or a bug.
-func isUnavailable(err error) bool { return classify(err) != notOutage }
-
-// unreachable reports whether a probe's err says that the node could not be
-// reached at all, rather than that it answered with an error or hung.
-func unreachable(err error) bool {
-	var opErr *net.OpError
-	var reply redis.Error
-	switch {
-	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
-		return true
-	case errors.As(err, &reply):
-		return false
-	}
-	msg := err.Error()
-	return strings.Contains(msg, errRingDown) || strings.Contains(msg, errNoNodes) ||
-		strings.Contains(msg, errNoSentinel)
 }
