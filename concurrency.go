@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
 
@@ -93,9 +94,9 @@ type Concurrency struct {
 	maxArg int64
 	ttlArg int64 // µs
 
-	local    *lru[*localSem] // FallbackLocal's semaphores, by state key
-	localCap int             // their capacity: floor(max × share), at least 1
-	held     *heldLeases     // FallbackLocal: the Redis leases held here; else nil
+	local    *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
+	localCap int                   // their capacity: floor(max × share), at least 1
+	held     *heldLeases           // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -195,7 +196,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		limit:    limit,
 		maxArg:   int64(max),
 		ttlArg:   int64(ttl / time.Microsecond),
-		local:    newLRU[*localSem](e.cfg.localKeys),
+		local:    lru.New[*localSem](e.cfg.localKeys),
 		localCap: fallbackCapacity(max, e.cfg.share),
 		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
@@ -408,7 +409,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	// held, a new key is denied until one empties. The Redis leases this
 	// instance holds on the key take slots too (heldLeases).
 	now := cfg.now()
-	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
+	sem, ok := c.local.GetOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
 		return nil, denied, nil

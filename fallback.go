@@ -61,7 +61,7 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 		return
 	}
 	end := time.Since(monoBase) + d
-	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set := r.locals.GetOrAdd(state, func() *localSet { return r.newLocal(rs) })
 	set.mu.Lock()
 	set.blockEnd = max(set.blockEnd, end)
 	set.mu.Unlock()
@@ -69,7 +69,7 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 
 // forget drops the in-process stand-in of the key whose first state key
 // is state.
-func (r *rescue) forget(state string) { r.locals.remove(state) }
+func (r *rescue) forget(state string) { r.locals.Remove(state) }
 
 // decide answers without Redis, by the fallback policy. cause is the error
 // of the call, or nil for a call not sent because its node is down; rc, when
@@ -96,7 +96,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		}
 		return Result{}, 0, errorf("%s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
 	}
-	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set := r.locals.GetOrAdd(state, func() *localSet { return r.newLocal(rs) })
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
@@ -104,7 +104,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		had := len(set.lims)
 		r.follow(set, rs, time.Now())
 		if len(set.lims) != had {
-			r.locals.reweigh(state) // set.mu, then the shard's lock: never the other way
+			r.locals.Reweigh(state) // set.mu, then the shard's lock: never the other way
 		}
 	}
 	return r.decideLocked(set, n, maxDelay, rs, rc)

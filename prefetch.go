@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
 
@@ -133,7 +134,7 @@ type prefetcher struct {
 	e      *engine
 	size   int
 	maxAge int64 // ns
-	keys   *lru[*prefetchEntry]
+	keys   *lru.Cache[*prefetchEntry]
 	closed atomic.Bool
 
 	nheld, unused                 atomic.Int64
@@ -209,7 +210,7 @@ func newPrefetcher(e *engine) *prefetcher {
 		e:          e,
 		size:       e.cfg.prefetch.size,
 		maxAge:     int64(e.cfg.prefetch.maxAge),
-		keys:       newLRU[*prefetchEntry](prefetchKeys),
+		keys:       lru.New[*prefetchEntry](prefetchKeys),
 		held:       make(map[*prefetch]struct{}),
 		wake:       make(chan struct{}, 1),
 		closing:    closing,
@@ -263,7 +264,7 @@ func (pf *prefetch) result(now int64) Result {
 // its prefetch, if it has one that can; it counts the events in the key's
 // rate either way. A prefetch that cannot serve is given back.
 func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	now := monoNow()
 	en.mu.Lock()
 	en.record(now, n, l.maxAge)
@@ -290,7 +291,7 @@ func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
 // is hot, else by one call. It is what decide does instead of engine.eval
 // when prefetches are on and the call was not served from a prefetch.
 func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	for {
 		en.mu.Lock()
 		now := monoNow()
@@ -692,7 +693,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 // state, before a Reset; a prefetch being taken now is given back when it
 // comes.
 func (l *prefetcher) drop(ctx context.Context, state string) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	en.mu.Lock()
 	en.epoch++
 	pf := en.prefetch

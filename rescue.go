@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
 
@@ -118,7 +119,7 @@ type Transition struct {
 // (fallback.go), and the transitions not yet reported.
 type rescue struct {
 	e      *engine
-	locals *lru[*localSet]
+	locals *lru.Cache[*localSet]
 	ctx    context.Context // cancelled by close: ends probes in flight
 	cancel context.CancelFunc
 
@@ -169,7 +170,7 @@ func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &rescue{
 		e:      e,
-		locals: newWeighedLRU(e.cfg.localKeys, standIns),
+		locals: lru.NewWeighed(e.cfg.localKeys, standIns),
 		ctx:    ctx,
 		cancel: cancel,
 		nodes:  make(map[string]*node),
