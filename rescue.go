@@ -337,38 +337,53 @@ func (r *rescue) monitor(n *node) {
 // row succeed.
 func (r *rescue) watch(n *node) {
 	defer r.wg.Done()
-	every := r.e.cfg.pingInterval
+	if r.checkNode(n) && r.waitBack(n) {
+		r.back(n)
+	}
+}
+
+// checkNode probes a node that is not marked down yet: it forgets the node if
+// the probe succeeds, and else marks it down and hands the probing on to a
+// new monitor. It reports whether this goroutine goes on probing: only for
+// a node that a call marked down meanwhile.
+func (r *rescue) checkNode(n *node) bool {
 	r.mu.Lock()
 	checking := !n.down
 	r.mu.Unlock()
-	if checking {
-		err := r.probe(n)
-		gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
-		r.mu.Lock()
-		switch {
-		case r.closed:
-			r.mu.Unlock()
-			return
-		case gone:
-			r.gone.Store(true)
-			fallthrough
-		case err == nil && !n.down:
-			delete(r.nodes, n.id)
-			r.publishLocked()
-			r.mu.Unlock()
-			return
-		case !n.down:
-			r.setDownLocked(n, err)
-			// Probe on in a new goroutine; this one reports the switch
-			// once it is done (a hook calling Close from a goroutine
-			// counted in r.wg would wait for itself).
-			r.wg.Add(1)
-			go r.monitor(n)
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock() // marked down by a call meanwhile: go on probing
+	if !checking {
+		return true
 	}
+	err := r.probe(n)
+	gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return false
+	case gone:
+		r.gone.Store(true)
+		fallthrough
+	case err == nil && !n.down:
+		delete(r.nodes, n.id)
+		r.publishLocked()
+		return false
+	case !n.down:
+		r.setDownLocked(n, err)
+		// Probe on in a new goroutine; this one reports the switch once it
+		// is done (a hook calling Close from a goroutine counted in r.wg
+		// would wait for itself).
+		r.wg.Add(1)
+		go r.monitor(n)
+		return false
+	}
+	return true // marked down by a call meanwhile: go on probing
+}
+
+// waitBack probes a node marked down, at the first tick after the wait
+// since the last probe, until two probes in a row succeed (true), or the
+// limiter or its client is closed (false).
+func (r *rescue) waitBack(n *node) bool {
+	every := r.e.cfg.pingInterval
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	wait := every      // between probes; longer while the node cannot be reached
@@ -377,12 +392,12 @@ func (r *rescue) watch(n *node) {
 	for {
 		select {
 		case <-r.stop:
-			return
+			return false
 		case <-tick.C:
 		}
 		if closedNow(r.e.rdb) {
 			r.gone.Store(true)
-			return
+			return false
 		}
 		if time.Now().Before(next) {
 			continue
@@ -398,41 +413,54 @@ func (r *rescue) watch(n *node) {
 			ok = 1
 		case errors.Is(err, redis.ErrClosed):
 			r.gone.Store(true)
-			return
+			return false
 		default:
 			ok = 0
-			if outage.Unreachable(err) {
-				wait = min(2*wait, maxBackoff*every)
-			} else {
-				wait = every
-			}
-			// A failed-over cluster slot stays routed to the dead master
-			// until the client reloads its view of the cluster, which
-			// go-redis does only every ClusterStateReloadInterval (60s by
-			// default). Ask for a reload (go-redis runs at most one at a
-			// time, 200ms apart).
-			if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
-				cc.ReloadState(context.Background())
-			}
+			wait = r.failed(err, wait)
 		}
 		next = time.Now().Add(wait - every/2) // due at the first tick after wait
 		if err != nil {
 			continue
 		}
-		if ok++; ok < 2 {
-			continue
+		if ok++; ok >= 2 {
+			return true
 		}
-		if c := r.e.clock; c != nil {
-			c.stale() // the server may have come back on another machine
-		}
-		r.mu.Lock()
-		if !r.closed {
-			delete(r.nodes, n.id)
-			r.publishLocked()
-			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
-		}
-		r.mu.Unlock()
-		return
+	}
+}
+
+// failed returns the wait before the next probe after a probe failed with
+// err, the wait before it having been wait: doubled, up to maxBackoff ping
+// intervals, while the node cannot be reached at all, else one interval.
+// Through a cluster it also asks the client for a new view of the cluster.
+func (r *rescue) failed(err error, wait time.Duration) time.Duration {
+	every := r.e.cfg.pingInterval
+	if outage.Unreachable(err) {
+		wait = min(2*wait, maxBackoff*every)
+	} else {
+		wait = every
+	}
+	// A failed-over cluster slot stays routed to the dead master until the
+	// client reloads its view of the cluster, which go-redis does only
+	// every ClusterStateReloadInterval (60s by default). Ask for a reload
+	// (go-redis runs at most one at a time, 200ms apart).
+	if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
+		cc.ReloadState(context.Background())
+	}
+	return wait
+}
+
+// back forgets a node that answers again, and queues the switch back for
+// the hook (see flush).
+func (r *rescue) back(n *node) {
+	if c := r.e.clock; c != nil {
+		c.stale() // the server may have come back on another machine
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		delete(r.nodes, n.id)
+		r.publishLocked()
+		r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
 	}
 }
 
