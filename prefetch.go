@@ -273,7 +273,13 @@ func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
 		en.mu.Unlock()
 		return Result{}, false
 	}
-	if !pf.valid(now, n, rs.sig) {
+	return l.serveUnlock(en, pf, now, n, rs.sig)
+}
+
+// serveUnlock answers n events from pf, the prefetch of en, if it can, and
+// else gives it back; en.mu is locked, and unlocked on return.
+func (l *prefetcher) serveUnlock(en *prefetchEntry, pf *prefetch, now int64, n int, sig uint64) (Result, bool) {
+	if !pf.valid(now, n, sig) {
 		en.detachLocked()
 		en.mu.Unlock()
 		l.giveBack(pf)
@@ -297,17 +303,9 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		now := monoNow()
 		if pf := en.prefetch; pf != nil {
 			// Taken by another call since serve looked.
-			if pf.valid(now, n, rs.sig) {
-				pf.used += n
-				res := pf.result(now)
-				en.mu.Unlock()
-				l.unused.Add(-int64(n))
-				l.served.Add(1)
+			if res, ok := l.serveUnlock(en, pf, now, n, rs.sig); ok {
 				return res, reasonAllowed, nil
 			}
-			en.detachLocked()
-			en.mu.Unlock()
-			l.giveBack(pf)
 			continue
 		}
 		if f := en.fetching; f != nil {
@@ -335,26 +333,9 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		epoch := en.epoch
 		en.mu.Unlock()
 
-		// The prefetch is taken apart from the call, so that a call whose
-		// context ends while Redis takes k events for it does not lose
-		// them: the prefetch comes to the key all the same, and the call
-		// returns its context's error.
-		l.mu.Lock()
-		if l.closed.Load() { // Close waits for the fetches it can see
-			l.mu.Unlock()
-			en.mu.Lock()
-			en.fetching = nil
-			en.mu.Unlock()
-			close(f.done)
-			l.nheld.Add(-1)
+		if !l.startFetch(ctx, en, f, key, state, k, n, rs, now, epoch) {
 			return l.direct(ctx, en, state, n, rs)
 		}
-		l.fetches.Add(1)
-		l.mu.Unlock()
-		go func() {
-			defer l.fetches.Done()
-			l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
-		}()
 		select {
 		case <-f.done:
 		case <-ctx.Done():
@@ -369,6 +350,31 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		// Fewer than k left: the call is decided on its own.
 		return l.direct(ctx, en, state, n, rs)
 	}
+}
+
+// startFetch takes a prefetch of k events for the key of en apart from the
+// call (see fetch), so that a call whose context ends while Redis takes k
+// events for it does not lose them: the prefetch comes to the key all the
+// same, and the call returns its context's error. Once the limiter is
+// closed it starts nothing, clears en's request f and reports false.
+func (l *prefetcher) startFetch(ctx context.Context, en *prefetchEntry, f *prefetchRequest, key, state string, k, n int, rs *ruleSet, now int64, epoch uint64) bool {
+	l.mu.Lock()
+	if l.closed.Load() { // Close waits for the fetches it can see
+		l.mu.Unlock()
+		en.mu.Lock()
+		en.fetching = nil
+		en.mu.Unlock()
+		close(f.done)
+		l.nheld.Add(-1)
+		return false
+	}
+	l.fetches.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.fetches.Done()
+		l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
+	}()
+	return true
 }
 
 // fetch takes a prefetch of k events for the key of en, n of them for the
