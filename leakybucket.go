@@ -2,7 +2,8 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
-// leakyBucket is the leaky bucket: capacity is Burst, and admitted events get a Delay.
+// leakyBucket is the leaky bucket: capacity is Burst, and admitted events
+// get a Delay.
 var leakyBucket = &algorithm{strategy: LeakyBucket, code: "lb", maxRate: MaxRate, bucket: true, queue: true}
 
 // NewLeakyBucket returns a limiter that works as a queue draining one event
