@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/lru"
 )
 
 // decisions records what an observer saw.
@@ -419,7 +421,7 @@ func TestReportNeverBlocks(t *testing.T) {
 
 // The deny cache stays within its size under a flood of denied keys.
 func TestDenyCacheBounded(t *testing.T) {
-	c := newDenyCache(lruShards * 10)
+	c := newDenyCache(lru.Shards * 10)
 	for i := range 10_000 {
 		c.remember(fmt.Sprint("k", i), 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
 	}

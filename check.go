@@ -11,13 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrEvictionPolicy reports a Redis server that may evict limiter keys: it
-// has a memory limit (maxmemory) and a maxmemory-policy other than
-// noeviction. An evicted key comes back with a full allowance, so such a
-// server admits more than the limits once it is full. See [CheckRedis] and
-// the README's section on Redis memory.
-var ErrEvictionPolicy = errors.New("redlimit: Redis may evict limiter keys")
-
 // CheckRedis reads maxmemory and maxmemory-policy (CONFIG GET) on every
 // master behind rdb (each master of a *redis.ClusterClient, each live
 // shard of a *redis.Ring, the server of a *redis.Client or a failover

@@ -9,56 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// WithClientClock makes the limiter pass the time to its scripts instead of
-// reading the Redis server's TIME inside them. Use it only for servers that
-// refuse TIME in a script ("This Redis command is not allowed from script":
-// AWS ElastiCache Serverless, and some proxies); everywhere else the
-// default, the server's clock, is exact and needs nothing.
-//
-// Client clocks disagree across a fleet, so the limiter does not send its
-// own clock as it is: it reads the server's time with the plain TIME
-// command (allowed where the in-script one is not) and sends that time
-// plus the time elapsed since on its monotonic clock, so that setting the
-// machine's clock (an NTP step) does not move the time it sends. It reads
-// TIME twice in a row and keeps the reading with the shorter round trip,
-// taken to be from its middle (Cristian's method): the first round trip
-// may include dialing and the connection's handshake. It reads again every
-// 10 s (the clocks drift apart), after Redis comes back
-// from an outage, and when its wall and monotonic clocks disagree (the
-// clock was set, or the machine slept). Calls that need a reading share
-// the one under way, each waiting no longer than its context allows; a
-// reading that is only due is waited for by the one call that takes it.
-// If TIME keeps failing, the last reading serves for 20 s;
-// after that, calls fail with TIME's error (an
-// outage's goes to the fallback) until a reading succeeds. Time sent by
-// one limiter never goes backwards.
-//
-// Accuracy: with the server's clock (the default), every decision uses the
-// one clock, exact to the µs. With WithClientClock, each instance sends
-// the server's time to within half the shorter round trip plus the drift
-// since its last reading, so instances may disagree by up to about one
-// round trip (typically under a millisecond), even when their clocks are
-// off by seconds: a window's edge moves by that much, and a bucket refills
-// as of the latest time an instance wrote it (a call from a clock behind
-// that gets no refill until its clock gets there), so the refill between
-// two clocks is given once. Clusters: TIME is asked of the node
-// the command goes to; the nodes' clocks should agree (NTP) as they do for
-// key expiry.
-//
-// A step of the server's clock between two instances' readings (a
-// failover to a host whose clock is off) makes them disagree by the step
-// until they measure again. A bucket then admits at most one Burst more
-// than one clock would, once per disagreement (its state's time never goes
-// back; the clock behind gets no refill meanwhile), and a concurrency
-// limit never holds more than max (a lease set decides on its own time,
-// its latest expiry less its PTTL, when a call's disagrees by more than
-// 100 ms). A call whose time a script finds behind its key's, or off a
-// lease set's, by more than 100 ms makes the limiter measure again, in the
-// background, at most once a second.
-func WithClientClock() Option {
-	return optionFunc(func(c *config) { c.clientClock = true })
-}
-
 // clockResyncInterval is how often a limiter with WithClientClock
 // measures its clock's offset to the Redis server's again.
 const clockResyncInterval = 10 * time.Second
@@ -77,11 +27,6 @@ const clockStepTolerance = 100 * time.Millisecond
 // of the call that started it, as other calls may be waiting for it; it
 // keeps that context's values, and ends with the limiter's Close.
 const clockMeasureTimeout = time.Second
-
-// withClock sets the clock a client-clock limiter reads (tests).
-func withClock(now func() time.Time) Option {
-	return optionFunc(func(c *config) { c.now = now })
-}
 
 // clientClock is the client clock of WithClientClock, corrected to the
 // server's. It is safe for concurrent use.

@@ -14,12 +14,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// ErrLeaseExpired is returned by [Lease.Extend] for a lease that is no
-// longer held: its ttl ended before the call (another holder may have its
-// slot by now), or it was released.
-var ErrLeaseExpired = errors.New("redlimit: lease expired")
+	"github.com/redlimit/redlimit/internal/lru"
+	"github.com/redlimit/redlimit/internal/outage"
+)
 
 // Limits on the values of a [Concurrency]: NewConcurrency refuses values
 // outside them with an error wrapping ErrInvalidLimit.
@@ -96,9 +94,9 @@ type Concurrency struct {
 	maxArg int64
 	ttlArg int64 // µs
 
-	local    *lru[*localSem] // FallbackLocal's semaphores, by state key
-	localCap int             // their capacity: floor(max × share), at least 1
-	held     *heldLeases     // FallbackLocal: the Redis leases held here; else nil
+	local    *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
+	localCap int                   // their capacity: floor(max × share), at least 1
+	held     *heldLeases           // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -198,7 +196,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		limit:    limit,
 		maxArg:   int64(max),
 		ttlArg:   int64(ttl / time.Microsecond),
-		local:    newLRU[*localSem](e.cfg.localKeys),
+		local:    lru.New[*localSem](e.cfg.localKeys),
 		localCap: fallbackCapacity(max, e.cfg.share),
 		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
@@ -411,7 +409,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	// held, a new key is denied until one empties. The Redis leases this
 	// instance holds on the key take slots too (heldLeases).
 	now := cfg.now()
-	sem, ok := c.local.getOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
+	sem, ok := c.local.GetOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
 		return nil, denied, nil
@@ -575,7 +573,7 @@ func (c *Concurrency) lostRelease(l *Lease) error {
 // not.
 func mayHaveRun(err error) bool {
 	var reply redis.Error
-	return !unreachable(err) && !errors.As(err, &reply)
+	return !outage.Unreachable(err) && !errors.As(err, &reply)
 }
 
 // queueRelease has retryReleases release the Redis lease id of key: at
@@ -669,7 +667,7 @@ func (c *Concurrency) releasePass(closing context.Context, batch []pendingReleas
 			switch {
 			case err == nil:
 				c.wake(p.key)
-			case isUnavailable(err):
+			case outage.Is(err):
 				keep = append(keep, p)
 				stalled = true
 			}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/lru"
 )
 
 // denyCache remembers keys that Redis denied, until the RetryAfter it gave,
@@ -18,7 +20,7 @@ import (
 // one (which only costs a round trip): constant work per insert.
 type denyCache struct {
 	seed   maphash.Seed
-	shards [lruShards]denyShard
+	shards [lru.Shards]denyShard
 	// epoch counts Resets. A denial is remembered only if no Reset came
 	// since its call was sent, so that a denial in flight during a Reset
 	// cannot outlive it.
@@ -47,7 +49,7 @@ func monoNow() int64 { return int64(time.Since(epoch0)) }
 
 func newDenyCache(size int) *denyCache {
 	c := &denyCache{seed: maphash.MakeSeed()}
-	per := max(size/lruShards, 1)
+	per := max(size/lru.Shards, 1)
 	for i := range c.shards {
 		c.shards[i].max = per
 		c.shards[i].until = make(map[string]denial)
@@ -56,7 +58,7 @@ func newDenyCache(size int) *denyCache {
 }
 
 func (c *denyCache) shard(key string) *denyShard {
-	return &c.shards[maphash.String(c.seed, key)%lruShards]
+	return &c.shards[maphash.String(c.seed, key)%lru.Shards]
 }
 
 // lookup returns a denial if n events for key under the limits sig are

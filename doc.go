@@ -68,11 +68,18 @@
 // rule counts the call's n, but a rule with PerCall counts each call as
 // one: requests per second beside tokens per minute in one policy.
 //
+// # Limits per key
+//
 // Limits per key, such as a customer's plan: [WithLimitFunc] gives a
 // single-strategy limiter the limit of each call's key, [WithRulesFunc] a
 // policy the rules. The limit travels with the call (no extra round trip),
 // and limits that differ only in Rate or Burst share the key's state, so a
-// plan change keeps what was used.
+// plan change keeps what was used (a bucket keeps its used tokens, a
+// window its count); a different Period is separate state, as for two
+// limiters. The deny cache and the in-process fallback follow the limit of
+// the latest call for a key. The function is called on every call (Allow,
+// AllowN, Wait, WaitN and Reserve, and Reset, which forgets the state of
+// the limit it gives): keep it fast, for example a lookup in memory.
 //
 // # Reservations
 //
@@ -107,20 +114,240 @@
 // By default every script reads the server's clock, TIME, so every instance
 // decides on one clock, exact to the microsecond. Where a server refuses
 // TIME in a script (AWS ElastiCache Serverless, some proxies),
-// [WithClientClock] sends the time with each call instead: the limiter
-// measures its clock's offset to the server's with the plain TIME command,
-// again every 10 s and after an outage, so instances agree
-// to within about one round trip. No script uses a command newer than
-// Redis 6.0 (PXAT and PEXPIRETIME are not used).
+// [WithClientClock] sends the time with each call instead. No script uses
+// a command newer than Redis 6.0 (PXAT and PEXPIRETIME are not used).
+//
+// Client clocks disagree across a fleet, so the limiter does not send its
+// own clock as it is: it reads the server's time with the plain TIME
+// command (allowed where the in-script one is not) and sends that time
+// plus the time elapsed since on its monotonic clock, so that setting the
+// machine's clock (an NTP step) does not move the time it sends. It reads
+// TIME twice in a row and keeps the reading with the shorter round trip,
+// taken to be from its middle (Cristian's method): the first round trip
+// may include dialing and the connection's handshake. It reads again every
+// 10 s (the clocks drift apart), after Redis comes back from an outage,
+// and when its wall and monotonic clocks disagree (the clock was set, or
+// the machine slept). Calls that need a reading share the one under way,
+// each waiting no longer than its context allows; a reading that is only
+// due is waited for by the one call that takes it. If TIME keeps failing,
+// the last reading serves for 20 s; after that, calls fail with TIME's
+// error (an outage's goes to the fallback) until a reading succeeds. Time
+// sent by one limiter never goes backwards.
+//
+// Accuracy: with the server's clock (the default), every decision uses the
+// one clock, exact to the µs. With WithClientClock, each instance sends
+// the server's time to within half the shorter round trip plus the drift
+// since its last reading, so instances may disagree by up to about one
+// round trip (typically under a millisecond), even when their clocks are
+// off by seconds: a window's edge moves by that much, and a bucket refills
+// as of the latest time an instance wrote it (a call from a clock behind
+// that gets no refill until its clock gets there), so the refill between
+// two clocks is given once. Clusters: TIME is asked of the node the
+// command goes to; the nodes' clocks should agree (NTP) as they do for key
+// expiry.
+//
+// A step of the server's clock between two instances' readings (a
+// failover to a host whose clock is off) makes them disagree by the step
+// until they measure again. A bucket then admits at most one Burst more
+// than one clock would, once per disagreement (its state's time never goes
+// back; the clock behind gets no refill meanwhile), and a concurrency
+// limit never holds more than max (a lease set decides on its own time,
+// its latest expiry less its PTTL, when a call's disagrees by more than
+// 100 ms). A call whose time a script finds behind its key's, or off a
+// lease set's, by more than 100 ms makes the limiter measure again, in the
+// background, at most once a second.
 //
 // # Redis Functions
 //
 // A decision is one EVALSHA of a script with the limiter's rules written
 // in. Where Redis has functions (7.0 and later, Valkey),
 // [WithRedisFunctions] loads the same code as a library once and decides
-// with FCALL, for which Redis executes 10 to 16% fewer instructions per
-// decision; the library then stays in Redis (saved and replicated), which
-// is why it is opt-in.
+// with FCALL: Redis then makes the script's Lua functions once, when it
+// loads the library, instead of on every call, and executes 10 to 16%
+// fewer instructions per decision (see BENCHMARKS.md). It applies to the
+// limiter's own rules, with the same decisions; limits from WithLimitFunc
+// or WithRulesFunc, limiters made after a process has made its most
+// scripts with rules written in (128), and settling a reservation stay
+// scripts.
+//
+// The library is loaded on the first call that finds it missing, on the
+// node that serves the key (FUNCTION LOAD), and again after a FUNCTION
+// FLUSH, a failover to a node without it, or a new cluster node. (Through
+// an AutoPipeliner over a cluster or ring, FUNCTION LOAD has no key to be
+// routed by: the library reaches every node after a few tries, the calls
+// in between running the script.) Where functions are missing (Redis 6,
+// miniredis, a proxy without FCALL), or the user may not call or load
+// them, the limiter uses the script, as without the option, and stops
+// trying.
+//
+// Unlike a script, a library stays in Redis: it is saved with the data,
+// replicated, and never evicted, which is why it is opt-in. There is one
+// per set of rules (its name, "redlimit_" and 16 hex digits, is a hash of
+// its code), so a program that changes its limits on every deploy leaves
+// one behind each time; they take 46 KB (one rule, a token bucket) to
+// 118 KB (four rules of four strategies) each, measured on Redis 7.0, and
+// FUNCTION DELETE removes one (a limiter that still uses it loads it
+// again).
+//
+// Past maxmemory, with too few replicas for min-replicas-to-write, or
+// after a failed save, Redis refuses every call of a function that may
+// write, where it refuses a script only when it writes: such a call runs
+// the script, so that a denial is still answered, as without the option.
+//
+// # Outages
+//
+// While a Redis node is marked unavailable, the monitor probes it every
+// ping interval ([WithPingInterval], 100ms by default); two probes in a
+// row must succeed before calls go back to it. While the node cannot be
+// reached at all (connections refused, dials failing or timing out, no
+// shard or sentinel left), the interval doubles after each failed probe,
+// up to three times the ping interval (300ms by default), and is back to
+// the ping interval after any probe that reaches the node. This keeps
+// go-redis's "failed to dial" log lines to about three a second during a
+// long outage, from ten (to silence them, set a logger with
+// redis.SetLogger); a node that answers, even with an error, or hangs is
+// probed at the ping interval, so that it is used again soon after it
+// recovers. go-redis adds its own wait: once PoolSize dials in a row have
+// failed, its pool dials again only once a second, so a restarted node can
+// take up to about 1.4s to be used again.
+//
+// [WithFallbackShare] scales the in-process limits to an instance's share.
+// A capacity that the share makes fractional (5 × 1/20 = 0.25) is kept on
+// average: each instance's stand-in starts one event short with the
+// probability of the fraction left out, so that 20 instances admit about 5
+// between them. The trade-off: with 1/N, keys whose traffic reaches only
+// some instances (sticky sessions, one client's connection) get less than
+// the global limit while Redis is down. For login attempts, password
+// resets and other security limits, prefer a share of 1/N (or
+// FallbackDeny): over-admission there is the risk; for API quotas, 1 keeps
+// users unaffected.
+//
+// The stand-ins ([WithFallbackKeys]) not used lately are dropped by the
+// CLOCK approximation of least recently used; they are split over 16
+// shards, each of which holds at least one key whatever its rules. A
+// Concurrency's semaphore that holds a lease is never dropped: when every
+// one a shard keeps holds one, a new key is denied (RetryAfter the ping
+// interval) until one is free. The default of 100,000 stand-ins costs
+// about 210 bytes a key plus 145 a rule (keys of about 25 bytes), so at
+// most about 36 MB, reached by single-rule keys (3 rules: 20 MB; 16 rules:
+// 16 MB), plus the length of longer keys.
+//
+// # Eviction
+//
+// A Redis server that evicts keys when full may evict a limiter's state,
+// which then starts over. [WithEvictionCheck] notices it: evicted_keys
+// rising between two samples of INFO on a server whose maxmemory-policy
+// can evict. The first rise is reported once, as a [Transition] with
+// Evicted set (to the hook of [WithOnTransition]; a hook that tells
+// switches apart by Down should skip it) and as one line of the standard
+// library's log package (go-redis does not export its own logger); a
+// server is reported again only after a sample found it not evicting and
+// at least 10 minutes passed since its last rise. evicted_keys counts
+// every key the server evicted, not only the limiter's: it is the evidence
+// that the server deletes keys when full, which on an allkeys-* policy may
+// be limiter keys, and on a volatile-* policy are most likely them (every
+// limiter key has a TTL).
+//
+// Sampling is shared by the limiters of one client with the same
+// interval, and lazy: the first sample is taken one interval after their
+// first decision, and later ones by a decision that Redis answered once
+// the interval has passed since the last (one goroutine, bounded by a
+// second; Close does not wait for it). A decision costs one atomic load,
+// and idle limiters run nothing. A server that refuses INFO memory is not
+// sampled again.
+//
+// # Prefetch
+//
+// [WithPrefetch] lets a hot key be decided in this process, from events
+// taken from Redis in advance: a prefetch. It is for TokenBucket and
+// FixedWindow limiters, and for a Policy whose rules are all token
+// buckets, none of them PerCall; the other strategies reject it: a sliding
+// log's entries carry the time of each event, a sliding counter weighs a
+// window by the time into the next, and a leaky bucket gives each event
+// its own Delay, so none of them can hand out an event later than Redis
+// counted it.
+//
+// How it works. A key's first calls go to Redis one by one, as without
+// prefetches. When this process has seen at least 4 events for the key in
+// the last maxAge, a call takes a prefetch instead: one script call that
+// takes k events in Redis, as [RateLimiter.Reserve] does, with
+//
+//	k = min(size, the key's events here in the last maxAge,
+//	        a quarter of the Remaining Redis last reported for the key)
+//
+// (a FixedWindow prefetch also ends with its window, and holds no more
+// than the key's rate here over that time). The call takes its n events
+// from the prefetch; later calls for the key take theirs from it without a
+// round trip, under a mutex per key, until it is used up, maxAge after it
+// was taken, or the window ends; then what is left is given back to Redis
+// (settled, one script call) and the next call takes a new prefetch. Reset
+// gives the key's prefetch back at once, Close every prefetch (see Close
+// below). Calls that find a prefetch being taken wait for it (or for their
+// context). A prefetch is taken apart from the call that asked for it
+// (with its context's values, not its end, for at most a second or until
+// the call's deadline if later): a call whose context ends first returns
+// its context's error, and the prefetch still comes to the key, so that it
+// loses no more than a call without prefetches would.
+//
+// What it guarantees. No over-admission: every event served here was taken
+// in Redis first, so the instances together never admit more than the
+// limit; a prefetch that Redis denies is never served from, the call is
+// then decided by Redis alone, with its own n (and its own RetryAfter,
+// penalty block and deny-cache entry). A prefetch asks for at most a
+// quarter of what Redis reported left, and a key with fewer than 16 left
+// is decided one call at a time, so that a key near its limit is not held
+// idle by instances that do not need it. The cost is capacity held idle:
+// events prefetched by one instance and not yet served cannot be admitted
+// by another. Per key and instance that is at most size (a prefetch given
+// back but not yet settled counts against the next), and it comes back
+// within about 1.25×maxAge, or as soon as the prefetch is used up (see
+// [RateLimiter.PrefetchStats]); an instance that crashes strands its
+// prefetches until the bucket refills or the window ends. A limiter holds
+// at most 1024 prefetches at once; more hot keys are decided one call at a
+// time. A token bucket's event may be served up to maxAge after Redis
+// counted it, so from any start the fleet admits at most Burst + Rate·t,
+// but a short interval may see up to Rate·maxAge more than
+// Burst + Rate·d (admitted earlier in Redis); a fixed window's prefetch
+// never outlives its window.
+//
+// What a call served from a prefetch reports: Allowed true, Degraded
+// false, Limit and Rule of the prefetch, RetryAfter and Delay 0,
+// ResetAfter the prefetch's ResetAfter less the time since, and Remaining
+// the events left in this instance's prefetch: what this instance is sure
+// to admit without asking Redis. It is never more than what Redis reported
+// left when the prefetch was taken (the prefetch included) less what was
+// served from it since; Redis may have more. The observer (see
+// [WithObserver]) sees every call, also those served from a prefetch:
+// NotDenied, not Degraded, a Latency of about a microsecond (a call that
+// took the prefetch, or waited for it, also counts the round trip).
+// Denials always come from Redis or the deny cache.
+//
+// Not prefetched: Reserve (a reservation is settled in Redis), AllowN with
+// n = 0 (it reports Redis's state, without the prefetches that instances
+// hold), dynamic rules (WithLimitFunc, WithRulesFunc) that are not
+// prefetchable, and every call while Redis is marked down (the fallback
+// decides; a prefetch still held is served from until it ends). With
+// WithBlock, a block that another instance sets reaches this one's callers
+// when its prefetch ends. Reset gives back this process's prefetch on the
+// key; other processes keep serving theirs until they end.
+//
+// What it costs. A limiter with prefetches runs one goroutine only while
+// it holds a prefetch (or one waits to be given back): it wakes every
+// maxAge/4, at least 1 ms apart, for about 4 µs of CPU (0.02% of a core at
+// maxAge 100 ms), and it ends when the last prefetch is given back. An
+// idle limiter costs no goroutine and no CPU.
+//
+// Close gives back every prefetch, 16 at a time, all within 100 ms, and
+// waits for the Redis calls of prefetches under way (a give-back, or a
+// prefetch being taken), which the client's ReadTimeout bounds: with the
+// recommended 100 ms it ends within about 100 ms even while Redis hangs.
+// What it could not give back it reports in an error wrapping
+// [ErrUnavailable] that names the events and prefetches (and in
+// PrefetchStats.Lost): those events count as used until their state
+// expires, as a crashed instance's do.
+//
+// Longer prefetches (a larger maxAge) save round trips on keys whose rate
+// is steady, but hold more capacity idle when a key cools down.
 //
 // # Concurrency
 //

@@ -8,33 +8,6 @@ import (
 	"github.com/redlimit/redlimit/internal/callrules"
 )
 
-// WithLimitFunc makes every decision of a single-strategy limiter use the
-// limit f returns for the call's context and key: a user's plan, a
-// per-customer override from a database. A zero Limit means the limiter's
-// own. An error from f is returned, wrapped, and no decision is made; an
-// invalid Limit from f is an error wrapping ErrInvalidLimit, never a panic.
-//
-// It costs no extra round trip: the limit travels with the call. Limits
-// that differ only in Rate or Burst share the key's state, so a plan
-// upgrade keeps what was used (a bucket keeps its used tokens, a window its
-// count); a different Period is separate state, as for two limiters. The
-// deny cache and the in-process fallback follow the limit of the latest
-// call for a key. f is called on every call (Allow, AllowN, Wait, WaitN and
-// Reserve, and Reset, which forgets the state of the limit f gives): keep it fast,
-// for example a lookup in memory. For a [Policy], use [WithRulesFunc].
-func WithLimitFunc(f func(ctx context.Context, key string) (Limit, error)) Option {
-	return optionFunc(func(c *config) { c.limitFunc = f })
-}
-
-// WithRulesFunc is the Policy form of [WithLimitFunc]: every decision uses
-// the rules f returns for the call's context and key (nil or empty: the
-// policy's own). The rules are checked as NewPolicy checks them; rules of
-// the same Strategy and Period share state with the policy's own, whatever
-// their names. f is called on every call; keep it fast.
-func WithRulesFunc(f func(ctx context.Context, key string) ([]Rule, error)) Option {
-	return optionFunc(func(c *config) { c.rulesFunc = f })
-}
-
 // maxCachedLimits bounds the validated limits a limiter keeps for
 // WithLimitFunc; past it, limits are validated on every call.
 const maxCachedLimits = 1024

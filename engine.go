@@ -22,12 +22,14 @@ type algorithm struct {
 	queue    bool   // leaky bucket: admitted events get a Delay
 }
 
+// algorithms lists each strategy's algorithm, declared in its own file
+// (fixedwindow.go, slidinglog.go, ...), by Strategy.
 var algorithms = [...]*algorithm{
-	FixedWindow:    {strategy: FixedWindow, code: "fw", maxRate: MaxRate},
-	SlidingLog:     {strategy: SlidingLog, code: "sl", maxRate: MaxSlidingLogRate},
-	SlidingCounter: {strategy: SlidingCounter, code: "sc", maxRate: MaxRate},
-	TokenBucket:    {strategy: TokenBucket, code: "tb", maxRate: MaxRate, bucket: true},
-	LeakyBucket:    {strategy: LeakyBucket, code: "lb", maxRate: MaxRate, bucket: true, queue: true},
+	FixedWindow:    fixedWindow,
+	SlidingLog:     slidingLog,
+	SlidingCounter: slidingCounter,
+	TokenBucket:    tokenBucket,
+	LeakyBucket:    leakyBucket,
 }
 
 func algorithmOf(s Strategy) (*algorithm, bool) {
@@ -91,16 +93,6 @@ func (r *rule) capacity() int {
 	}
 	return r.limit.Rate
 }
-
-// MaxSlidingLogN is the most events one SlidingLog call may ask for: each
-// event is a sorted-set member written by the script, so n bounds the time
-// one call holds Redis (1,000 members take about 1.5 ms; 100,000 took 142
-// ms, past the 100 ms timeouts recommended for a limiter's client). Larger
-// n is an error wrapping ErrInvalidArgument; weigh calls with a
-// SlidingCounter or a bucket instead. A Policy with several sliding-log
-// rules writes n members in each, so there the bound is on n times their
-// number (a 16-rule policy wrote 16,000 members, 29 ms, in one call).
-const MaxSlidingLogN = 1000
 
 // ruleSet is the rules of one decision, with what the engine derives from
 // them once.

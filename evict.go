@@ -15,32 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// WithEvictionCheck sets how often, at most, the limiters of a Redis
-// client sample INFO on its masters (as [CheckRedis] finds them) to
-// notice that they evict keys: evicted_keys rising between two samples of
-// a server whose maxmemory-policy can evict. The first rise is reported
-// once, as a [Transition] with Evicted set (to the hook of
-// [WithOnTransition]; a hook that tells switches apart by Down should
-// skip it) and as one line of the standard library's log package
-// (go-redis does not export its own logger); a server is reported again
-// only after a sample found it not evicting and at least 10 minutes
-// passed since its last rise. evicted_keys counts every key the server
-// evicted, not only the limiter's: it is the evidence that the server
-// deletes keys when full, which on an allkeys-* policy may be limiter
-// keys, and on a volatile-* policy are most likely them (every limiter
-// key has a TTL).
-//
-// Sampling is shared by the limiters of one client with the same
-// interval, and lazy: the first sample is taken one interval after their
-// first decision, and later ones by a decision that Redis answered once
-// the interval has passed since the last (one goroutine, bounded by a
-// second; Close does not wait for it). A decision costs one atomic load,
-// and idle limiters run nothing. A server that refuses INFO memory is not
-// sampled again. The default is 10s; 0 turns sampling off.
-func WithEvictionCheck(every time.Duration) Option {
-	return optionFunc(func(c *config) { c.evictEvery = every })
-}
-
 // defaultEvictEvery is WithEvictionCheck's default interval.
 const defaultEvictEvery = 10 * time.Second
 

@@ -61,7 +61,7 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 		return
 	}
 	end := time.Since(monoBase) + d
-	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set := r.locals.GetOrAdd(state, func() *localSet { return r.newLocal(rs) })
 	set.mu.Lock()
 	set.blockEnd = max(set.blockEnd, end)
 	set.mu.Unlock()
@@ -69,7 +69,7 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 
 // forget drops the in-process stand-in of the key whose first state key
 // is state.
-func (r *rescue) forget(state string) { r.locals.remove(state) }
+func (r *rescue) forget(state string) { r.locals.Remove(state) }
 
 // decide answers without Redis, by the fallback policy. cause is the error
 // of the call, or nil for a call not sent because its node is down; rc, when
@@ -96,7 +96,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		}
 		return Result{}, 0, errorf("%s %q: %w: %w", e.kind, state, ErrUnavailable, cause)
 	}
-	set := r.locals.getOrAdd(state, func() *localSet { return r.newLocal(rs) })
+	set := r.locals.GetOrAdd(state, func() *localSet { return r.newLocal(rs) })
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	if set.sig != rs.sig {
@@ -104,7 +104,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		had := len(set.lims)
 		r.follow(set, rs, time.Now())
 		if len(set.lims) != had {
-			r.locals.reweigh(state) // set.mu, then the shard's lock: never the other way
+			r.locals.Reweigh(state) // set.mu, then the shard's lock: never the other way
 		}
 	}
 	return r.decideLocked(set, n, maxDelay, rs, rc)
@@ -162,23 +162,13 @@ type verdict struct {
 	rv                   []*rate.Reservation // a queue's reservations
 }
 
+// decideLocked decides a call of n on the key's stand-ins, all or nothing,
+// as the script decides on Redis; set is locked.
 func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	now := time.Now()
-	if set.blockEnd != 0 {
-		if left := set.blockEnd - now.Sub(monoBase); left > 0 {
-			// Blocked, as Redis answers: a call is denied, n = 0 reports.
-			first := &rs.rules[0]
-			res := Result{Degraded: true, Limit: first.limit, Rule: first.name, ResetAfter: left}
-			if n == 0 {
-				res.Allowed = true
-				return res, reasonAllowed, nil
-			}
-			res.RetryAfter = left
-			return res, reasonBlock, nil
-		}
-		set.blockEnd = 0
+	if res, why, blocked := blockedLocked(set, n, rs, now); blocked {
+		return res, why, nil
 	}
-	res := Result{Degraded: true}
 	var verdicts [MaxRules]verdict
 	denied, why := false, reasonAllowed
 	for i := range set.lims {
@@ -191,7 +181,67 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 			}
 		}
 	}
-	deciding, fewest, longest := 0, math.MaxInt, time.Duration(-1)
+	res, longest := combine(set, &verdicts, n, denied, rs)
+	if denied && n > 0 {
+		cancelAll(set, &verdicts, now)
+		res.RetryAfter = longest
+		res.Delay = 0
+		return res, why, nil
+	}
+	if n == 0 {
+		res.Delay = 0
+		res.Allowed = true
+		cancelAll(set, &verdicts, now)
+		return res, reasonAllowed, nil
+	}
+	if rc != nil {
+		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims))}
+		for i := range set.lims {
+			hold.states[i] = set.lims[i].state
+			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
+		}
+		rc.local = hold
+	}
+	for i := range set.lims {
+		if lr := &set.lims[i]; !lr.queue {
+			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
+		}
+	}
+	res.Allowed = true
+	return res, reasonAllowed, nil
+}
+
+// blockedLocked answers a call on a key whose penalty block lasts, as
+// Redis answers (a call is denied, n = 0 reports), and clears a block
+// that ended; blocked is false when no block lasts. set is locked.
+func blockedLocked(set *localSet, n int, rs *ruleSet, now time.Time) (res Result, why reason, blocked bool) {
+	if set.blockEnd == 0 {
+		return Result{}, reasonAllowed, false
+	}
+	left := set.blockEnd - now.Sub(monoBase)
+	if left <= 0 {
+		set.blockEnd = 0
+		return Result{}, reasonAllowed, false
+	}
+	first := &rs.rules[0]
+	res = Result{Degraded: true, Limit: first.limit, Rule: first.name, ResetAfter: left}
+	if n == 0 {
+		res.Allowed = true
+		return res, reasonAllowed, true
+	}
+	res.RetryAfter = left
+	return res, reasonBlock, true
+}
+
+// combine makes the stand-ins' verdicts on a call of n one Result, as the
+// script combines its rules': Remaining the least over the rules, the
+// deciding rule (the longest wait of those that deny; else the fewest
+// left), ResetAfter and Delay the longest. longest is the deciding denial's
+// wait.
+func combine(set *localSet, verdicts *[MaxRules]verdict, n int, denied bool, rs *ruleSet) (res Result, longest time.Duration) {
+	res.Degraded = true
+	deciding, fewest := 0, math.MaxInt
+	longest = -1
 	for i := range set.lims {
 		v := &verdicts[i]
 		avail := v.avail
@@ -223,41 +273,17 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 	}
 	res.Remaining = max(res.Remaining, 0)
 	res.Limit, res.Rule = rs.rules[deciding].limit, rs.rules[deciding].name
-	if denied && n > 0 {
-		for i := range set.lims {
-			for j := len(verdicts[i].rv) - 1; j >= 0; j-- {
-				verdicts[i].rv[j].CancelAt(now)
-			}
-		}
-		res.RetryAfter = longest
-		res.Delay = 0
-		return res, why, nil
-	}
-	if n == 0 {
-		res.Delay = 0
-		res.Allowed = true
-		for i := range set.lims {
-			for j := len(verdicts[i].rv) - 1; j >= 0; j-- {
-				verdicts[i].rv[j].CancelAt(now)
-			}
-		}
-		return res, reasonAllowed, nil
-	}
-	if rc != nil {
-		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims))}
-		for i := range set.lims {
-			hold.states[i] = set.lims[i].state
-			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
-		}
-		rc.local = hold
-	}
+	return res, longest
+}
+
+// cancelAll gives back the queues' reservations of the verdicts, latest
+// first, for a call that takes nothing.
+func cancelAll(set *localSet, verdicts *[MaxRules]verdict, now time.Time) {
 	for i := range set.lims {
-		if lr := &set.lims[i]; !lr.queue {
-			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
+		for j := len(verdicts[i].rv) - 1; j >= 0; j-- {
+			verdicts[i].rv[j].CancelAt(now)
 		}
 	}
-	res.Allowed = true
-	return res, reasonAllowed, nil
 }
 
 // check asks one stand-in whether n events fit, without taking them (a

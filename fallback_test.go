@@ -64,7 +64,7 @@ func TestFallbackMemoryBounded(t *testing.T) {
 				}
 			}
 			grew := heapInUse() - before
-			held := p.rescue.locals.len()
+			held := p.rescue.locals.Len()
 			t.Logf("%d rules: %d keys offered, %d held, heap grew %.1f MB (%d bytes a key held)",
 				rules, keys, held, float64(grew)/1e6, grew/int64(max(held, 1)))
 			require.Less(t, grew, int64(40e6), "%d rules: heap grew %.1f MB, want under 40 MB", rules, float64(grew)/1e6)
@@ -149,6 +149,6 @@ func TestFallbackRulesChangeReweighs(t *testing.T) {
 		res, err := p.Allow(ctx, "k")
 		require.NoError(t, err)
 		require.True(t, res.Allowed && res.Degraded, "%+v", res)
-		require.Equal(t, tt.want, p.rescue.locals.held(), "stand-ins counted with %d rules", tt.want)
+		require.Equal(t, tt.want, p.rescue.locals.Held(), "stand-ins counted with %d rules", tt.want)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -449,7 +450,7 @@ func TestFaultServerStates(t *testing.T) {
 		// a probe confirms that the node is down.
 		got := waitTransitions(t, tr, 1, time.Second)
 		require.Len(t, got, 1, "transitions = %+v, want one caused by BUSY or a timeout", got)
-		require.True(t, redis.HasErrorPrefix(got[0].Err, "BUSY") || isUnavailable(got[0].Err), "transitions = %+v, want one caused by BUSY or a timeout", got)
+		require.True(t, redis.HasErrorPrefix(got[0].Err, "BUSY") || outage.Is(got[0].Err), "transitions = %+v, want one caused by BUSY or a timeout", got)
 		_, err = srv.CLI("SCRIPT", "KILL")
 		require.NoError(t, err)
 		<-done

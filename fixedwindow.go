@@ -2,6 +2,9 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
+// fixedWindow is the fixed window: a counter per aligned window.
+var fixedWindow = &algorithm{strategy: FixedWindow, code: "fw", maxRate: MaxRate}
+
 // NewFixedWindow returns a limiter that allows at most limit.Rate events in
 // each window of limit.Period, windows aligned to multiples of Period since
 // the Unix epoch on the Redis server's clock. RetryAfter and ResetAfter run

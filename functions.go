@@ -10,42 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// WithRedisFunctions makes the limiter decide with a Redis Function
-// (FCALL) instead of a script (EVALSHA), where the server has them (Redis
-// 7.0 and later, Valkey): Redis then makes the script's Lua functions once,
-// when it loads the library, instead of on every call, and executes 10 to
-// 16% fewer instructions per decision (see BENCHMARKS.md). It applies to
-// the limiter's own rules, with the same decisions; limits from
-// WithLimitFunc or WithRulesFunc, limiters made after a process has made
-// its most scripts with rules written in (128), and settling a
-// reservation stay scripts.
-//
-// The library is loaded on the first call that finds it missing, on the
-// node that serves the key (FUNCTION LOAD), and again after a FUNCTION
-// FLUSH, a failover to a node without it, or a new cluster node. (Through
-// an AutoPipeliner over a cluster or ring, FUNCTION LOAD has no key to be
-// routed by: the library reaches every node after a few tries, the calls
-// in between running the script.) Where functions are missing (Redis 6,
-// miniredis, a proxy without FCALL), or the user may not call or load
-// them, the limiter uses the script, as without this option, and stops
-// trying.
-//
-// Unlike a script, a library stays in Redis: it is saved with the data,
-// replicated, and never evicted. There is one per set of rules (its name,
-// "redlimit_" and 16 hex digits, is a hash of its code), so a program that
-// changes its limits on every deploy leaves one behind each time; they
-// take 46 KB (one rule, a token bucket) to 118 KB (four rules of four
-// strategies) each, measured on Redis 7.0, and FUNCTION DELETE removes
-// one (a limiter that still uses it loads it again).
-//
-// Past maxmemory, with too few replicas for min-replicas-to-write, or
-// after a failed save, Redis refuses every call of a function that may
-// write, where it refuses a script only when it writes: such a call runs
-// the script, so that a denial is still answered, as without this option.
-func WithRedisFunctions() Option {
-	return optionFunc(func(c *config) { c.functions = true })
-}
-
 // functionsByDefault turns WithRedisFunctions on for every limiter (a
 // variable for the tests: REDLIMIT_TEST_FUNCTIONS=1 runs the suite so).
 var functionsByDefault = false

@@ -200,3 +200,8 @@ func allowedOf(t *testing.T, lim Limiter, key string, calls int) int {
 	}
 	return allowed
 }
+
+// withClock sets the clock a client-clock limiter reads.
+func withClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) { c.now = now })
+}

@@ -2,6 +2,10 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
+// leakyBucket is the leaky bucket: capacity is Burst, and admitted events
+// get a Delay.
+var leakyBucket = &algorithm{strategy: LeakyBucket, code: "lb", maxRate: MaxRate, bucket: true, queue: true}
+
 // NewLeakyBucket returns a limiter that works as a queue draining one event
 // every T = limit.Period / limit.Rate. An admitted event gets the next free
 // slot, and Result.Delay says how long the caller should wait before acting

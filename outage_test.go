@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -67,46 +68,46 @@ func TestOutageErrors(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want outageKind
+		want outage.Kind
 	}{
 		// Ring: every shard marked down by the heartbeat.
-		{"ring shards down", errors.New("redis: all ring shards are down"), nodeOutage},
-		{"cluster has no nodes", errors.New("redis: cluster has no nodes"), nodeOutage},
-		{"sentinels unreachable", errors.New("redis: all sentinels specified in configuration are unreachable"), nodeOutage},
+		{"ring shards down", errors.New("redis: all ring shards are down"), outage.Node},
+		{"cluster has no nodes", errors.New("redis: cluster has no nodes"), outage.Node},
+		{"sentinels unreachable", errors.New("redis: all sentinels specified in configuration are unreachable"), outage.Node},
 		{"sentinels unreachable, wrapped", fmt.Errorf("redis: all sentinels specified in configuration are unreachable: %w",
-			errors.Join(errors.New("x"))), nodeOutage},
-		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, nodeOutage},
-		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, nodeOutage},
-		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), nodeOutage},
-		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), nodeOutage},
-		{"BUSY", redisReply("BUSY Redis is busy running a script."), nodeOutage},
-		{"MISCONF", redisReply("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), nodeOutage},
+			errors.Join(errors.New("x"))), outage.Node},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, outage.Node},
+		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, outage.Node},
+		{"LOADING", redisReply("LOADING Redis is loading the dataset in memory"), outage.Node},
+		{"CLUSTERDOWN", redisReply("CLUSTERDOWN The cluster is down"), outage.Node},
+		{"BUSY", redisReply("BUSY Redis is busy running a script."), outage.Node},
+		{"MISCONF", redisReply("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), outage.Node},
 		// Redis 6.0.16's replies when a script's write is refused.
-		{"script's OOM", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -OOM command not allowed when used memory > 'maxmemory'."), nodeOutage},
-		{"script's MISCONF", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -MISCONF Redis is configured to save RDB snapshots, but it is currently not able to persist on disk."), nodeOutage},
+		{"script's OOM", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -OOM command not allowed when used memory > 'maxmemory'."), outage.Node},
+		{"script's MISCONF", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -MISCONF Redis is configured to save RDB snapshots, but it is currently not able to persist on disk."), outage.Node},
 
-		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, callOutage},
-		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, callOutage},
-		{"connection unusable", errors.New("redis: timed out trying to mark connection as unusable"), callOutage},
-		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), callOutage},
-		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, callOutage},
-		{"EOF", io.EOF, callOutage},
-		{"pool timeout", redis.ErrPoolTimeout, callOutage},
-		{"node closed", redis.ErrClosed, callOutage},
-		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), callOutage},
-		{"ASK", redisReply("ASK 7346 127.0.0.1:7001"), callOutage},
-		{"MOVED", redisReply("MOVED 7346 127.0.0.1:7001"), callOutage},
+		{"autopipeline timeout", redis.ErrAutoPipelineTimeout, outage.Call},
+		{"autopipeline queue full", redis.ErrAutoPipelineQueueFull, outage.Call},
+		{"connection unusable", errors.New("redis: timed out trying to mark connection as unusable"), outage.Call},
+		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), outage.Call},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, outage.Call},
+		{"EOF", io.EOF, outage.Call},
+		{"pool timeout", redis.ErrPoolTimeout, outage.Call},
+		{"node closed", redis.ErrClosed, outage.Call},
+		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), outage.Call},
+		{"ASK", redisReply("ASK 7346 127.0.0.1:7001"), outage.Call},
+		{"MOVED", redisReply("MOVED 7346 127.0.0.1:7001"), outage.Call},
 
-		{"script error", redisReply("ERR user_script:1: bad argument"), notOutage},
-		{"script's WRONGTYPE", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -WRONGTYPE Operation against a key holding the wrong kind of value"), notOutage},
-		{"CROSSSLOT", redis.ErrCrossSlot, notOutage},
-		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), notOutage},
-		{"cancelled", context.Canceled, notOutage},
+		{"script error", redisReply("ERR user_script:1: bad argument"), outage.None},
+		{"script's WRONGTYPE", redisReply("ERR Error running script (call to f_ac7fbb1c12893c1e157bffc3eba320beb55c4860): @user_script:1: @user_script: 1: -WRONGTYPE Operation against a key holding the wrong kind of value"), outage.None},
+		{"CROSSSLOT", redis.ErrCrossSlot, outage.None},
+		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), outage.None},
+		{"cancelled", context.Canceled, outage.None},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, classify(tt.err), "classify(%v)", tt.err)
-			assert.Equal(t, tt.want != notOutage, isUnavailable(tt.err), "isUnavailable(%v)", tt.err)
+			assert.Equal(t, tt.want, outage.Classify(tt.err), "outage.Classify(%v)", tt.err)
+			assert.Equal(t, tt.want != outage.None, outage.Is(tt.err), "outage.Is(%v)", tt.err)
 		})
 	}
 }

@@ -9,26 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Rule is one limit of a Policy.
-type Rule struct {
-	// Name is shown in Result.Rule, headers and observers. Empty: the
-	// strategy and the period, such as "token-bucket-1s" or
-	// "fixed-window-1h" (see Policy.Rules).
-	Name     string
-	Strategy Strategy
-	Limit    Limit
-	// PerCall makes the rule count each call as one event, whatever its n
-	// (n = 0 still only reports): requests per second beside tokens per
-	// minute in one policy, where AllowN and Reserve take n = tokens.
-	// Settling a reservation keeps the call's one event if anything was
-	// used, and gives it back for used = 0 (Cancel).
-	PerCall bool
-}
-
-// MaxRules is the most rules a Policy may have: more is an error wrapping
-// ErrInvalidLimit.
-const MaxRules = 16
-
 // Policy is a [Limiter] that holds several rules on one key, all or
 // nothing: n events are allowed only if every rule allows them, and a
 // denial consumes nothing in any rule. Every rule is decided in one atomic

@@ -367,7 +367,7 @@ func TestPolicyFallbackAllOrNothing(t *testing.T) {
 			assert.Equal(t, "window", res.Rule)
 		}
 	}
-	set := p.rescue.locals.getOrAdd(p.stateKey("k", &p.own.rules[0]), func() *localSet { t.Fatal("no stand-in"); return nil })
+	set := p.rescue.locals.GetOrAdd(p.stateKey("k", &p.own.rules[0]), func() *localSet { t.Fatal("no stand-in"); return nil })
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	assert.InDelta(t, 2, set.lims[0].lim.TokensAt(time.Now()), 0.01, "the bucket's stand-in gave only what the policy admitted")

@@ -9,102 +9,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// WithPrefetch lets a hot key be decided in this process, from events taken
-// from Redis in advance: a prefetch. It is for TokenBucket and FixedWindow
-// limiters, and for a Policy whose rules are all token buckets, none of them
-// PerCall; the other
-// strategies reject it (an error wrapping ErrInvalidArgument): a sliding
-// log's entries carry the time of each event, a sliding counter weighs a
-// window by the time into the next, and a leaky bucket gives each event its
-// own Delay, so none of them can hand out an event later than Redis counted
-// it. size 0 turns prefetches off, which is the default.
-//
-// How it works. A key's first calls go to Redis one by one, as without
-// prefetches. When this process has seen at least 4 events for the key in the
-// last maxAge, a call takes a prefetch instead: one script call that takes
-// k events in Redis, as [RateLimiter.Reserve] does, with
-//
-//	k = min(size, the key's events here in the last maxAge,
-//	        a quarter of the Remaining Redis last reported for the key)
-//
-// (a FixedWindow prefetch also ends with its window, and holds no more than
-// the key's rate here over that time). The call takes its n events from
-// the prefetch; later calls for the key take theirs from it without a round
-// trip, under a mutex per key, until it is used up, maxAge after it was
-// taken, or the window ends; then what is left is given back to Redis
-// (settled, one script call) and the next call takes a new prefetch. Reset
-// gives the key's prefetch back at once, Close every prefetch (see Close below).
-// Calls that find a prefetch being taken
-// wait for it (or for their context). A prefetch is taken apart from the call
-// that asked for it (with its context's values, not its end, for at most a
-// second or until the call's deadline if later): a call whose context ends
-// first returns its context's error, and the prefetch still comes to the key,
-// so that it loses no more than a call without prefetches would.
-//
-// What it guarantees. No over-admission: every event served here was taken
-// in Redis first, so the instances together never admit more than the
-// limit; a prefetch that Redis denies is never served from, the call is then
-// decided by Redis alone, with its own n (and its own RetryAfter, penalty
-// block and deny-cache entry). A prefetch asks for at most a quarter of what
-// Redis reported left, and a key with fewer than 16 left is decided one
-// call at a time, so that a key near its limit is not held idle by
-// instances that do not need it. The cost is capacity held idle: events
-// prefetched by one instance and not yet served cannot be admitted by another.
-// Per key and instance that is at most size (a prefetch given back but not
-// yet settled counts against the next), and it comes back within about
-// 1.25×maxAge, or as soon as the prefetch is used up (see
-// [RateLimiter.PrefetchStats]); an instance that crashes strands its prefetches
-// until the bucket refills or the window ends. A limiter holds at most
-// 1024 prefetches at once; more hot keys are decided one call at a time. A
-// token bucket's event may be served up to maxAge after Redis counted it,
-// so from any start the fleet admits at most Burst + Rate·t, but a short
-// interval may see up to Rate·maxAge more than Burst + Rate·d (admitted
-// earlier in Redis); a fixed window's prefetch never outlives its window.
-//
-// What a call served from a prefetch reports: Allowed true, Degraded false,
-// Limit and Rule of the prefetch, RetryAfter and Delay 0, ResetAfter the
-// prefetch's ResetAfter less the time since, and Remaining the events left in
-// this instance's prefetch: what this instance is sure to admit without
-// asking Redis. It is never more than what Redis reported left when the
-// prefetch was taken (the prefetch included) less what was served from it since;
-// Redis may have more. The observer (see [WithObserver]) sees every call,
-// also those served from a prefetch: NotDenied, not Degraded, a Latency of
-// about a microsecond (a call that took the prefetch, or waited for it, also
-// counts the round trip). Denials always come from Redis or the deny
-// cache.
-//
-// Not prefetched: Reserve (a reservation is settled in Redis), AllowN with
-// n = 0 (it reports Redis's state, without the prefetches that instances
-// hold), dynamic rules (WithLimitFunc, WithRulesFunc) that are not
-// prefetchable, and every call while Redis is marked down (the fallback
-// decides; a prefetch still held is served from until it ends). With
-// WithBlock, a block that another instance sets reaches this one's callers
-// when its prefetch ends. Reset gives back this process's prefetch on the key;
-// other processes keep serving theirs until they end.
-//
-// What it costs. A limiter with prefetches runs one goroutine only while it
-// holds a prefetch (or one waits to be given back): it wakes every maxAge/4,
-// at least 1 ms apart, for about 4 µs of CPU (0.02% of a core at maxAge
-// 100 ms), and it ends when the last prefetch is given back. An idle limiter
-// costs no goroutine and no CPU.
-//
-// Close gives back every prefetch, 16 at a time, all within 100 ms, and waits
-// for the Redis calls of prefetches under way (a give-back, or a prefetch being
-// taken), which the client's ReadTimeout bounds: with the recommended
-// 100 ms it ends within about 100 ms even while Redis hangs. What it
-// could not give back it reports in an error wrapping [ErrUnavailable]
-// that names the events and prefetches (and in PrefetchStats.Lost): those events
-// count as used until their state expires, as a crashed instance's do.
-//
-// size must be at least 4; maxAge between 1ms and 1 minute, and at most
-// half the reservation lifetime (see [WithReservationTTL]). Longer prefetches
-// save round trips on keys whose rate is steady, but hold more capacity
-// idle when a key cools down.
-func WithPrefetch(size int, maxAge time.Duration) Option {
-	return optionFunc(func(c *config) { c.prefetch = prefetchConfig{size: size, maxAge: maxAge} })
-}
+	"github.com/redlimit/redlimit/internal/lru"
+	"github.com/redlimit/redlimit/internal/outage"
+)
 
 // prefetchConfig is WithPrefetch's arguments.
 type prefetchConfig struct {
@@ -226,7 +134,7 @@ type prefetcher struct {
 	e      *engine
 	size   int
 	maxAge int64 // ns
-	keys   *lru[*prefetchEntry]
+	keys   *lru.Cache[*prefetchEntry]
 	closed atomic.Bool
 
 	nheld, unused                 atomic.Int64
@@ -302,7 +210,7 @@ func newPrefetcher(e *engine) *prefetcher {
 		e:          e,
 		size:       e.cfg.prefetch.size,
 		maxAge:     int64(e.cfg.prefetch.maxAge),
-		keys:       newLRU[*prefetchEntry](prefetchKeys),
+		keys:       lru.New[*prefetchEntry](prefetchKeys),
 		held:       make(map[*prefetch]struct{}),
 		wake:       make(chan struct{}, 1),
 		closing:    closing,
@@ -356,7 +264,7 @@ func (pf *prefetch) result(now int64) Result {
 // its prefetch, if it has one that can; it counts the events in the key's
 // rate either way. A prefetch that cannot serve is given back.
 func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	now := monoNow()
 	en.mu.Lock()
 	en.record(now, n, l.maxAge)
@@ -365,7 +273,13 @@ func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
 		en.mu.Unlock()
 		return Result{}, false
 	}
-	if !pf.valid(now, n, rs.sig) {
+	return l.serveUnlock(en, pf, now, n, rs.sig)
+}
+
+// serveUnlock answers n events from pf, the prefetch of en, if it can, and
+// else gives it back; en.mu is locked, and unlocked on return.
+func (l *prefetcher) serveUnlock(en *prefetchEntry, pf *prefetch, now int64, n int, sig uint64) (Result, bool) {
+	if !pf.valid(now, n, sig) {
 		en.detachLocked()
 		en.mu.Unlock()
 		l.giveBack(pf)
@@ -383,23 +297,15 @@ func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
 // is hot, else by one call. It is what decide does instead of engine.eval
 // when prefetches are on and the call was not served from a prefetch.
 func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	for {
 		en.mu.Lock()
 		now := monoNow()
 		if pf := en.prefetch; pf != nil {
 			// Taken by another call since serve looked.
-			if pf.valid(now, n, rs.sig) {
-				pf.used += n
-				res := pf.result(now)
-				en.mu.Unlock()
-				l.unused.Add(-int64(n))
-				l.served.Add(1)
+			if res, ok := l.serveUnlock(en, pf, now, n, rs.sig); ok {
 				return res, reasonAllowed, nil
 			}
-			en.detachLocked()
-			en.mu.Unlock()
-			l.giveBack(pf)
 			continue
 		}
 		if f := en.fetching; f != nil {
@@ -427,26 +333,9 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		epoch := en.epoch
 		en.mu.Unlock()
 
-		// The prefetch is taken apart from the call, so that a call whose
-		// context ends while Redis takes k events for it does not lose
-		// them: the prefetch comes to the key all the same, and the call
-		// returns its context's error.
-		l.mu.Lock()
-		if l.closed.Load() { // Close waits for the fetches it can see
-			l.mu.Unlock()
-			en.mu.Lock()
-			en.fetching = nil
-			en.mu.Unlock()
-			close(f.done)
-			l.nheld.Add(-1)
+		if !l.startFetch(ctx, en, f, key, state, k, n, rs, now, epoch) {
 			return l.direct(ctx, en, state, n, rs)
 		}
-		l.fetches.Add(1)
-		l.mu.Unlock()
-		go func() {
-			defer l.fetches.Done()
-			l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
-		}()
 		select {
 		case <-f.done:
 		case <-ctx.Done():
@@ -461,6 +350,31 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		// Fewer than k left: the call is decided on its own.
 		return l.direct(ctx, en, state, n, rs)
 	}
+}
+
+// startFetch takes a prefetch of k events for the key of en apart from the
+// call (see fetch), so that a call whose context ends while Redis takes k
+// events for it does not lose them: the prefetch comes to the key all the
+// same, and the call returns its context's error. Once the limiter is
+// closed it starts nothing, clears en's request f and reports false.
+func (l *prefetcher) startFetch(ctx context.Context, en *prefetchEntry, f *prefetchRequest, key, state string, k, n int, rs *ruleSet, now int64, epoch uint64) bool {
+	l.mu.Lock()
+	if l.closed.Load() { // Close waits for the fetches it can see
+		l.mu.Unlock()
+		en.mu.Lock()
+		en.fetching = nil
+		en.mu.Unlock()
+		close(f.done)
+		l.nheld.Add(-1)
+		return false
+	}
+	l.fetches.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.fetches.Done()
+		l.fetch(ctx, en, f, key, state, k, n, rs, now, epoch)
+	}()
+	return true
 }
 
 // fetch takes a prefetch of k events for the key of en, n of them for the
@@ -747,7 +661,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 		res, err = pf.rv.settleRedis(ctx, pf.used)
 	}
 	l.mu.Lock()
-	if err != nil && !final && (errors.Is(err, ErrUnavailable) || isUnavailable(err)) &&
+	if err != nil && !final && (errors.Is(err, ErrUnavailable) || outage.Is(err)) &&
 		time.Duration(monoNow()-pf.start) < l.e.cfg.reserveTTL/2 {
 		pf.settling = false
 		l.mu.Unlock()
@@ -785,7 +699,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 // state, before a Reset; a prefetch being taken now is given back when it
 // comes.
 func (l *prefetcher) drop(ctx context.Context, state string) {
-	en := l.keys.getOrAdd(state, newPrefetchEntry)
+	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	en.mu.Lock()
 	en.epoch++
 	pf := en.prefetch
@@ -829,7 +743,7 @@ func (l *prefetcher) close() error {
 	l.mu.Lock()
 	cause := l.closeErr
 	l.mu.Unlock()
-	if !errors.Is(cause, ErrUnavailable) && isUnavailable(cause) {
+	if !errors.Is(cause, ErrUnavailable) && outage.Is(cause) {
 		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return errorf("close: %d events of %d prefetches not given back (they count as used until their state expires): %w",

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/lru"
+	"github.com/redlimit/redlimit/internal/outage"
 )
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
@@ -115,82 +114,12 @@ type Transition struct {
 	Evicted int64
 }
 
-// WithFallback sets what the limiter answers while Redis is unavailable.
-// The default is FallbackLocal.
-func WithFallback(p FallbackPolicy) Option {
-	return optionFunc(func(c *config) { c.fallback = p })
-}
-
-// WithPingInterval sets how often the monitor probes a Redis node while it
-// is marked unavailable. The default is 100ms. Two probes in a row must
-// succeed before calls go back to the node.
-//
-// While the node cannot be reached at all (connections refused, dials
-// failing or timing out, no shard or sentinel left), the interval doubles
-// after each failed probe, up to three times the ping interval (300ms by
-// default), and is back to the ping interval after any probe that reaches
-// the node. This keeps go-redis's "failed to dial" log lines to about three
-// a second during a long outage, from ten (to silence them, set a logger
-// with redis.SetLogger); a node that answers, even with an error, or hangs
-// is probed at the ping interval, so that it is used again soon after it
-// recovers. go-redis adds its own wait: once PoolSize dials in a row have
-// failed, its pool dials again only once a second, so a restarted node can
-// take up to about 1.4s to be used again.
-func WithPingInterval(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.pingInterval = d })
-}
-
-// WithFallbackShare scales the in-process fallback limits to this
-// instance's share of the global limit, in (0, 1]. With N instances behind
-// one Redis, 1/N makes the fleet admit about the global limit during an
-// outage, instead of N times it. The default is 1. A capacity that the
-// share makes fractional (5 × 1/20 = 0.25) is kept on average: each
-// instance's stand-in starts one event short with the probability of the
-// fraction left out, so that 20 instances admit about 5 between them.
-//
-// The trade-off: with 1/N, keys whose traffic reaches only some instances
-// (sticky sessions, one client's connection) get less than the global limit
-// while Redis is down. For login attempts, password resets and other
-// security limits, prefer a share of 1/N (or FallbackDeny): over-admission
-// there is the risk; for API quotas, 1 keeps users unaffected.
-func WithFallbackShare(share float64) Option {
-	return optionFunc(func(c *config) { c.share = share })
-}
-
-// WithFallbackKeys bounds the in-process stand-ins the fallback keeps:
-// one per rule of each key (so a limiter keeps max keys, a Policy of 3
-// rules max/3), or one semaphore per key for a Concurrency. Beyond it,
-// keys not used lately are dropped, by the CLOCK approximation of least
-// recently used (and start full if they come back); it is split over 16
-// shards, each of which holds at least one key whatever its rules. A
-// Concurrency's semaphore that holds a lease is never dropped: when every
-// one a shard keeps holds one, a new key is denied (RetryAfter the ping
-// interval) until one is free. The default is 100,000 stand-ins: about
-// 210 bytes a key plus 145 a rule (keys of about 25 bytes), so at most
-// about 36 MB, reached by single-rule keys (3 rules: 20 MB; 16 rules:
-// 16 MB), plus the length of longer keys.
-func WithFallbackKeys(max int) Option {
-	return optionFunc(func(c *config) { c.localKeys = max })
-}
-
-// WithOnTransition sets a function called when the limiter switches a Redis
-// node to its fallback and when it switches it back. It is called once per
-// switch (never per call), one call at a time, in the order of the
-// switches, from one of the limiter's goroutines (usually the one that
-// noticed; a switch made while an earlier one is being reported is
-// reported right after it, from the goroutine reporting). It must not
-// block; it may call the limiter, Close included. A panic in it is
-// recovered and dropped. Use it to log or count outages.
-func WithOnTransition(f func(Transition)) Option {
-	return optionFunc(func(c *config) { c.onTransition = f })
-}
-
 // rescue holds a limiter's fallback state: which Redis nodes are marked
 // down, the goroutines that probe them, the in-process stand-ins
 // (fallback.go), and the transitions not yet reported.
 type rescue struct {
 	e      *engine
-	locals *lru[*localSet]
+	locals *lru.Cache[*localSet]
 	ctx    context.Context // cancelled by close: ends probes in flight
 	cancel context.CancelFunc
 
@@ -241,7 +170,7 @@ func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &rescue{
 		e:      e,
-		locals: newWeighedLRU(e.cfg.localKeys, standIns),
+		locals: lru.NewWeighed(e.cfg.localKeys, standIns),
 		ctx:    ctx,
 		cancel: cancel,
 		nodes:  make(map[string]*node),
@@ -277,8 +206,8 @@ func (r *rescue) downCause(state string) error {
 // probed, and marked down only if the probe fails too. An error from a
 // Redis client that the program closed is not an outage.
 func (r *rescue) outage(ctx context.Context, err error, state string) bool {
-	kind := classify(err)
-	if kind == notOutage {
+	kind := outage.Classify(err)
+	if kind == outage.None {
 		return false
 	}
 	if errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb) {
@@ -286,7 +215,7 @@ func (r *rescue) outage(ctx context.Context, err error, state string) bool {
 		return false
 	}
 	sc := r.scopeOf(state)
-	if kind == nodeOutage {
+	if kind == outage.Node {
 		r.markDown(sc, err)
 	} else {
 		r.suspect(sc)
@@ -408,38 +337,53 @@ func (r *rescue) monitor(n *node) {
 // row succeed.
 func (r *rescue) watch(n *node) {
 	defer r.wg.Done()
-	every := r.e.cfg.pingInterval
+	if r.checkNode(n) && r.waitBack(n) {
+		r.back(n)
+	}
+}
+
+// checkNode probes a node that is not marked down yet: it forgets the node if
+// the probe succeeds, and else marks it down and hands the probing on to a
+// new monitor. It reports whether this goroutine goes on probing: only for
+// a node that a call marked down meanwhile.
+func (r *rescue) checkNode(n *node) bool {
 	r.mu.Lock()
 	checking := !n.down
 	r.mu.Unlock()
-	if checking {
-		err := r.probe(n)
-		gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
-		r.mu.Lock()
-		switch {
-		case r.closed:
-			r.mu.Unlock()
-			return
-		case gone:
-			r.gone.Store(true)
-			fallthrough
-		case err == nil && !n.down:
-			delete(r.nodes, n.id)
-			r.publishLocked()
-			r.mu.Unlock()
-			return
-		case !n.down:
-			r.setDownLocked(n, err)
-			// Probe on in a new goroutine; this one reports the switch
-			// once it is done (a hook calling Close from a goroutine
-			// counted in r.wg would wait for itself).
-			r.wg.Add(1)
-			go r.monitor(n)
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock() // marked down by a call meanwhile: go on probing
+	if !checking {
+		return true
 	}
+	err := r.probe(n)
+	gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return false
+	case gone:
+		r.gone.Store(true)
+		fallthrough
+	case err == nil && !n.down:
+		delete(r.nodes, n.id)
+		r.publishLocked()
+		return false
+	case !n.down:
+		r.setDownLocked(n, err)
+		// Probe on in a new goroutine; this one reports the switch once it
+		// is done (a hook calling Close from a goroutine counted in r.wg
+		// would wait for itself).
+		r.wg.Add(1)
+		go r.monitor(n)
+		return false
+	}
+	return true // marked down by a call meanwhile: go on probing
+}
+
+// waitBack probes a node marked down, at the first tick after the wait
+// since the last probe, until two probes in a row succeed (true), or the
+// limiter or its client is closed (false).
+func (r *rescue) waitBack(n *node) bool {
+	every := r.e.cfg.pingInterval
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	wait := every      // between probes; longer while the node cannot be reached
@@ -448,12 +392,12 @@ func (r *rescue) watch(n *node) {
 	for {
 		select {
 		case <-r.stop:
-			return
+			return false
 		case <-tick.C:
 		}
 		if closedNow(r.e.rdb) {
 			r.gone.Store(true)
-			return
+			return false
 		}
 		if time.Now().Before(next) {
 			continue
@@ -469,41 +413,54 @@ func (r *rescue) watch(n *node) {
 			ok = 1
 		case errors.Is(err, redis.ErrClosed):
 			r.gone.Store(true)
-			return
+			return false
 		default:
 			ok = 0
-			if unreachable(err) {
-				wait = min(2*wait, maxBackoff*every)
-			} else {
-				wait = every
-			}
-			// A failed-over cluster slot stays routed to the dead master
-			// until the client reloads its view of the cluster, which
-			// go-redis does only every ClusterStateReloadInterval (60s by
-			// default). Ask for a reload (go-redis runs at most one at a
-			// time, 200ms apart).
-			if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
-				cc.ReloadState(context.Background())
-			}
+			wait = r.failed(err, wait)
 		}
 		next = time.Now().Add(wait - every/2) // due at the first tick after wait
 		if err != nil {
 			continue
 		}
-		if ok++; ok < 2 {
-			continue
+		if ok++; ok >= 2 {
+			return true
 		}
-		if c := r.e.clock; c != nil {
-			c.stale() // the server may have come back on another machine
-		}
-		r.mu.Lock()
-		if !r.closed {
-			delete(r.nodes, n.id)
-			r.publishLocked()
-			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
-		}
-		r.mu.Unlock()
-		return
+	}
+}
+
+// failed returns the wait before the next probe after a probe failed with
+// err, the wait before it having been wait: doubled, up to maxBackoff ping
+// intervals, while the node cannot be reached at all, else one interval.
+// Through a cluster it also asks the client for a new view of the cluster.
+func (r *rescue) failed(err error, wait time.Duration) time.Duration {
+	every := r.e.cfg.pingInterval
+	if outage.Unreachable(err) {
+		wait = min(2*wait, maxBackoff*every)
+	} else {
+		wait = every
+	}
+	// A failed-over cluster slot stays routed to the dead master until the
+	// client reloads its view of the cluster, which go-redis does only
+	// every ClusterStateReloadInterval (60s by default). Ask for a reload
+	// (go-redis runs at most one at a time, 200ms apart).
+	if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
+		cc.ReloadState(context.Background())
+	}
+	return wait
+}
+
+// back forgets a node that answers again, and queues the switch back for
+// the hook (see flush).
+func (r *rescue) back(n *node) {
+	if c := r.e.clock; c != nil {
+		c.stale() // the server may have come back on another machine
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		delete(r.nodes, n.id)
+		r.publishLocked()
+		r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
 	}
 }
 
@@ -533,117 +490,4 @@ func (r *rescue) close() {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
-}
-
-// outageKind says what an error means for the node that gave it.
-type outageKind int8
-
-const (
-	notOutage  outageKind = iota // an answer, a bug, or the caller's own business
-	callOutage                   // may concern this call only: probe the node before marking it down
-	nodeOutage                   // the node cannot answer now: mark it down
-)
-
-// Texts of go-redis v9 errors that are not exported.
-const (
-	errRingDown      = "redis: all ring shards are down"
-	errNoNodes       = "redis: cluster has no nodes"
-	errNoSentinel    = "redis: all sentinels specified in configuration are unreachable"
-	errConnUnusable  = "redis: timed out trying to mark connection as unusable"
-	errFDReaderGone  = "redis: autopipeline full-duplex reader exited"
-	errFDConnMoving  = "redis: autopipeline: full-duplex connection moving"
-	errFDMaxHold     = "redis: autopipeline: full-duplex connection max-hold reached"
-	errFDBudgetSpent = "redis: autopipeline: retry budget exhausted before shutdown flush"
-)
-
-// refusedInScript are the replies with which a server refuses a script's
-// write for a state of the node (memory, disk, role, replicas).
-var refusedInScript = [...]string{": -OOM ", ": -MISCONF ", ": -READONLY ", ": -NOREPLICAS ", ": -MASTERDOWN "}
-
-// scriptRefused tells whether err is a script's error wrapping such a
-// refusal. Redis 6 runs a script and refuses its first write, wrapping the
-// reason: "ERR Error running script (call to f_...): @user_script:269:
-// @user_script: 269: -OOM command not allowed ..." (OOM and MISCONF seen
-// on 6.0.16); Redis 7 refuses the script itself with the plain reply.
-func scriptRefused(err error) bool {
-	if !redis.HasErrorPrefix(err, "Error running script") {
-		return false
-	}
-	msg := err.Error()
-	for _, r := range refusedInScript {
-		if strings.Contains(msg, r) {
-			return true
-		}
-	}
-	return false
-}
-
-// classify tells whether err says that Redis cannot answer now, as opposed
-// to an answer or a bug, and whether it concerns the whole node.
-func classify(err error) outageKind {
-	if err == nil {
-		return notOutage
-	}
-	var (
-		opErr  *net.OpError
-		netErr net.Error
-		reply  redis.Error
-	)
-	switch {
-	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
-		return nodeOutage
-	case errors.As(err, &reply):
-		_, moved := redis.IsMovedError(err)
-		_, ask := redis.IsAskError(err)
-		switch {
-		case redis.IsTryAgainError(err), moved, ask:
-			// One call during a slot migration (go-redis follows MOVED and
-			// ASK, up to MaxRedirects times).
-			return callOutage
-		case redis.IsLoadingError(err), redis.IsReadOnlyError(err),
-			redis.IsClusterDownError(err), redis.IsMasterDownError(err),
-			redis.IsOOMError(err), redis.IsMaxClientsError(err),
-			redis.HasErrorPrefix(err, "BUSY "), redis.HasErrorPrefix(err, "NOREPLICAS"),
-			redis.HasErrorPrefix(err, "MISCONF"),
-			scriptRefused(err):
-			return nodeOutage
-		}
-		return notOutage
-	}
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, errRingDown), strings.Contains(msg, errNoNodes),
-		strings.Contains(msg, errNoSentinel):
-		return nodeOutage
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
-		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, redis.ErrAutoPipelineTimeout), errors.Is(err, redis.ErrAutoPipelineQueueFull),
-		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		strings.Contains(msg, errConnUnusable), strings.Contains(msg, errFDReaderGone),
-		strings.Contains(msg, errFDConnMoving), strings.Contains(msg, errFDMaxHold),
-		strings.Contains(msg, errFDBudgetSpent), errors.As(err, &netErr):
-		return callOutage
-	}
-	return notOutage
-}
-
-// isUnavailable reports whether err says that Redis cannot answer now, as
-// opposed to an answer or a bug.
-func isUnavailable(err error) bool { return classify(err) != notOutage }
-
-// unreachable reports whether a probe's err says that the node could not be
-// reached at all, rather than that it answered with an error or hung.
-func unreachable(err error) bool {
-	var opErr *net.OpError
-	var reply redis.Error
-	switch {
-	case errors.As(err, &opErr) && opErr.Op == "dial", errors.Is(err, syscall.ECONNREFUSED):
-		return true
-	case errors.As(err, &reply):
-		return false
-	}
-	msg := err.Error()
-	return strings.Contains(msg, errRingDown) || strings.Contains(msg, errNoNodes) ||
-		strings.Contains(msg, errNoSentinel)
 }

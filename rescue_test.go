@@ -341,7 +341,7 @@ func TestFallbackKeysBounded(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	held := lim.rescue.locals.len()
+	held := lim.rescue.locals.Len()
 	require.LessOrEqual(t, held, 100_000, "the fallback holds %d keys, want at most 100,000", held)
 	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("%d keys offered, %d held, heap grew %.1f MB (%d bytes a key)", keys, held, float64(grew)/1e6, grew/int64(held))

@@ -12,24 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrSettled is returned by Settle and Cancel for a reservation that is
-// settled already (by an earlier call, also one whose reply was lost), that
-// lapsed (it was not settled within the reservation lifetime, see
-// [WithReservationTTL], and stands as taken), or that a Reset of every
-// rule's state forgot. Nothing changes.
-var ErrSettled = errors.New("redlimit: reservation already settled or lapsed")
-
-// WithReservationTTL sets how long a reservation can be settled. After it
-// the reservation stands as taken and Settle returns ErrSettled. Redis keeps
-// one sorted-set member per reservation and rule that is neither settled
-// nor lapsed, beside the rule's state, in the key's slot: about 30 bytes
-// each while a key has at most 128 pending, about 110 bytes each past
-// that (10 MB for 100,000; measured on Redis 7.0). The default is one
-// hour; it must be between 1s and MaxPeriod.
-func WithReservationTTL(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.reserveTTL = d })
-}
-
 // Reservation is n events taken by Reserve, to be settled once with what
 // was really used: an LLM request's maximum tokens, settled with the
 // tokens it used; an upload's declared size, settled with the bytes sent.

@@ -1,10 +1,11 @@
 package redlimit
 
 import (
-	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/hashslot"
 )
 
 // The scope of down-state. A limiter marks down one Redis node at a time,
@@ -20,7 +21,7 @@ import (
 // the caller's key, so that a huge or odd key cannot make probes fail.
 
 // numSlots is the number of hash slots of a Redis Cluster.
-const numSlots = 16384
+const numSlots = hashslot.Count
 
 // scope is one Redis node as the limiter sees it: what is marked down, and
 // how it is probed.
@@ -33,7 +34,7 @@ type scope struct {
 // scopeOf returns the scope of the state key state: the node the client
 // sends it to now. It does not touch the network.
 func (r *rescue) scopeOf(state string) scope {
-	key := r.e.cfg.prefix + ":{" + probeTag(slotOf(state)) + "}" + probeSuffix
+	key := r.e.cfg.prefix + ":{" + probeTag(hashslot.Of(state)) + "}" + probeSuffix
 	switch c := r.e.rdb.(type) {
 	case *redis.ClusterClient:
 		// Probes go through the cluster client, so that they follow the
@@ -75,42 +76,6 @@ func clusterNode(c *redis.ClusterClient, key string) string {
 	return m.Options().Addr
 }
 
-// slotOf returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
-// hash tag (what lies between the first '{' and the next '}', if not
-// empty), or of the whole key, modulo 16384.
-func slotOf(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	return int(crc16(key) % numSlots)
-}
-
-var crc16Table = func() (t [256]uint16) {
-	for i := range t {
-		crc := uint16(i) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-		t[i] = crc
-	}
-	return t
-}()
-
-// crc16 is CRC-16/XMODEM, as in Redis's crc16.c.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
-	}
-	return crc
-}
-
 var (
 	probeTagsOnce sync.Once
 	probeTags     *[numSlots]string
@@ -135,7 +100,7 @@ func buildProbeTags() {
 	)
 	walk = func(prefix []byte, crc uint16, depth int) {
 		for i := 0; i < len(digits) && left > 0; i++ {
-			c := crc<<8 ^ crc16Table[byte(crc>>8)^digits[i]]
+			c := hashslot.Next(crc, digits[i])
 			s := append(prefix, digits[i])
 			if depth == 1 {
 				if t := &found[c%numSlots]; t[3] == 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/hashslot"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -26,7 +27,7 @@ func TestScopeProbeTags(t *testing.T) {
 		seen[tag] = true
 	}
 	for _, key := range append(oddKeys(), "a", "{a}b", "x{}y", "}{z}", strings.Repeat("k", 10_000)) {
-		assert.Equal(t, redistest.Slot(key), slotOf(key), "slotOf(%.20q)", key)
+		assert.Equal(t, redistest.Slot(key), hashslot.Of(key), "hashslot.Of(%.20q)", key)
 	}
 }
 
@@ -87,7 +88,7 @@ func TestScopeProbeKey(t *testing.T) {
 			for _, p := range probes.list() {
 				assert.LessOrEqual(t, len(p), len("redlimit:{abc}:p"), "probe key %.40q", p)
 				assert.NotContains(t, p, key[:10])
-				assert.Equal(t, slotOf(state), slotOf(p), "probe key %q is not in the slot of %.40q", p, state)
+				assert.Equal(t, hashslot.Of(state), hashslot.Of(p), "probe key %q is not in the slot of %.40q", p, state)
 			}
 			probes.mu.Lock()
 			probes.got = nil
@@ -175,7 +176,7 @@ func TestScopeCluster(t *testing.T) {
 	byMaster := map[*redistest.Server][]string{}
 	for i := 0; len(byMaster) < 3 || len(byMaster[c.Masters[0]]) < 3 || len(byMaster[c.Masters[1]]) < 3 || len(byMaster[c.Masters[2]]) < 3; i++ {
 		k := fmt.Sprintf("key%d", i)
-		m, err := c.MasterOf(slotOf(lim.stateKey(k)))
+		m, err := c.MasterOf(hashslot.Of(lim.stateKey(k)))
 		require.NoError(t, err)
 		byMaster[m] = append(byMaster[m], k)
 	}
@@ -205,7 +206,7 @@ func TestScopeCluster(t *testing.T) {
 		const key = "migrating"
 		_, err := lim.Allow(ctx, key) // its state exists now, its block key does not
 		require.NoError(t, err)
-		slot := slotOf(lim.stateKey(key))
+		slot := hashslot.Of(lim.stateKey(key))
 		src, err := c.MasterOf(slot)
 		require.NoError(t, err)
 		dst := c.Masters[0]
@@ -234,7 +235,7 @@ func TestScopeCluster(t *testing.T) {
 		// node, which cannot run a call on two missing keys either.
 		fresh := ""
 		for i := 0; fresh == ""; i++ {
-			if k := fmt.Sprintf("fresh%d", i); slotOf(lim.stateKey(k)) == slot {
+			if k := fmt.Sprintf("fresh%d", i); hashslot.Of(lim.stateKey(k)) == slot {
 				fresh = k
 			}
 		}

@@ -43,7 +43,7 @@ func decisionCall(checks string) string {
 }
 
 // argumentChecks checks rules passed as arguments, of the strategies whose
-// files are in files: their table S (strategyTable), the queue of writes
+// files are in files: their table check_by_code (strategyTable), the queue of writes
 // (queue.lua, with several rules), rules.lua, then check.lua in a loop over
 // them.
 func argumentChecks(files []string) string {
@@ -52,20 +52,20 @@ func argumentChecks(files []string) string {
 		mustRead("rules.lua") +
 		"for i = 1, nrules do\n" +
 		"local strat, rate, period, burst, per_call = rule(i)\n" +
-		"local check = S[strat]\n" +
+		"local check = check_by_code[strat]\n" +
 		"local pxs\n" +
 		mustRead("check.lua") +
 		"end\n"
 }
 
-// strategyTable returns the Lua line that makes S, the table from a
+// strategyTable returns the Lua line that makes check_by_code, the table from a
 // strategy's code to its check function (check_<code>, see common.lua),
 // for the strategies whose files are in files: where rules passed as
 // arguments find their functions. (A script with its rules written in
 // names each rule's function and makes no table.)
 func strategyTable(files []string) string {
 	var b strings.Builder
-	b.WriteString("local S = {")
+	b.WriteString("local check_by_code = {")
 	for s, f := range strategyFiles {
 		if slices.Contains(files, f) {
 			code := algorithms[s].code

@@ -2,6 +2,9 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
+// slidingCounter is the sliding counter: two packed window counts.
+var slidingCounter = &algorithm{strategy: SlidingCounter, code: "sc", maxRate: MaxRate}
+
 // NewSlidingCounter returns a limiter that approximates the sliding log in
 // constant memory: the estimate for the last Period is the previous aligned
 // window's count, weighted by how much of that window still overlaps the

@@ -2,6 +2,9 @@ package redlimit
 
 import "github.com/redis/go-redis/v9"
 
+// tokenBucket is the token bucket: capacity is Burst.
+var tokenBucket = &algorithm{strategy: TokenBucket, code: "tb", maxRate: MaxRate, bucket: true}
+
 // NewTokenBucket returns a limiter with a bucket of limit.Burst tokens (Rate
 // when Burst is 0), refilled continuously at Rate tokens per Period, and
 // full when first used. Each event takes a token. It allows bursts of up to

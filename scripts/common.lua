@@ -141,7 +141,7 @@ local writes, nw -- the queue, made on the first queued write
 -- after; reset_now: until full with no more traffic; reset_next: the same
 -- after the n events; tag: what a reservation must remember to settle
 -- (see settle.lua). When ok and n > 0 it writes with write().
--- Where the rules come from the arguments, the table S maps a code to its
+-- Where the rules come from the arguments, the table check_by_code maps a code to its
 -- check function (strategyTable in scripts.go writes it after the
 -- strategies' files); with the rules written in, each rule's check calls
 -- its function by name, and no table is made.

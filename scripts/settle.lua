@@ -11,13 +11,13 @@
 -- one (the sliding counter's also while it is the previous one, weighted),
 -- the sliding log only the reservation's own entries still in the log, a
 -- bucket only the reservation's tokens that the refill cannot have paid
--- back yet (see A.tb: never refill that already happened, never above
+-- back yet (see adjust.tb: never refill that already happened, never above
 -- full). used > reserved charges the difference even past the limit:
 -- the key owes it, and later calls are denied until it is paid back: a
 -- bucket's debt beyond burst by the refill, a fixed window's count beyond
 -- rate by the window's end (it goes with the window), a sliding counter's
 -- by the next window as its weight falls, a sliding log's by its entries
--- leaving (it owes at most one full window, see A.sl). reserve.go bounds
+-- leaving (it owes at most one full window, see adjust.sl). reserve.go bounds
 -- used where these states need it (checkUsed).
 --
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed,
@@ -42,8 +42,8 @@ end
 if not lapses or tonumber(lapses) <= now then return {-1} end
 local delta = used - reserved
 
-local A = {}
-A.fw = function(key, rate, period, tag)
+local adjust = {}
+adjust.fw = function(key, rate, period, tag)
   local cw = math.floor(now / period)
   local count, w = fw_read(key, cw)
   if delta < 0 then
@@ -56,7 +56,7 @@ A.fw = function(key, rate, period, tag)
     redis.call('SET', key, delta * 10 + w % 10, 'PX', ms((w + 1) * period - now))
   end
 end
-A.sc = function(key, rate, period, tag)
+adjust.sc = function(key, rate, period, tag)
   local cw = math.floor(now / period)
   local cur, prev, w = sc_read(key, cw)
   if delta < 0 then
@@ -76,7 +76,7 @@ A.sc = function(key, rate, period, tag)
     redis.call('SET', key, sc_value(cur, prev, w), 'PX', ms((w + 2) * period - now))
   end
 end
-A.sl = function(key, rate, period, tag)
+adjust.sl = function(key, rate, period, tag)
   local suffix = string.format('.%s', rid)
   if delta < 0 then
     local del = {'ZREM', key}
@@ -117,7 +117,7 @@ A.sl = function(key, rate, period, tag)
   local ttl = redis.call('PTTL', key)
   if ttl < ms(period) then redis.call('PEXPIRE', key, ms(period)) end
 end
-A.tb = function(key, rate, period, tag, taken)
+adjust.tb = function(key, rate, period, tag, taken)
   local d, lag = bucket_read(key, rate)
   if delta < 0 then
     -- Tokens are alike, so what the reservation still holds is bounded
@@ -141,7 +141,7 @@ A.tb = function(key, rate, period, tag, taken)
     redis.call('SET', key, value, 'PX', px)
   end
 end
-A.lb = A.tb
+adjust.lb = adjust.tb
 
 local d0 = delta
 for i = 1, nrules do
@@ -154,7 +154,7 @@ for i = 1, nrules do
     if used == 0 then delta = -1 end
   end
   if delta ~= 0 and held[i] then
-    A[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
+    adjust[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
   end
 end
 
@@ -162,7 +162,7 @@ end
 local min_now, reset, fewest, delay = nil, 0, 1, 0
 for i = 1, nrules do
   local strat, rate, period, burst, per_call = rule(i)
-  local ok, avail, w, reset_now = S[strat](KEYS[i], rate, period, burst, strat)
+  local ok, avail, w, reset_now = check_by_code[strat](KEYS[i], rate, period, burst, strat)
   if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
   if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end

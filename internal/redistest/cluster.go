@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/hashslot"
 )
 
 // NumSlots is the number of hash slots of a Redis Cluster.
-const NumSlots = 16384
+const NumSlots = hashslot.Count
 
 // clusterStartTimeout bounds StartCluster.
 const clusterStartTimeout = 30 * time.Second
@@ -566,35 +568,9 @@ func (v *nodesView) replicasOf(id string) []*nodeEntry {
 }
 
 // Slot returns the Redis Cluster hash slot of key, computed locally: CRC16
-// (XMODEM) of the key modulo 16384, or of the hash tag when the key has one.
-// The hash tag is what lies between the first '{' and the first '}' after
-// it, if that is not empty; so "{user42}:a" and "{user42}:b" share a slot,
-// while "a{}b" is hashed whole.
-func Slot(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	return int(crc16(key) % NumSlots)
-}
-
-// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), as in Redis's
-// crc16.c.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
+// (XMODEM) of the key modulo 16384, or of the hash tag when the key has one
+// (see [hashslot.Of]).
+func Slot(key string) int { return hashslot.Of(key) }
 
 func (v *nodesView) String() string {
 	var b strings.Builder

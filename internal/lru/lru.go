@@ -1,4 +1,7 @@
-package redlimit
+// Package lru is a sharded map of bounded weight whose entries are dropped
+// by the CLOCK approximation of least recently used: the limiters keep
+// their fallback stand-ins, semaphores and prefetches in it.
+package lru
 
 import (
 	"hash/maphash"
@@ -6,10 +9,12 @@ import (
 	"sync/atomic"
 )
 
-const lruShards = 16
+// Shards is the number of shards a Cache splits its keys over; each holds
+// at least one entry, whatever its weight.
+const Shards = 16
 
-// lru is a map from string keys to values that holds at most about max
-// weight: each entry weighs what the lru's weigh function says of its
+// Cache is a map from string keys to values that holds at most about max
+// weight: each entry weighs what the Cache's weigh function says of its
 // value when it is added (1 without one), so that a bound can be one of
 // memory, not only of entries. A shard that holds nothing takes an entry
 // of any weight. When a shard is full, the entries to drop are chosen by
@@ -18,10 +23,10 @@ const lruShards = 16
 // flagged entries and drops the first unflagged one. Lookups take only a
 // read lock and set the flag atomically, so goroutines on the same key do
 // not serialise on the map; looking up an existing key allocates nothing.
-type lru[V any] struct {
+type Cache[V any] struct {
 	seed   maphash.Seed
 	weigh  func(V) int // nil: every entry weighs 1
-	shards [lruShards]lruShard[V]
+	shards [Shards]lruShard[V]
 }
 
 type lruShard[V any] struct {
@@ -41,9 +46,11 @@ type lruEntry[V any] struct {
 	weight int32
 }
 
-func newLRU[V any](max int) *lru[V] {
-	c := &lru[V]{seed: maphash.MakeSeed()}
-	per := max / lruShards
+// New returns a Cache that holds at most about max entries (at least one
+// a shard).
+func New[V any](max int) *Cache[V] {
+	c := &Cache[V]{seed: maphash.MakeSeed()}
+	per := max / Shards
 	if per < 1 {
 		per = 1
 	}
@@ -54,30 +61,30 @@ func newLRU[V any](max int) *lru[V] {
 	return c
 }
 
-// newWeighedLRU is newLRU whose entries weigh what weigh says of their
+// NewWeighed is New whose entries weigh what weigh says of their
 // value (at least 1), and hold at most about max weight.
-func newWeighedLRU[V any](max int, weigh func(V) int) *lru[V] {
-	c := newLRU[V](max)
+func NewWeighed[V any](max int, weigh func(V) int) *Cache[V] {
+	c := New[V](max)
 	c.weigh = weigh
 	return c
 }
 
-func (c *lru[V]) shard(key string) *lruShard[V] {
-	return &c.shards[maphash.String(c.seed, key)%lruShards]
+func (c *Cache[V]) shard(key string) *lruShard[V] {
+	return &c.shards[maphash.String(c.seed, key)%Shards]
 }
 
-// getOrAdd returns key's value, adding the one make returns when key is
+// GetOrAdd returns key's value, adding the one make returns when key is
 // missing. make runs with the shard locked; it must be quick.
-func (c *lru[V]) getOrAdd(key string, make func() V) V {
-	v, _ := c.getOrAddKeep(key, make, nil)
+func (c *Cache[V]) GetOrAdd(key string, make func() V) V {
+	v, _ := c.GetOrAddKeep(key, make, nil)
 	return v
 }
 
-// getOrAddKeep is getOrAdd that never drops an entry whose value keep
+// GetOrAddKeep is GetOrAdd that never drops an entry whose value keep
 // reports true (keep runs with the shard locked; nil keeps none): when
 // the entries keep keeps leave no room in a full shard, key is not added,
 // and ok is false.
-func (c *lru[V]) getOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
+func (c *Cache[V]) GetOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
 	s := c.shard(key)
 	s.mu.RLock()
 	e, ok := s.items[key]
@@ -136,10 +143,10 @@ func (s *lruShard[V]) evictLocked(keep func(V) bool, spare *lruEntry[V]) bool {
 	return false
 }
 
-// reweigh weighs key's entry again, if it is held, and drops others, as an
+// Reweigh weighs key's entry again, if it is held, and drops others, as an
 // add does, while its shard holds more than its bound (a value whose weight
 // grew: a key given more rules).
-func (c *lru[V]) reweigh(key string) {
+func (c *Cache[V]) Reweigh(key string) {
 	if c.weigh == nil {
 		return
 	}
@@ -160,8 +167,8 @@ func (c *lru[V]) reweigh(key string) {
 	}
 }
 
-// remove forgets key. Its ring slot is left empty, to be reused first.
-func (c *lru[V]) remove(key string) {
+// Remove forgets key. Its ring slot is left empty, to be reused first.
+func (c *Cache[V]) Remove(key string) {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -180,8 +187,8 @@ func (c *lru[V]) remove(key string) {
 	}
 }
 
-// len returns the number of keys held.
-func (c *lru[V]) len() int {
+// Len returns the number of keys held.
+func (c *Cache[V]) Len() int {
 	n := 0
 	for i := range c.shards {
 		s := &c.shards[i]
@@ -192,8 +199,8 @@ func (c *lru[V]) len() int {
 	return n
 }
 
-// held returns the weight held.
-func (c *lru[V]) held() int {
+// Held returns the weight held.
+func (c *Cache[V]) Held() int {
 	n := 0
 	for i := range c.shards {
 		s := &c.shards[i]

@@ -1,4 +1,4 @@
-package redlimit
+package lru
 
 import (
 	"strconv"
@@ -10,38 +10,38 @@ import (
 )
 
 func TestLRUBoundAndSecondChance(t *testing.T) {
-	c := newLRU[int](lruShards * 4) // 4 per shard
+	c := New[int](Shards * 4) // 4 per shard
 	made := 0
 	mk := func() int { made++; return made }
 	hot := "hot"
-	first := c.getOrAdd(hot, mk)
+	first := c.GetOrAdd(hot, mk)
 	for i := range 1000 {
-		c.getOrAdd(hot, mk) // used between every insert: never evicted
-		c.getOrAdd("k"+strconv.Itoa(i), mk)
+		c.GetOrAdd(hot, mk) // used between every insert: never evicted
+		c.GetOrAdd("k"+strconv.Itoa(i), mk)
 	}
-	require.LessOrEqual(t, c.len(), lruShards*4, "keys held")
-	require.Equal(t, first, c.getOrAdd(hot, mk), "the hot key was evicted and made again")
-	c.remove(hot)
-	require.NotEqual(t, first, c.getOrAdd(hot, mk), "remove did not forget the key")
-	require.LessOrEqual(t, c.len(), lruShards*4, "keys held after remove and add")
+	require.LessOrEqual(t, c.Len(), Shards*4, "keys held")
+	require.Equal(t, first, c.GetOrAdd(hot, mk), "the hot key was evicted and made again")
+	c.Remove(hot)
+	require.NotEqual(t, first, c.GetOrAdd(hot, mk), "remove did not forget the key")
+	require.LessOrEqual(t, c.Len(), Shards*4, "keys held after remove and add")
 }
 
 func TestLRUConcurrent(t *testing.T) {
-	c := newLRU[*int](64)
+	c := New[*int](64)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 2000 {
 				k := strconv.Itoa((g*7 + i) % 300)
-				assert.NotNil(t, c.getOrAdd(k, func() *int { x := i; return &x }), "value of %s", k)
+				assert.NotNil(t, c.GetOrAdd(k, func() *int { x := i; return &x }), "value of %s", k)
 				if i%50 == 0 {
-					c.remove(k)
+					c.Remove(k)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	require.LessOrEqual(t, c.len(), 64, "keys held")
+	require.LessOrEqual(t, c.Len(), 64, "keys held")
 }
 
 // Eviction never gives up while an entry can go: lookups that flag entries
@@ -73,25 +73,25 @@ func TestLRUEvictionGoesOn(t *testing.T) {
 // shard is held alone. reweigh drops others when an entry grows, and
 // remove gives its weight back.
 func TestLRUWeighed(t *testing.T) {
-	c := newWeighedLRU(lruShards*8, func(w int) int { return w })
+	c := NewWeighed(Shards*8, func(w int) int { return w })
 	for i := range 1000 {
-		c.getOrAdd("k"+strconv.Itoa(i), func() int { return 4 })
+		c.GetOrAdd("k"+strconv.Itoa(i), func() int { return 4 })
 	}
-	assert.Equal(t, lruShards*8, c.held(), "weight held")
-	assert.Equal(t, lruShards*2, c.len(), "entries held")
+	assert.Equal(t, Shards*8, c.Held(), "weight held")
+	assert.Equal(t, Shards*2, c.Len(), "entries held")
 
 	for i := range 1000 {
-		c.getOrAdd("heavy"+strconv.Itoa(i), func() int { return 20 })
+		c.GetOrAdd("heavy"+strconv.Itoa(i), func() int { return 20 })
 	}
-	assert.Equal(t, lruShards*20, c.held(), "weight held: one entry of 20 a shard")
-	assert.Equal(t, lruShards, c.len(), "entries held")
-	for i := range lruShards {
+	assert.Equal(t, Shards*20, c.Held(), "weight held: one entry of 20 a shard")
+	assert.Equal(t, Shards, c.Len(), "entries held")
+	for i := range Shards {
 		s := &c.shards[i]
 		assert.Len(t, s.items, 1, "shard %d", i)
 		assert.Equal(t, 20, s.weight, "shard %d", i)
 	}
 
-	d := newWeighedLRU(lruShards*8, func(w *int) int { return *w })
+	d := NewWeighed(Shards*8, func(w *int) int { return *w })
 	var vs []*int
 	var keys []string
 	for i := 0; len(keys) < 8; i++ { // 8 keys of weight 1 in one shard
@@ -100,19 +100,19 @@ func TestLRUWeighed(t *testing.T) {
 			continue
 		}
 		v := 1
-		require.Same(t, &v, d.getOrAdd(k, func() *int { return &v }))
+		require.Same(t, &v, d.GetOrAdd(k, func() *int { return &v }))
 		vs, keys = append(vs, &v), append(keys, k)
 	}
 	*vs[0] = 5
-	d.reweigh(keys[0])
+	d.Reweigh(keys[0])
 	assert.LessOrEqual(t, d.shards[0].weight, 8, "weight held after one grew")
-	assert.Equal(t, 4, d.len(), "entries held: the grown one and 3 of weight 1")
-	assert.Same(t, vs[0], d.getOrAdd(keys[0], func() *int { t.Fatal("the grown entry was dropped"); return nil }))
+	assert.Equal(t, 4, d.Len(), "entries held: the grown one and 3 of weight 1")
+	assert.Same(t, vs[0], d.GetOrAdd(keys[0], func() *int { t.Fatal("the grown entry was dropped"); return nil }))
 	*vs[0] = 50
-	d.reweigh(keys[0])
-	assert.Equal(t, 1, d.len(), "the grown entry alone")
-	assert.Equal(t, 50, d.held())
-	d.remove(keys[0])
-	assert.Equal(t, 0, d.held(), "weight after remove")
-	assert.Equal(t, 0, d.len())
+	d.Reweigh(keys[0])
+	assert.Equal(t, 1, d.Len(), "the grown entry alone")
+	assert.Equal(t, 50, d.Held())
+	d.Remove(keys[0])
+	assert.Equal(t, 0, d.Held(), "weight after remove")
+	assert.Equal(t, 0, d.Len())
 }

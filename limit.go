@@ -1,0 +1,139 @@
+package redlimit
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Limit is a rate: Rate events per Period. The zero value is not a valid
+// Limit; use [PerSecond], [PerMinute], [PerHour] or fill in the fields.
+type Limit struct {
+	Rate   int           // events allowed per Period
+	Period time.Duration // window length, or the time in which Rate tokens refill
+	Burst  int           // bucket capacity for TokenBucket and LeakyBucket; 0 means Rate
+}
+
+// PerSecond returns a Limit of rate events per second.
+func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a Limit of rate events per minute.
+func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// PerHour returns a Limit of rate events per hour.
+func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
+
+// String returns the limit as "rate/period", with the burst when it is set,
+// for example "10/1s" or "10/1s burst 20".
+func (l Limit) String() string {
+	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
+	if l.Burst != 0 && l.Burst != l.Rate {
+		s += " burst " + strconv.Itoa(l.Burst)
+	}
+	return s
+}
+
+// Limits on the values a Limit may hold: a Limit outside them is an error
+// wrapping ErrInvalidLimit. They keep every number the scripts compute
+// exact, or at worst rounded, in a Lua double.
+const (
+	// MaxRate is the largest Rate (and Burst) accepted: 2^40, about 1.1e12.
+	MaxRate = 1 << 40
+	// MaxPeriod is the largest Period accepted: 100 years.
+	MaxPeriod = 100 * 365 * 24 * time.Hour
+	// MinPeriod is the smallest Period accepted.
+	MinPeriod = time.Millisecond
+)
+
+// Strategy names a rate-limiting algorithm. See the package documentation
+// for how to choose one.
+type Strategy int
+
+// The strategies.
+const (
+	FixedWindow Strategy = iota + 1
+	SlidingLog
+	SlidingCounter
+	TokenBucket
+	LeakyBucket
+)
+
+var strategyNames = [...]string{
+	FixedWindow:    "fixed-window",
+	SlidingLog:     "sliding-log",
+	SlidingCounter: "sliding-counter",
+	TokenBucket:    "token-bucket",
+	LeakyBucket:    "leaky-bucket",
+}
+
+// Strategies lists every strategy, in the order of their values.
+func Strategies() []Strategy {
+	return []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
+}
+
+// String returns the strategy's name: "fixed-window", "sliding-log",
+// "sliding-counter", "token-bucket" or "leaky-bucket".
+func (s Strategy) String() string {
+	if s >= FixedWindow && s <= LeakyBucket {
+		return strategyNames[s]
+	}
+	return "Strategy(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseStrategy returns the strategy named s, as written by String.
+func ParseStrategy(s string) (Strategy, error) {
+	for _, st := range Strategies() {
+		if st.String() == s {
+			return st, nil
+		}
+	}
+	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
+}
+
+// Rule is one limit of a Policy.
+type Rule struct {
+	// Name is shown in Result.Rule, headers and observers. Empty: the
+	// strategy and the period, such as "token-bucket-1s" or
+	// "fixed-window-1h" (see Policy.Rules).
+	Name     string
+	Strategy Strategy
+	Limit    Limit
+	// PerCall makes the rule count each call as one event, whatever its n
+	// (n = 0 still only reports): requests per second beside tokens per
+	// minute in one policy, where AllowN and Reserve take n = tokens.
+	// Settling a reservation keeps the call's one event if anything was
+	// used, and gives it back for used = 0 (Cancel).
+	PerCall bool
+}
+
+// MaxRules is the most rules a Policy may have: more is an error wrapping
+// ErrInvalidLimit.
+const MaxRules = 16
+
+// validate checks a limit against the rules every strategy shares and
+// returns it with Burst filled in.
+func (l Limit) validate(maxRate int) (Limit, error) {
+	bad := func(format string, args ...any) (Limit, error) {
+		return l, errorf("limit %v: %s: %w", l, fmt.Sprintf(format, args...), ErrInvalidLimit)
+	}
+	switch {
+	case l.Rate < 1:
+		return bad("Rate must be at least 1")
+	case l.Rate > maxRate:
+		return bad("Rate must be at most %d", maxRate)
+	case l.Period < MinPeriod:
+		return bad("Period must be at least %v", MinPeriod)
+	case l.Period > MaxPeriod:
+		return bad("Period must be at most %v", MaxPeriod)
+	case l.Period%time.Microsecond != 0:
+		return bad("Period must be a whole number of microseconds")
+	case l.Burst < 0:
+		return bad("Burst must not be negative")
+	case l.Burst > MaxRate:
+		return bad("Burst must be at most %d", MaxRate)
+	}
+	if l.Burst == 0 {
+		l.Burst = l.Rate
+	}
+	return l, nil
+}
