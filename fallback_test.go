@@ -152,3 +152,31 @@ func TestFallbackRulesChangeReweighs(t *testing.T) {
 		require.Equal(t, tt.want, p.rescue.locals.Held(), "stand-ins counted with %d rules", tt.want)
 	}
 }
+
+// With prefetching, a denial on Redis through the prefetcher's direct
+// call (a key not hot enough for a prefetch) sets the block too, and the
+// fallback keeps it: the node going down right after the first denial
+// admitted the key at once.
+func TestFallbackKeepsBlockPrefetch(t *testing.T) {
+	const block = time.Minute
+	m := miniredis.RunT(t)
+	opt := redistest.TunedOptions(m.Addr())
+	opt.ReadTimeout, opt.WriteTimeout = 5*time.Second, 5*time.Second
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	lim := newLimiter(t, rdb, TokenBucket, PerMinute(2), WithBlock(block), WithPingInterval(time.Hour),
+		WithPrefetch(16, 100*time.Millisecond))
+	ctx := context.Background()
+	for i := range 3 {
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, i < 2, res.Allowed, "call %d on Redis: %+v", i, res)
+		require.False(t, res.Degraded, "call %d on Redis: %+v", i, res)
+	}
+	m.Close()
+	res, err := lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Degraded, "in fallback: %+v", res)
+	require.False(t, res.Allowed, "in fallback: a blocked key admitted: %+v", res)
+	require.Greater(t, res.RetryAfter, block-2*time.Second, "RetryAfter: %+v", res)
+}

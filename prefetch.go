@@ -481,6 +481,12 @@ func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string
 		en.remaining = res.Remaining
 		l.sawWindow(en, rs, start, res)
 		en.mu.Unlock()
+		if why == reasonLimit && l.e.cfg.block > 0 {
+			// A denial of a call of its own sets the block (a denied
+			// prefetch does not): the fallback keeps it (engine.decide
+			// keeps the blocked calls').
+			l.e.rescue.block(state, rs, min(res.RetryAfter, l.e.cfg.block))
+		}
 	}
 	return res, why, err
 }
