@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"runtime"
 	"strconv"
@@ -816,12 +817,21 @@ func TestPrefetchIdleSweepersRedis(t *testing.T) {
 			// then without them: the difference is theirs (the rest is
 			// the runtime's and other tests' background work, 1.6% of a
 			// core seen in the package's run).
-			const window = 2 * time.Second
+			// Each is the least of two windows: a spike of that other
+			// work in one window (1.5% of a core once, in CI) is not the
+			// limiters'.
+			const window = 1500 * time.Millisecond
 			share := func() (float64, time.Duration) {
-				cpu0, wall0 := cpuTime(t), time.Now()
-				time.Sleep(window)
-				cpu, wall := cpuTime(t)-cpu0, time.Since(wall0)
-				return float64(cpu) / float64(wall), cpu
+				least, leastCPU := math.Inf(1), time.Duration(0)
+				for range 2 {
+					cpu0, wall0 := cpuTime(t), time.Now()
+					time.Sleep(window)
+					cpu, wall := cpuTime(t)-cpu0, time.Since(wall0)
+					if s := float64(cpu) / float64(wall); s < least {
+						least, leastCPU = s, cpu
+					}
+				}
+				return least, leastCPU
 			}
 			idle, cpu := share()
 			left := sweepers()
