@@ -128,3 +128,14 @@ func offset(c *clientClock) int64 {
 	b := c.base.Load()
 	return b.server - b.at.UnixMicro()
 }
+
+// settled waits for the measurement under way, if any (tests that move a
+// simulated clock).
+func (c *clientClock) settled() {
+	c.mu.Lock()
+	m := c.flight
+	c.mu.Unlock()
+	if m != nil {
+		<-m.done
+	}
+}
