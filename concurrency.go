@@ -80,10 +80,11 @@ const acquirePollInterval = 50 * time.Millisecond
 // wrapping ErrUnavailable).
 //
 // The options that apply are WithPrefix, WithFallback, WithPingInterval,
-// WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver and
-// WithClientClock. The observer sees every try to take a lease with
+// WithFallbackShare, WithFallbackKeys, WithOnTransition, WithObserver,
+// WithClientClock and WithLimitFunc (a max per key: see
+// [Concurrency.TryAcquire]). The observer sees every try to take a lease with
 // Strategy 0 and N 1; transitions have Strategy 0. WithBlock,
-// WithDenyCache, WithShadow, WithLimitFunc, WithRulesFunc and WithPrefetch are
+// WithDenyCache, WithShadow, WithRulesFunc and WithPrefetch are
 // refused; WithRedisFunctions and WithReservationTTL are accepted and
 // change nothing (a concurrency limit runs its own scripts).
 //
@@ -91,11 +92,9 @@ const acquirePollInterval = 50 * time.Millisecond
 type Concurrency struct {
 	e      *engine
 	limit  Limit // Rate = max, Period = ttl, Burst = max
-	maxArg int64
 	ttlArg int64 // µs
 
 	local    *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
-	localCap int                   // their capacity: floor(max × share), at least 1
 	held     *heldLeases           // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
@@ -182,8 +181,6 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		refused = "WithDenyCache"
 	case cfg.shadow:
 		refused = "WithShadow"
-	case cfg.limitFunc != nil:
-		refused = "WithLimitFunc"
 	case cfg.rulesFunc != nil:
 		refused = "WithRulesFunc"
 	}
@@ -194,10 +191,8 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 	c := &Concurrency{
 		e:        e,
 		limit:    limit,
-		maxArg:   int64(max),
 		ttlArg:   int64(ttl / time.Microsecond),
 		local:    lru.New[*localSem](e.cfg.localKeys),
-		localCap: fallbackCapacity(max, e.cfg.share),
 		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
@@ -226,6 +221,15 @@ func fallbackCapacity(max int, share float64) int {
 // every lease expires. err is non-nil only when no decision was made: an
 // empty key, Close, ctx done, a script or server error, or Redis down with
 // FallbackError.
+//
+// With [WithLimitFunc], the key's max is the Rate of the Limit the function
+// returns for ctx and key (a plan's cap), checked as NewConcurrency checks
+// max; its Period must be 0 or the ttl, its Burst 0 or the Rate, and a zero
+// Limit means the Concurrency's own max. The script counts the key's leases
+// against that max, and the in-process fallback's semaphore of the key has
+// floor(max × share) slots. A key whose max is lowered keeps the leases it
+// holds until they are released; no new one is granted until fewer than
+// the new max are live.
 //
 // When ctx ends during the call, TryAcquire returns then, and the lease the
 // script may have added is given back in the background, as a release
@@ -261,12 +265,16 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 	if err := ctx.Err(); err != nil {
 		return nil, Result{}, errorf("concurrency %q: %w", key, err)
 	}
+	limit, err := c.limitFor(ctx, key)
+	if err != nil {
+		return nil, Result{}, err
+	}
 	state := c.e.stateKey(key, &c.e.own.rules[0])
 	if c.e.rescue.isDown(state) {
-		return c.fallback(key, state)
+		return c.fallback(key, state, limit)
 	}
 	id := newLeaseID()
-	res, code, err := c.eval(ctx, opAcquire, state, id)
+	res, code, err := c.eval(ctx, opAcquire, state, id, limit)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			// The script may have run, its reply come too late: give the
@@ -281,12 +289,12 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		if mayHaveRun(err) {
 			c.queueRelease(key, state, id, false) // given back once Redis answers
 		}
-		return c.fallback(key, state)
+		return c.fallback(key, state, limit)
 	}
 	if code != leaseDone {
 		return nil, res, nil
 	}
-	l := &Lease{c: c, key: key, state: state, id: id}
+	l := &Lease{c: c, key: key, state: state, id: id, limit: limit}
 	c.held.add(l)
 	return l, res, nil
 }
@@ -346,8 +354,34 @@ func (c *Concurrency) Close() error {
 	return c.e.close()
 }
 
-// eval runs concurrency.lua for one lease.
-func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Result, int64, error) {
+// limitFor returns the limit of key: the Concurrency's own, or the one
+// WithLimitFunc gives, checked.
+func (c *Concurrency) limitFor(ctx context.Context, key string) (Limit, error) {
+	f := c.e.cfg.limitFunc
+	if f == nil {
+		return c.limit, nil
+	}
+	l, err := f(ctx, key)
+	if err != nil {
+		return Limit{}, errorf("concurrency limit for %q: %w", key, err)
+	}
+	if l == (Limit{}) {
+		return c.limit, nil
+	}
+	switch {
+	case l.Rate < 1 || l.Rate > MaxConcurrency:
+		return Limit{}, errorf("concurrency limit for %q: max (Rate) %d must be between 1 and %d: %w", key, l.Rate, MaxConcurrency, ErrInvalidLimit)
+	case l.Period != 0 && l.Period != c.limit.Period:
+		return Limit{}, errorf("concurrency limit for %q: Period %v must be 0 or the lease ttl %v: %w", key, l.Period, c.limit.Period, ErrInvalidLimit)
+	case l.Burst != 0 && l.Burst != l.Rate:
+		return Limit{}, errorf("concurrency limit for %q: Burst %d must be 0 or the Rate %d: %w", key, l.Burst, l.Rate, ErrInvalidLimit)
+	}
+	return Limit{Rate: l.Rate, Period: c.limit.Period, Burst: l.Rate}, nil
+}
+
+// eval runs concurrency.lua for one lease of a key whose limit is limit
+// (Rate = max).
+func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit Limit) (Result, int64, error) {
 	now := argZero
 	if c.e.clock != nil && op == opRelease {
 		now = 1 // a release needs no time, only to know the clock is the client's
@@ -358,7 +392,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 		}
 		now = us
 	}
-	reply, err := concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, c.maxArg, c.ttlArg).Slice()
+	reply, err := concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, limit.Rate, c.ttlArg).Slice()
 	if err != nil {
 		return Result{}, 0, err
 	}
@@ -380,7 +414,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 	}
 	res := Result{
 		Allowed:    op == opAcquire && v[0] == leaseDone,
-		Limit:      c.limit,
+		Limit:      limit,
 		Remaining:  int(max(v[1], 0)),
 		ResetAfter: micros(v[3]),
 	}
@@ -390,15 +424,16 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 	return res, v[0], nil
 }
 
-// fallback answers TryAcquire while Redis is unavailable, by the policy.
-func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
+// fallback answers TryAcquire while Redis is unavailable, by the policy,
+// for a key whose limit is limit.
+func (c *Concurrency) fallback(key, state string, limit Limit) (*Lease, Result, error) {
 	cfg := &c.e.cfg
 	wait := cfg.pingInterval
-	denied := Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}
+	denied := Result{Limit: limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}
 	switch cfg.fallback {
 	case FallbackAllow:
-		return &Lease{c: c, key: key, state: state, free: true},
-			Result{Allowed: true, Limit: c.limit, Remaining: c.limit.Rate, Degraded: true}, nil
+		return &Lease{c: c, key: key, state: state, free: true, limit: limit},
+			Result{Allowed: true, Limit: limit, Remaining: limit.Rate, Degraded: true}, nil
 	case FallbackDeny:
 		return nil, denied, nil
 	case FallbackError:
@@ -409,17 +444,18 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	// held, a new key is denied until one empties. The Redis leases this
 	// instance holds on the key take slots too (heldLeases).
 	now := cfg.now()
-	sem, ok := c.local.GetOrAddKeep(state, func() *localSem { return newLocalSem(c.localCap) },
+	capacity := fallbackCapacity(limit.Rate, cfg.share)
+	sem, ok := c.local.GetOrAddKeep(state, func() *localSem { return newLocalSem(capacity) },
 		func(s *localSem) bool { return s.busy(now) })
 	if !ok {
 		return nil, denied, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now))
-	res.Limit, res.Degraded = c.limit, true
+	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now), capacity)
+	res.Limit, res.Degraded = limit, true
 	if !res.Allowed {
 		return nil, res, nil
 	}
-	return &Lease{c: c, key: key, state: state, sem: sem, local: id}, res, nil
+	return &Lease{c: c, key: key, state: state, sem: sem, local: id, limit: limit}, res, nil
 }
 
 // cause returns the error that marked the node of state unavailable.
@@ -487,6 +523,7 @@ type Lease struct {
 	sem   *localSem // FallbackLocal: the semaphore that holds it
 	local uint64    // its id in sem
 	free  bool      // FallbackAllow: a lease that holds nothing
+	limit Limit     // the key's limit when the lease was taken (Rate = max)
 	done  atomic.Bool
 
 	// In c.held, under its lock: the lease's expiry on this process's
@@ -540,7 +577,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
 	}
-	_, _, err := c.eval(ctx, opRelease, l.state, l.id)
+	_, _, err := c.eval(ctx, opRelease, l.state, l.id, l.limit)
 	switch {
 	case err == nil:
 		return nil
@@ -662,7 +699,7 @@ func (c *Concurrency) releasePass(closing context.Context, batch []pendingReleas
 			keep = append(keep, p)
 		default:
 			ctx, cancel := context.WithTimeout(closing, releaseTimeout)
-			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+			_, _, err := c.eval(ctx, opRelease, p.state, p.id, c.limit) // a release reads no max
 			cancel()
 			switch {
 			case err == nil:
@@ -708,7 +745,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	case c.e.rescue.isDown(l.state):
 		return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
-	_, code, err := c.eval(ctx, opExtend, l.state, l.id)
+	_, code, err := c.eval(ctx, opExtend, l.state, l.id, l.limit)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return errorf("extend lease of %q: %w", l.key, ctxErr)
@@ -761,10 +798,12 @@ func (s *localSem) pruneLocked(now time.Time) {
 }
 
 // acquire takes a lease of ttl if one is free, and returns its id. The
-// Redis leases of held take slots too.
-func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount) (uint64, Result) {
+// Redis leases of held take slots too. capacity is the key's capacity now
+// (WithLimitFunc may change it; leases beyond it stay until released).
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity int) (uint64, Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.cap = capacity
 	s.pruneLocked(now)
 	if s.order.Len()+held.n >= s.cap {
 		first, last := held.first, held.last

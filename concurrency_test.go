@@ -73,7 +73,7 @@ func TestConcurrencyLimitValidation(t *testing.T) {
 		{"block", 1, time.Second, []Option{WithBlock(time.Second)}, false},
 		{"deny cache", 1, time.Second, []Option{WithDenyCache(10)}, false},
 		{"shadow", 1, time.Second, []Option{WithShadow()}, false},
-		{"limit func", 1, time.Second, []Option{WithLimitFunc(func(context.Context, string) (Limit, error) { return Limit{}, nil })}, false},
+		{"limit func", 3, time.Second, []Option{WithLimitFunc(func(context.Context, string) (Limit, error) { return Limit{}, nil })}, true}, // "one" and "largest" hold one each on the fixed clock
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -385,7 +385,7 @@ func TestConcurrencyLimitFallbackLocal(t *testing.T) {
 	ctx := context.Background()
 	var tr transitions
 	c := newConc(t, rdb, 10, time.Minute, WithFallbackShare(0.25), WithPingInterval(20*time.Millisecond), WithOnTransition(tr.record))
-	require.Equal(t, 2, c.localCap, "floor(10 × 0.25)")
+	require.Equal(t, 2, fallbackCapacity(10, 0.25), "floor(10 × 0.25)")
 	onRedis, res := mustTry(t, c, "k")
 	require.False(t, res.Degraded)
 	state := c.e.stateKey("k", &c.e.own.rules[0])

@@ -120,7 +120,8 @@ func WithPrefix(prefix string) Option {
 // f is called on every call (Reset included); keep it fast, for example a
 // lookup in memory. How such limits share state, and cost no round trip:
 // see "Limits per key" in the package documentation. For a [Policy], use
-// [WithRulesFunc].
+// [WithRulesFunc]. For a [Concurrency], the Limit's Rate is the key's max
+// (a plan's cap; see [Concurrency.TryAcquire]).
 func WithLimitFunc(f func(ctx context.Context, key string) (Limit, error)) Option {
 	return optionFunc(func(c *config) { c.limitFunc = f })
 }
