@@ -94,8 +94,8 @@ type Concurrency struct {
 	limit  Limit // Rate = max, Period = ttl, Burst = max
 	ttlArg int64 // µs
 
-	local    *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
-	held     *heldLeases           // FallbackLocal: the Redis leases held here; else nil
+	local *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
+	held  *heldLeases           // FallbackLocal: the Redis leases held here; else nil
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -189,15 +189,15 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		return nil, errorf("concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
-		e:        e,
-		limit:    limit,
-		ttlArg:   int64(ttl / time.Microsecond),
-		local:    lru.New[*localSem](e.cfg.localKeys),
-		poll:     acquirePollInterval,
-		waits:    make(map[string]*waiters),
-		wakeCap:  min(max, 64),
-		done:     make(chan struct{}),
-		relKick:  make(chan struct{}, 1),
+		e:       e,
+		limit:   limit,
+		ttlArg:  int64(ttl / time.Microsecond),
+		local:   lru.New[*localSem](e.cfg.localKeys),
+		poll:    acquirePollInterval,
+		waits:   make(map[string]*waiters),
+		wakeCap: min(max, 64),
+		done:    make(chan struct{}),
+		relKick: make(chan struct{}, 1),
 	}
 	if e.cfg.fallback == FallbackLocal {
 		c.held = newHeldLeases(e.cfg.now, ttl)
