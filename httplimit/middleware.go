@@ -194,6 +194,8 @@ type config struct {
 	policy     string
 	named      bool // policy set by WithPolicyName
 	xRateLimit bool
+	cost       costConfig    // WithCost, WithOnSettleError: see cost.go
+	retryHint  time.Duration // WithRetryAfterHint: see concurrency.go
 }
 
 func defaultConfig() config {
@@ -205,6 +207,7 @@ func defaultConfig() config {
 		maxDelay:   DefaultMaxDelay,
 		policy:     "", // the strategy's name, or DefaultPolicyName; a Policy's rules' names
 		xRateLimit: false,
+		retryHint:  DefaultRetryAfterHint,
 	}
 }
 
@@ -298,6 +301,8 @@ func (c *config) validate() error {
 		return errors.New("httplimit: nil key error handler")
 	case c.err == nil:
 		return errors.New("httplimit: nil error handler")
+	case c.retryHint <= 0:
+		return errors.New("httplimit: Retry-After hint " + c.retryHint.String() + " is not positive")
 	}
 	if !ratelimitfields.IsPrintable(c.policy) {
 		return errors.New("httplimit: policy name " + strconv.Quote(c.policy) + " is not printable ASCII")
@@ -321,6 +326,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
+	reserver := cfg.cost.reserver(l)
 	policies := ratelimitfields.NewSource(l, cfg.policy, cfg.named, DefaultPolicyName)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -339,7 +345,19 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				// whose Delay is longer than the middleware will wait.
 				callCtx = calldelay.With(ctx, cfg.maxDelay)
 			}
-			res, rules, err := policies.Allow(callCtx, l, key)
+			var (
+				res   redlimit.Result
+				rules []redlimit.Rule
+				resv  *redlimit.Reservation // WithCost: the events reserved
+				n     int                   // and how many
+			)
+			if reserver != nil {
+				n = cfg.cost.f(r)
+				resv, rules, err = policies.Reserve(callCtx, reserver, key, n)
+				res = resv.Result()
+			} else {
+				res, rules, err = policies.Allow(callCtx, l, key)
+			}
 			if err != nil {
 				cfg.err(w, r, err)
 				return
@@ -356,6 +374,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			if res.Delay > 0 {
 				if cfg.maxDelay >= 0 && res.Delay > cfg.maxDelay {
 					// A Limiter not of this module took the slot anyway.
+					cfg.cost.settle(r, resv, 0)
 					h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.Delay), 1), 10))
 					cfg.denied.ServeHTTP(w, r)
 					return
@@ -365,8 +384,15 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				case <-t.C:
 				case <-ctx.Done():
 					t.Stop()
+					cfg.cost.settle(r, resv, 0)
 					return
 				}
+			}
+			if resv != nil {
+				// Settled when the handler returns, also when it panics.
+				var c *costState
+				r, c = withCost(r)
+				defer cfg.cost.settleReported(r, resv, n, c)
 			}
 			next.ServeHTTP(w, r)
 		})

@@ -176,6 +176,24 @@ func (p Source) Allow(ctx context.Context, l redlimit.Limiter, key string) (redl
 	return res, sink.Rules(), err
 }
 
+// Reserver is a limiter that can reserve events to settle later, as a
+// redlimit.RateLimiter and a redlimit.Policy do.
+type Reserver interface {
+	Reserve(ctx context.Context, key string, n int) (*redlimit.Reservation, error)
+}
+
+// Reserve calls r.Reserve for n events of key, and returns the rules that
+// decided it as Allow does.
+func (p Source) Reserve(ctx context.Context, r Reserver, key string, n int) (*redlimit.Reservation, []redlimit.Rule, error) {
+	if p.rules == nil {
+		res, err := r.Reserve(ctx, key, n)
+		return res, nil, err
+	}
+	callCtx, sink := callrules.New[redlimit.Rule](ctx)
+	res, err := r.Reserve(callCtx, key, n)
+	return res, sink.Rules(), err
+}
+
 // Policies returns the quota policies for res, and the name of the one
 // that decided it. rules are the rules that decided the call, for a
 // redlimit.Policy whose rules are given per call (as Allow returns them);
