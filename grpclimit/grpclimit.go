@@ -193,12 +193,15 @@ type config struct {
 	headers   bool
 	skip      func(ctx context.Context, fullMethod string) bool
 	onError   func(ctx context.Context, fullMethod string, err error)
+	cost      func(ctx context.Context, fullMethod string) int // WithCost: see cost.go
+	retryHint time.Duration                                    // WithRetryAfterHint: see concurrency.go
 }
 
 func defaultConfig() config {
 	return config{
-		keyFunc: PeerKey,
-		headers: true,
+		keyFunc:   PeerKey,
+		headers:   true,
+		retryHint: DefaultRetryAfterHint,
 	}
 }
 
@@ -276,8 +279,15 @@ func UnaryServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.UnaryServer
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		setHeader := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
 		// grpc-go calls unary interceptors for registered methods only.
-		if err := in.limit(ctx, info.FullMethod, true, setHeader); err != nil {
+		resv, err := in.limit(ctx, info.FullMethod, true, setHeader)
+		if err != nil {
 			return nil, err
+		}
+		if resv != nil {
+			// Settled when the handler returns, also when it panics.
+			var st *costState
+			ctx, st = withCost(ctx)
+			defer in.settle(ctx, info.FullMethod, resv, st)
 		}
 		return handler(ctx, req)
 	}
@@ -292,8 +302,14 @@ func StreamServerInterceptor(l redlimit.Limiter, opts ...Option) grpc.StreamServ
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc-go gives the unknown service handler's streams a nil srv,
 		// and those of registered methods their service implementation.
-		if err := in.limit(ss.Context(), info.FullMethod, srv != nil, ss.SetHeader); err != nil {
+		resv, err := in.limit(ss.Context(), info.FullMethod, srv != nil, ss.SetHeader)
+		if err != nil {
 			return err
+		}
+		if resv != nil {
+			ctx, st := withCost(ss.Context())
+			defer in.settle(ctx, info.FullMethod, resv, st)
+			ss = &ctxStream{ServerStream: ss, ctx: ctx}
 		}
 		return handler(srv, ss)
 	}
@@ -304,6 +320,7 @@ type interceptor struct {
 	lim      redlimit.Limiter
 	cfg      config
 	policies ratelimitfields.Source
+	reserver ratelimitfields.Reserver // WithCost: lim; else nil
 }
 
 func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
@@ -317,23 +334,72 @@ func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
 	// The policies of httplimit's RateLimit-Policy field, which has no
 	// WithPolicyName here.
 	policies := ratelimitfields.NewSource(l, "", false, httplimit.DefaultPolicyName)
-	return &interceptor{lim: l, cfg: cfg, policies: policies}
+	return &interceptor{lim: l, cfg: cfg, policies: policies, reserver: reserverOf(l, cfg.cost)}
 }
 
 // limit decides one call to fullMethod, registered telling whether the
-// server registered it. It returns nil when the handler may run, or the
-// status error to fail the call with.
-func (in *interceptor) limit(ctx context.Context, fullMethod string, registered bool, setHeader func(metadata.MD) error) error {
+// server registered it. It returns a nil error when the handler may run,
+// or the status error to fail the call with; with WithCost, the
+// reservation to settle when the handler returns (nil for a skipped call).
+func (in *interceptor) limit(ctx context.Context, fullMethod string, registered bool, setHeader func(metadata.MD) error) (*reservation, error) {
 	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
-		return nil
+		return nil, nil
 	}
+	key, err := in.key(ctx, fullMethod, registered)
+	if err != nil {
+		return nil, err
+	}
+	callCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		// A leaky bucket then refuses, taking nothing, a slot whose Delay
+		// would end after the call's deadline (the limiter keeps a margin
+		// for the round trip, as WaitN does).
+		callCtx = calldelay.Until(ctx, deadline)
+	}
+	var (
+		res   redlimit.Result
+		rules []redlimit.Rule
+		resv  *reservation
+	)
+	if in.reserver != nil {
+		resv = &reservation{n: in.cfg.cost(ctx, fullMethod)}
+		resv.Reservation, rules, err = in.policies.Reserve(callCtx, in.reserver, key, resv.n)
+		res = resv.Result()
+	} else {
+		res, rules, err = in.policies.Allow(callCtx, in.lim, key)
+	}
+	if err != nil {
+		in.report(ctx, fullMethod, err)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, status.FromContextError(ctxErr).Err()
+		}
+		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	}
+	if in.cfg.headers {
+		// It fails only when headers were already sent, which cannot
+		// happen before the handler runs.
+		_ = setHeader(in.headers(res, rules))
+	}
+	if !res.Allowed {
+		return nil, denied(res)
+	}
+	if err := sleep(ctx, res.Delay); err != nil {
+		in.settleUsed(ctx, fullMethod, resv, 0) // nothing used
+		return nil, status.FromContextError(err).Err()
+	}
+	return resv, nil
+}
+
+// key returns the key of a call to fullMethod, or the status error to
+// fail the call with.
+func (in *interceptor) key(ctx context.Context, fullMethod string, registered bool) (string, error) {
 	key, err := in.cfg.keyFunc(ctx, fullMethod)
 	if err == nil && key == "" {
 		err = errprefix.Errorf("grpclimit: ", "%s: empty key: %w", fullMethod, ErrNoKey)
 	}
 	if err != nil {
 		in.report(ctx, fullMethod, err)
-		return keyError(ctx, err)
+		return "", keyError(ctx, err)
 	}
 	if in.cfg.perMethod {
 		// Only registered names: any other is the client's choice.
@@ -343,33 +409,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		}
 		key = method + " " + key
 	}
-	callCtx := ctx
-	if deadline, ok := ctx.Deadline(); ok {
-		// A leaky bucket then refuses, taking nothing, a slot whose Delay
-		// would end after the call's deadline (the limiter keeps a margin
-		// for the round trip, as WaitN does).
-		callCtx = calldelay.Until(ctx, deadline)
-	}
-	res, rules, err := in.policies.Allow(callCtx, in.lim, key)
-	if err != nil {
-		in.report(ctx, fullMethod, err)
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return status.FromContextError(ctxErr).Err()
-		}
-		return status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
-	}
-	if in.cfg.headers {
-		// It fails only when headers were already sent, which cannot
-		// happen before the handler runs.
-		_ = setHeader(in.headers(res, rules))
-	}
-	if !res.Allowed {
-		return denied(res)
-	}
-	if err := sleep(ctx, res.Delay); err != nil {
-		return status.FromContextError(err).Err()
-	}
-	return nil
+	return key, nil
 }
 
 func (in *interceptor) report(ctx context.Context, fullMethod string, err error) {
