@@ -1,0 +1,167 @@
+package grpclimit_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/grpclimit"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+func miniConcurrency(t *testing.T, max int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 80})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := redlimit.NewConcurrency(rdb, max, ttl, redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c, rdb
+}
+
+func leases(t *testing.T, rdb *redis.Client, key string) int64 {
+	t.Helper()
+	n, err := rdb.ZCard(context.Background(), "redlimit:{"+key+"}:cc").Result()
+	require.NoError(t, err)
+	return n
+}
+
+func concurrencyServer(t *testing.T, c *redlimit.Concurrency, h *funcHealth, opts ...grpclimit.Option) healthpb.HealthClient {
+	opts = append(opts, grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-tenant")))
+	return serveFunc(t, grpclimit.ConcurrencyUnaryServerInterceptor(c, opts...), grpclimit.ConcurrencyStreamServerInterceptor(c, opts...), h)
+}
+
+// 64 unary calls at once on a cap of 3: at most 3 handlers run at once,
+// the others fail with ResourceExhausted, and every lease is released.
+func TestConcurrencyInterceptorHoldsAtMostMax(t *testing.T) {
+	t.Parallel()
+	c, rdb := miniConcurrency(t, 3, 10*time.Second)
+	var inFlight, most, served, denied atomic.Int64
+	h := &funcHealth{check: func(ctx context.Context) error {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		_, ok := grpclimit.LeaseFromContext(ctx)
+		assert.True(t, ok, "the lease is in the handler's context")
+		time.Sleep(20 * time.Millisecond)
+		inFlight.Add(-1)
+		return nil
+	}}
+	client := concurrencyServer(t, c, h)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			_, err := client.Check(tenantCtx(t, "t", 1), &healthpb.HealthCheckRequest{})
+			switch status.Code(err) {
+			case codes.OK:
+				served.Add(1)
+			case codes.ResourceExhausted:
+				denied.Add(1)
+			default:
+				t.Errorf("call: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("64 calls: %d served, %d denied, most at once %d", served.Load(), denied.Load(), most.Load())
+	assert.LessOrEqual(t, most.Load(), int64(3), "handlers running at once")
+	assert.GreaterOrEqual(t, served.Load(), int64(3))
+	assert.Equal(t, int64(64), served.Load()+denied.Load())
+	require.Eventually(t, func() bool { return leases(t, rdb, "t") == 0 }, 2*time.Second, 5*time.Millisecond, "leases left in Redis")
+}
+
+// The RetryInfo delay is the hint: the average hold (300ms here), not the
+// oldest lease's expiry (about 10s); before any call ended, the default.
+// A stream holds its lease until its handler returns.
+func TestConcurrencyInterceptorRetryHint(t *testing.T) {
+	t.Parallel()
+	c, rdb := miniConcurrency(t, 1, 10*time.Second)
+	release := make(chan struct{}, 1)
+	var hold atomic.Int64
+	h := &funcHealth{
+		check: func(ctx context.Context) error {
+			if d := time.Duration(hold.Load()); d > 0 {
+				time.Sleep(d)
+				return nil
+			}
+			<-release
+			return nil
+		},
+		watch: func(ctx context.Context) error { <-release; return nil },
+	}
+	client := concurrencyServer(t, c, h, grpclimit.WithRetryAfterHint(2*time.Second))
+	denial := func(what string) (time.Duration, metadata.MD) {
+		t.Helper()
+		var header metadata.MD
+		_, err := client.Check(tenantCtx(t, "t", 1), &healthpb.HealthCheckRequest{}, grpc.Header(&header))
+		st := status.Convert(err)
+		require.Equal(t, codes.ResourceExhausted, st.Code(), what)
+		require.Len(t, st.Details(), 1, what)
+		return st.Details()[0].(*errdetails.RetryInfo).GetRetryDelay().AsDuration(), header
+	}
+	// A stream holds the one slot: the default hint.
+	stream, err := client.Watch(tenantCtx(t, "t", 1), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return leases(t, rdb, "t") == 1 }, 2*time.Second, 5*time.Millisecond)
+	delay, header := denial("while a stream holds the slot")
+	assert.Equal(t, 2*time.Second, delay, "before any call ended: WithRetryAfterHint's")
+	assert.Equal(t, []string{"2"}, header.Get(grpclimit.HeaderRetryAfter))
+	release <- struct{}{}
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return leases(t, rdb, "t") == 0 }, 2*time.Second, 5*time.Millisecond, "the stream's lease released")
+
+	// Holds of 300ms: the hint moves to them (the stream's hold, some
+	// ms, was the first observed; each 300ms hold moves it by an eighth,
+	// so after 8 it is within 300ms × (7/8)^8 = 103ms of 300ms).
+	hold.Store(int64(300 * time.Millisecond))
+	for range 8 {
+		_, err := client.Check(tenantCtx(t, "t", 1), &healthpb.HealthCheckRequest{})
+		require.NoError(t, err)
+	}
+	hold.Store(0)
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Check(tenantCtx(t, "t", 1), &healthpb.HealthCheckRequest{})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return leases(t, rdb, "t") == 1 }, 2*time.Second, 5*time.Millisecond)
+	delay, header = denial("after holds of 300ms")
+	t.Logf("RetryInfo delay after 8 holds of 300ms (10s ttl): %v", delay)
+	assert.Greater(t, delay, 190*time.Millisecond)
+	assert.Less(t, delay, time.Second, "the hint, not the lease's expiry")
+	assert.Equal(t, []string{"1"}, header.Get(grpclimit.HeaderRetryAfter))
+	release <- struct{}{}
+	require.NoError(t, <-done)
+}
+
+// A handler that panics releases its lease, and the panic goes on.
+func TestConcurrencyInterceptorReleasesOnPanic(t *testing.T) {
+	t.Parallel()
+	c, rdb := miniConcurrency(t, 1, time.Minute)
+	unary := grpclimit.ConcurrencyUnaryServerInterceptor(c, grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-tenant")))
+	in := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tenant", "p"))
+	info := &grpc.UnaryServerInfo{FullMethod: healthpb.Health_Check_FullMethodName}
+	var held int64
+	require.PanicsWithValue(t, "handler bug", func() {
+		unary(in, nil, info, func(context.Context, any) (any, error) {
+			held = leases(t, rdb, "p")
+			panic("handler bug")
+		})
+	})
+	assert.Equal(t, int64(1), held, "lease held while the handler ran")
+	assert.Equal(t, int64(0), leases(t, rdb, "p"), "lease released after the panic")
+}
