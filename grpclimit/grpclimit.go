@@ -108,6 +108,14 @@
 // by: with [redlimit.WithLimitFunc], the limit it gave for the call's key,
 // and with [redlimit.WithRulesFunc], every rule it gave (a paid plan's
 // rules for a paid caller), not the limiter's own.
+//
+// # Costs and concurrency
+//
+// [WithCost] reserves a call's estimated cost before the handler and
+// settles what the handler passed to [Report] when it returns. [Metadata]
+// gives the metadata of a Result that a handler decided itself.
+// [ConcurrencyUnaryServerInterceptor] and [ConcurrencyStreamServerInterceptor]
+// hold a lease of a [redlimit.Concurrency] while the handler runs.
 package grpclimit
 
 import (

@@ -124,6 +124,14 @@
 //
 // Shadowed results (redlimit.WithShadow) are allowed, and their headers are
 // written as the limiter reported them.
+//
+// # Costs and concurrency
+//
+// [WithCost] reserves a request's estimated cost (an LLM call's maximum
+// tokens) before the handler and settles what the handler passed to
+// [Report] when it returns. [SetHeaders] writes the fields of a Result
+// that a handler decided itself. [ConcurrencyMiddleware] holds a lease of
+// a [redlimit.Concurrency] while the handler runs.
 package httplimit
 
 import (
