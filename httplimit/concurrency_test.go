@@ -16,6 +16,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/httplimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 func miniConcurrency(t *testing.T, max int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
@@ -42,8 +43,35 @@ func leases(t *testing.T, rdb *redis.Client, key string) int64 {
 func TestConcurrencyMiddlewareHoldsAtMostMax(t *testing.T) {
 	t.Parallel()
 	c, rdb := miniConcurrency(t, 3, 10*time.Second)
+	testHoldsAtMostMax(t, c, rdb)
+}
+
+// The same on a real redis-server.
+func TestConcurrencyMiddlewareRedis(t *testing.T) {
+	t.Parallel()
+	srv, err := redistest.StartServer()
+	redistest.SkipOrFail(t, err)
+	t.Cleanup(func() { srv.Close() })
+	opts := redistest.TunedOptions(srv.Addr)
+	// 64 requests dialling at once on 2 busy cores timed out dials of 1s:
+	// 8 connections, which the requests wait for, and generous timeouts
+	// (a timeout is an outage, answered 503 under FallbackError).
+	opts.DialTimeout, opts.PoolTimeout, opts.ReadTimeout, opts.WriteTimeout = 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second
+	opts.PoolSize = 8
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	c, err := redlimit.NewConcurrency(rdb, 3, 10*time.Second, redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	testHoldsAtMostMax(t, c, rdb)
+}
+
+func testHoldsAtMostMax(t *testing.T, c *redlimit.Concurrency, rdb *redis.Client) {
 	var inFlight, most, served, denied atomic.Int64
-	h := httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := httplimit.ConcurrencyMiddleware(c, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		t.Errorf("TryAcquire: %v", err)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := inFlight.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
