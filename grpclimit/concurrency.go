@@ -22,8 +22,8 @@ const DefaultRetryAfterHint = time.Second
 
 // WithRetryAfterHint sets the retry delay that [ConcurrencyUnaryServerInterceptor]
 // and [ConcurrencyStreamServerInterceptor] give a denied call before any
-// call they let through has ended (after that, the average time calls held
-// their lease). The default is [DefaultRetryAfterHint], 1s; d must be
+// call they let through has ended (after that, from the average time calls
+// held their lease). The default is [DefaultRetryAfterHint], 1s; d must be
 // positive (the constructors panic otherwise). It changes nothing in the
 // rate-limit interceptors.
 func WithRetryAfterHint(d time.Duration) Option {
@@ -42,7 +42,8 @@ func WithRetryAfterHint(d time.Duration) Option {
 // A call with no free slot fails with codes.ResourceExhausted and a
 // RetryInfo detail whose delay says when a slot is likely free: the
 // average time the calls it let through held their lease (a moving average
-// over the last few dozen; before any ended, [WithRetryAfterHint]'s 1s),
+// over the last few dozen) divided by the key's max, about when the first
+// of max holders ends (before any call ended, [WithRetryAfterHint]'s 1s),
 // never more than the time until the oldest lease expires; and, unless
 // [WithoutHeaders], the [HeaderRetryAfter] metadata in whole seconds. It is
 // not the lease ttl, which only bounds a crashed holder's slot. TryAcquire's
@@ -149,7 +150,7 @@ func (in *concurrencyInterceptor) acquire(ctx context.Context, fullMethod string
 		return nil, status.Error(codes.Unavailable, "grpclimit: concurrency limiter unavailable")
 	}
 	if lease == nil {
-		retry := in.hint.RetryAfter(res.RetryAfter)
+		retry := in.hint.RetryAfter(res.RetryAfter, res.Limit.Rate)
 		if in.cfg.headers {
 			_ = setHeader(metadata.Pairs(HeaderRetryAfter, seconds(max(retry, time.Second))))
 		}

@@ -17,7 +17,7 @@ const DefaultRetryAfterHint = time.Second
 
 // WithRetryAfterHint sets the Retry-After that [ConcurrencyMiddleware]
 // gives a denied request before any request it let through has ended
-// (after that, the average time requests held their lease); see
+// (after that, from the average time requests held their lease); see
 // ConcurrencyMiddleware. The default is [DefaultRetryAfterHint], 1s. It
 // changes nothing in [Middleware].
 func WithRetryAfterHint(d time.Duration) Option {
@@ -35,13 +35,14 @@ func WithRetryAfterHint(d time.Duration) Option {
 //
 // A request with no free slot is answered as denied (429 by default, see
 // [WithDeniedHandler]) with a Retry-After that tells when a slot is likely
-// free: the average time the requests it let through held their lease, a
-// moving average over the last few dozen (before any has ended, the
-// [WithRetryAfterHint] default, 1s), in whole seconds rounded up and at
-// least 1, and never more than the time until the oldest lease expires.
-// It is not the lease ttl, which only bounds a crashed holder's slot: a
-// cap of 3 with a 10s ttl and requests of 300ms answers Retry-After: 1,
-// not 10. The denied handler finds the Result with [ResultFromContext].
+// free: the average time the requests it let through held their lease (a
+// moving average over the last few dozen) divided by the key's max, since
+// max holders at random points of their holds free the first slot after
+// about that long; before any request has ended, the [WithRetryAfterHint]
+// default, 1s. It is written in whole seconds rounded up, at least 1, and
+// never more than the time until the oldest lease expires. It is not the
+// lease ttl, which only bounds a crashed holder's slot: a cap of 3 with a
+// 10s ttl and requests of 300ms answers Retry-After: 1, not 10. The denied handler finds the Result with [ResultFromContext].
 // No RateLimit fields are written: a concurrency limit has no window.
 //
 // The options that apply are WithKeyFunc, WithDeniedHandler,
@@ -80,7 +81,7 @@ func ConcurrencyMiddleware(c *redlimit.Concurrency, opts ...Option) func(http.Ha
 			}
 			ctx = context.WithValue(ctx, resultKey{}, res)
 			if lease == nil {
-				retry := hint.RetryAfter(res.RetryAfter)
+				retry := hint.RetryAfter(res.RetryAfter, res.Limit.Rate)
 				w.Header().Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(retry), 1), 10))
 				cfg.denied.ServeHTTP(w, r.WithContext(ctx))
 				return

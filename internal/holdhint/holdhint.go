@@ -39,16 +39,20 @@ func (h *Hint) Observe(d time.Duration) {
 	h.avg = max(h.avg+(d-h.avg)/weight, 1)
 }
 
-// RetryAfter returns the hint: the average hold observed (a full key's
-// holders free a slot within about that long), or the default before
-// any; never more than bound, when bound is positive (the oldest lease's
+// RetryAfter returns the hint for a key of slots slots, all held: the
+// average hold observed divided by slots (holders at random points of
+// their holds free the first slot after about that long; one slot, after
+// about the average hold), or the default before any hold was observed;
+// never more than bound, when bound is positive (the oldest lease's
 // expiry, by which a slot is free whatever the holders do).
-func (h *Hint) RetryAfter(bound time.Duration) time.Duration {
+func (h *Hint) RetryAfter(bound time.Duration, slots int) time.Duration {
 	h.mu.Lock()
 	d := h.avg
 	h.mu.Unlock()
 	if d == 0 {
 		d = h.def
+	} else {
+		d = max(d/time.Duration(max(slots, 1)), 1)
 	}
 	if bound > 0 {
 		d = min(d, bound)
