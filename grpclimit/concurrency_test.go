@@ -165,3 +165,22 @@ func TestConcurrencyInterceptorReleasesOnPanic(t *testing.T) {
 	assert.Equal(t, int64(1), held, "lease held while the handler ran")
 	assert.Equal(t, int64(0), leases(t, rdb, "p"), "lease released after the panic")
 }
+
+// A cancelled call releases its lease when its handler returns.
+func TestConcurrencyInterceptorReleasesOnCancel(t *testing.T) {
+	t.Parallel()
+	c, rdb := miniConcurrency(t, 1, time.Minute)
+	started := make(chan struct{})
+	h := &funcHealth{check: func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	client := concurrencyServer(t, c, h)
+	ctx, cancel := context.WithCancel(tenantCtx(t, "c", 1))
+	go func() { <-started; cancel() }()
+	_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+	require.Equal(t, codes.Canceled, status.Code(err))
+	require.Eventually(t, func() bool { return leases(t, rdb, "c") == 0 }, 5*time.Second, 5*time.Millisecond,
+		"lease released after the call was cancelled")
+}
