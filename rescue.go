@@ -129,6 +129,10 @@ type rescue struct {
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
 
+	// answers is what Redis last said of each key (answers.go), with
+	// FallbackLocal; else nil.
+	answers *answers
+
 	mu       sync.Mutex
 	nodes    map[string]*node // nodes marked down, or being checked by a probe
 	closed   bool
@@ -168,7 +172,7 @@ const maxBackoff = 3
 
 func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &rescue{
+	r := &rescue{
 		e:      e,
 		locals: lru.NewWeighed(e.cfg.localKeys, standIns),
 		ctx:    ctx,
@@ -176,6 +180,10 @@ func newRescue(e *engine) *rescue {
 		nodes:  make(map[string]*node),
 		stop:   make(chan struct{}),
 	}
+	if e.cfg.fallback == FallbackLocal {
+		r.answers = newAnswers(e.cfg.localKeys)
+	}
+	return r
 }
 
 // anyDown reports whether any node is marked down.
