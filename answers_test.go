@@ -263,11 +263,35 @@ func TestAnswersExpire(t *testing.T) {
 	require.True(t, ok && v2 == v, "a full answer is not noted: %+v", v2)
 }
 
-func mustRule(t *testing.T, s Strategy, l Limit) rule {
+func mustRule(t testing.TB, s Strategy, l Limit) rule {
 	t.Helper()
 	alg, ok := algorithmOf(s)
 	require.True(t, ok)
 	r, err := newRule("", alg, l)
 	require.NoError(t, err)
 	return r
+}
+
+// Noting an answer allocates nothing once its stripe is in use.
+func TestAnswersNoteAllocs(t *testing.T) {
+	a := newAnswers(100_000)
+	rs := newRuleSet([]rule{mustRule(t, TokenBucket, PerSecond(10))})
+	res := Result{Remaining: 3, ResetAfter: time.Second}
+	state := "redlimit:{user:12345}:tb1000000"
+	if got := testing.AllocsPerRun(1000, func() { a.note(state, rs, &res, reasonAllowed) }); got != 0 {
+		t.Errorf("note: %v allocations, want 0", got)
+	}
+}
+
+// BenchmarkAnswersNote is what a decision on Redis adds for the fallback's
+// memory (compare BenchmarkDecisionOverhead).
+func BenchmarkAnswersNote(b *testing.B) {
+	a := newAnswers(100_000)
+	rs := newRuleSet([]rule{mustRule(b, TokenBucket, PerSecond(10))})
+	res := Result{Remaining: 3, ResetAfter: time.Second}
+	state := "redlimit:{user:12345}:tb1000000"
+	b.ReportAllocs()
+	for b.Loop() {
+		a.note(state, rs, &res, reasonAllowed)
+	}
 }

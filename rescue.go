@@ -66,10 +66,11 @@ const (
 	// token bucket of Rate/Period per second with burst Rate; TokenBucket
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
-	// Burst queued). State in Redis is not copied in or out: the local
-	// limiters start full, and Redis resumes from what it had; but a key
-	// that Redis denied under a penalty block ([WithBlock]) stays denied
-	// until the block ends.
+	// Burst queued). A key's stand-in starts from Redis's last answer
+	// about it, if the limiter has one (its Remaining, scaled by the
+	// share), else full; nothing is written back, and Redis resumes from
+	// what it had. A key that Redis denied under a penalty block
+	// ([WithBlock]) stays denied until the block ends.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).
 	FallbackAllow
