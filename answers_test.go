@@ -302,3 +302,50 @@ func BenchmarkAnswersNote(b *testing.B) {
 		a.note(state, rs, &res, reasonAllowed)
 	}
 }
+
+// A key that Redis blocked (WithBlock) keeps its block in the fallback,
+// and once the block ends its stand-in is still the one Redis's answer
+// made (at its limit), not the full one the block's bookkeeping started
+// it with: it admitted 2 then.
+func TestFallbackAnswerAfterBlock(t *testing.T) {
+	const block = 50 * time.Millisecond
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			m, rdb := answersBackend(t)
+			lim := newLimiter(t, rdb, s, PerMinute(2), WithBlock(block), WithPingInterval(time.Hour))
+			allowUntil(t, lim, "k", 2, true)
+			m.Close()
+			start := time.Now()
+			res, err := lim.Allow(context.Background(), "k")
+			require.NoError(t, err)
+			require.True(t, res.Degraded && !res.Allowed, "blocked: %+v", res)
+			time.Sleep(block + 10*time.Millisecond - time.Since(start)) // the fallback's block is timed by the wall clock
+			if got := countAdmitted(t, lim, "k", 3); got != 0 {
+				t.Errorf("admitted %d after the block, want 0", got)
+			}
+		})
+	}
+}
+
+// A stand-in made before Redis's last answer (here by a block's
+// bookkeeping, at a denial) starts from that last answer when the node
+// goes down: the key, refilled on Redis an hour later and called once
+// there, has 1 of 2 left.
+func TestFallbackAnswerLatest(t *testing.T) {
+	const block = 50 * time.Millisecond
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			m, rdb := answersBackend(t)
+			lim := newLimiter(t, rdb, s, PerMinute(2), WithBlock(block), WithPingInterval(time.Hour))
+			allowUntil(t, lim, "k", 2, true)
+			start := time.Now()
+			m.SetTime(t0.Add(time.Hour))
+			allowUntil(t, lim, "k", 1, false)
+			time.Sleep(block + 10*time.Millisecond - time.Since(start)) // the fallback's block is timed by the wall clock
+			m.Close()
+			if got := countAdmitted(t, lim, "k", 3); got != 1 {
+				t.Errorf("admitted %d, want 1", got)
+			}
+		})
+	}
+}
