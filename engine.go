@@ -655,14 +655,24 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 			if err != nil {
 				return Result{}, 0, err
 			}
-			return e.parse(reply, rs, rc)
+			return e.answered(first, reply, rs, rc)
 		}
 	}
 	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Result()
 	if err != nil {
 		return Result{}, 0, err
 	}
-	return e.parse(reply, rs, rc)
+	return e.answered(first, reply, rs, rc)
+}
+
+// answered parses Redis's reply to a decision on rs for the key whose
+// first state key is first, and notes it for the fallback (see answers).
+func (e *engine) answered(first string, reply any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+	res, why, err := e.parse(reply, rs, rc)
+	if err == nil && e.rescue.answers != nil {
+		e.rescue.answers.note(first, rs, &res, why)
+	}
+	return res, why, err
 }
 
 // behind makes the client clock, if any, measure again: a script found the

@@ -20,6 +20,9 @@ type localSet struct {
 	// the key ends, as time since monoBase: until then every call is
 	// denied. 0: none known.
 	blockEnd time.Duration
+	// recalled is when the stand-ins last looked for Redis's answers about
+	// the key (see recall), as monoNow; 0: never.
+	recalled int64
 }
 
 // monoBase is the origin of localSet.blockEnd: a reading with the
@@ -69,7 +72,12 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 
 // forget drops the in-process stand-in of the key whose first state key
 // is state.
-func (r *rescue) forget(state string) { r.locals.Remove(state) }
+func (r *rescue) forget(state string) {
+	r.locals.Remove(state)
+	if r.answers != nil {
+		r.answers.forget(state)
+	}
+}
 
 // decide answers without Redis, by the fallback policy. cause is the error
 // of the call, or nil for a call not sent because its node is down; rc, when
@@ -107,6 +115,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 			r.locals.Reweigh(state) // set.mu, then the shard's lock: never the other way
 		}
 	}
+	r.recall(set, state, rs, time.Now())
 	return r.decideLocked(set, n, maxDelay, rs, rc)
 }
 

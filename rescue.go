@@ -66,10 +66,11 @@ const (
 	// token bucket of Rate/Period per second with burst Rate; TokenBucket
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
-	// Burst queued). State in Redis is not copied in or out: the local
-	// limiters start full, and Redis resumes from what it had; but a key
-	// that Redis denied under a penalty block ([WithBlock]) stays denied
-	// until the block ends.
+	// Burst queued). A key's stand-in starts from Redis's last answer
+	// about it, if the limiter has one (its Remaining, scaled by the
+	// share), else full; nothing is written back, and Redis resumes from
+	// what it had. A key that Redis denied under a penalty block
+	// ([WithBlock]) stays denied until the block ends.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).
 	FallbackAllow
@@ -129,6 +130,10 @@ type rescue struct {
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
 
+	// answers is what Redis last said of each key (answers.go), with
+	// FallbackLocal; else nil.
+	answers *answers
+
 	mu       sync.Mutex
 	nodes    map[string]*node // nodes marked down, or being checked by a probe
 	closed   bool
@@ -168,7 +173,7 @@ const maxBackoff = 3
 
 func newRescue(e *engine) *rescue {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &rescue{
+	r := &rescue{
 		e:      e,
 		locals: lru.NewWeighed(e.cfg.localKeys, standIns),
 		ctx:    ctx,
@@ -176,6 +181,10 @@ func newRescue(e *engine) *rescue {
 		nodes:  make(map[string]*node),
 		stop:   make(chan struct{}),
 	}
+	if e.cfg.fallback == FallbackLocal {
+		r.answers = newAnswers(e.cfg.localKeys)
+	}
+	return r
 }
 
 // anyDown reports whether any node is marked down.
