@@ -226,7 +226,7 @@ func limitOf(l redlimit.Limit, s redlimit.Strategy) redlimit.Limit {
 
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
-	limit    redlimit.Limit // with the buckets' WarmUp (see limitOf)
+	limit    redlimit.Limit  // with the buckets' WarmUp (see limitOf)
 	pattern  string          // name, for titles
 	arrivals []time.Duration // request times since the start, sorted, whole µs
 	duration time.Duration   // length of the traffic
