@@ -209,17 +209,12 @@ func TestWarmUpModel(t *testing.T) {
 // On a real Redis, at the test's clock (clockHook), with the rules passed
 // as arguments (WithLimitFunc: warmScript).
 func TestWarmUpModelRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
-	t.Cleanup(func() { rdb.Close() })
-	hook := &clockHook{}
-	rdb.AddHook(hook)
-	base := time.Now().UnixMicro()
+	rdb, setClock := hookedRedis(t)
 	for _, c := range warmCases() {
 		t.Run(c.s.String()+"/"+c.limit.String(), func(t *testing.T) {
 			lim := newLimiter(t, rdb, c.s, c.limit, WithPrefix(prefixFor(t)),
 				WithLimitFunc(func(context.Context, string) (Limit, error) { return c.limit, nil }))
-			playWarm(t, lim, "k", c, func(d time.Duration) { hook.now.Store(base + int64(d/time.Microsecond)) })
+			playWarm(t, lim, "k", c, setClock)
 		})
 	}
 }
@@ -229,14 +224,38 @@ func TestWarmUpModelRedis(t *testing.T) {
 // exactly one Period ahead after the last: no drift, even with a stable
 // interval of a fraction of a µs (8571.43 µs).
 func TestWarmUpWeekNoDrift(t *testing.T) {
+	b, _ := miniBackend(t)
+	weekNoDrift(t, b.rdb, b.setClock)
+}
+
+// The same on a real Redis, at the test's clock (clockHook).
+func TestWarmUpWeekNoDriftRedis(t *testing.T) {
+	rdb, setClock := hookedRedis(t)
+	weekNoDrift(t, rdb, setClock, WithPrefix(prefixFor(t)))
+}
+
+// hookedRedis starts a redis-server and returns a client whose decision
+// scripts run at the time setClock sets (see clockHook), for limiters
+// with WithLimitFunc or WithRulesFunc.
+func hookedRedis(t *testing.T) (redis.UniversalClient, func(time.Duration)) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
+	t.Cleanup(func() { rdb.Close() })
+	hook := &clockHook{}
+	rdb.AddHook(hook)
+	base := time.Now().UnixMicro()
+	return rdb, func(d time.Duration) { hook.now.Store(base + int64(d/time.Microsecond)) }
+}
+
+func weekNoDrift(t *testing.T, rdb redis.UniversalClient, setClock func(time.Duration), opts ...Option) {
+	t.Helper()
 	l := Limit{Rate: 7000, Period: time.Minute, WarmUp: time.Minute}
-	b, m := miniBackend(t)
-	lim := newLimiter(t, b.rdb, TokenBucket, l)
+	lim := newLimiter(t, rdb, TokenBucket, l, append(opts, WithLimitFunc(func(context.Context, string) (Limit, error) { return l, nil }))...)
 	g := newGuava(l)
 	calls := int(7 * 24 * time.Hour / l.Period)
 	admitted, model := 0, 0
 	for i := range calls {
-		b.setClock(time.Duration(i) * l.Period)
+		setClock(time.Duration(i) * l.Period)
 		res, err := lim.AllowN(t.Context(), "k", l.Rate)
 		require.NoError(t, err)
 		admitted += btoi(res.Allowed)
@@ -249,7 +268,7 @@ func TestWarmUpWeekNoDrift(t *testing.T) {
 	assert.Equal(t, calls-1, admitted, "the first call pays 1.5 Periods forward, then one a Period")
 	// The state: F, the next free time ahead of the last call, is exactly a
 	// Period: 2·Period(µs)·Rate units of 1/(2·Rate) µs.
-	v, err := m.Get(lim.stateKey("k"))
+	v, err := rdb.Get(t.Context(), lim.stateKey("k")).Result()
 	require.NoError(t, err)
 	parts := strings.Split(v, ":")
 	require.Len(t, parts, 4, "state %q", v)
@@ -339,9 +358,29 @@ func TestWarmUpPolicyAndReserve(t *testing.T) {
 	playWarm(t, dyn, "d", warmCase{TokenBucket, warm}, b.setClock)
 
 	b.setClock(time.Hour)
-	lim := newLimiter(t, b.rdb, TokenBucket, warm)
+	lim := newLimiter(t, b.rdb, TokenBucket, warm, WithPrefix("lim")) // not the policy's state
 	for _, l := range []reserver{p, lim} {
-		reserveWarm(t, b, l, warm)
+		reserveWarm(t, l, warm)
+	}
+}
+
+// The same on a real Redis, at the test's clock (clockHook): the rules
+// passed as arguments (WithRulesFunc, WithLimitFunc), so warmScript and
+// the settle script decide.
+func TestWarmUpPolicyAndReserveRedis(t *testing.T) {
+	rdb, setClock := hookedRedis(t)
+	warm := Limit{Rate: 100, Period: time.Second, WarmUp: 300 * time.Millisecond}
+	rules := []Rule{
+		{Name: "warm", Strategy: TokenBucket, Limit: warm},
+		{Name: "hour", Strategy: FixedWindow, Limit: Limit{Rate: 1_000_000, Period: time.Hour}},
+	}
+	dyn := newPolicy(t, rdb, rules[1:], WithPrefix(prefixFor(t)), WithRulesFunc(func(context.Context, string) ([]Rule, error) { return rules, nil }))
+	playWarm(t, dyn, "d", warmCase{TokenBucket, warm}, setClock)
+	setClock(time.Hour)
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(1), WithPrefix(prefixFor(t)+"lim"),
+		WithLimitFunc(func(context.Context, string) (Limit, error) { return warm, nil }))
+	for _, l := range []reserver{dyn, lim} {
+		reserveWarm(t, l, warm)
 	}
 }
 
@@ -353,7 +392,7 @@ type reserver interface {
 
 // reserveWarm reserves, cancels and settles on a new key under a limiter
 // whose deciding rule is warm.
-func reserveWarm(t *testing.T, b *backend, p reserver, warm Limit) {
+func reserveWarm(t *testing.T, p reserver, warm Limit) {
 	t.Helper()
 	r, err := p.Reserve(t.Context(), "r", 1)
 	require.NoError(t, err)
@@ -368,7 +407,6 @@ func reserveWarm(t *testing.T, b *backend, p reserver, warm Limit) {
 	require.False(t, res.Allowed)
 	assert.Equal(t, owed-warm.interval(), res.RetryAfter, "cancelled: its stable cost given back, not the stored permit's extra")
 	// A settle of more than reserved pays the extra forward.
-	b.advance(time.Hour)
 	r, err = p.Reserve(t.Context(), "s", 1)
 	require.NoError(t, err)
 	_, err = r.Settle(t.Context(), 3)
