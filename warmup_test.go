@@ -457,3 +457,23 @@ func TestWarmUpFallback(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 }
+
+// With WithRedisFunctions the warming rules, written in, run as a Redis
+// Function: a cold leaky bucket of 2/s with a 4 s warm-up gives Guava's
+// waits to three calls made at once (a few ms of real time apart).
+func TestWarmUpFunctionsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
+	t.Cleanup(func() { rdb.Close() })
+	lim := newLimiter(t, rdb, LeakyBucket, Limit{Rate: 2, Period: time.Second, Burst: 100, WarmUp: 4 * time.Second}, WithRedisFunctions())
+	for i, want := range []time.Duration{0, 1375 * time.Millisecond, 2500 * time.Millisecond} {
+		res, err := lim.Allow(t.Context(), "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "call %d: %+v", i, res)
+		assert.InDelta(t, want, res.Delay, float64(200*time.Millisecond), "call %d: %+v", i, res)
+	}
+	libs, err := rdb.FunctionList(t.Context(), redis.FunctionListQuery{}).Result()
+	require.NoError(t, err)
+	require.Len(t, libs, 1, "the rules' library is loaded")
+	assert.True(t, strings.Contains(libs[0].Name, "redlimit_"), "library %q", libs[0].Name)
+}
