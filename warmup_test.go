@@ -195,9 +195,12 @@ func playWarm(t *testing.T, lim Limiter, key string, c warmCase, setClock func(d
 	t.Logf("%v %v: %d calls of %d admitted, the model %d, at worst %d apart", c.s, c.limit, got, n, want, worst)
 }
 
-// On miniredis with its exact clock (the server's TIME), rules written in.
+// On miniredis with its exact clock (the server's TIME), rules written in:
+// a slow and the fastest rates (miniredis takes about a ms a call; a
+// real Redis plays every case, below).
 func TestWarmUpModel(t *testing.T) {
-	for _, c := range warmCases() {
+	cases := warmCases()
+	for _, c := range []warmCase{cases[1], cases[3], cases[5]} {
 		t.Run(c.s.String()+"/"+c.limit.String(), func(t *testing.T) {
 			b, _ := miniBackend(t)
 			lim := newLimiter(t, b.rdb, c.s, c.limit)
