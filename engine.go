@@ -20,6 +20,7 @@ type algorithm struct {
 	maxRate  int    // largest Rate accepted
 	bucket   bool   // capacity is Burst (else Rate)
 	queue    bool   // leaky bucket: admitted events get a Delay
+	warm     bool   // a bucket with a warm-up (warmup.go): its code carries Limit.WarmUp
 }
 
 // algorithms lists each strategy's algorithm, declared in its own file
@@ -45,7 +46,8 @@ type rule struct {
 	name    string
 	alg     *algorithm
 	limit   Limit  // validated, Burst filled in
-	suffix  string // "}:" + code + period in µs: the state key after the tag
+	suffix  string // "}:" + alg.code + period in µs: the state key after the tag
+	code    string // the strategy code the check sees: alg.code, and a warm-up's µs (warmup.go)
 	args    [4]any // the script's arguments for this rule: code, rate, period, burst
 	perCall bool   // counts each call as one event (Rule.PerCall)
 }
@@ -55,6 +57,13 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 	l, err := limit.validate(alg.maxRate)
 	if err != nil {
 		return rule{}, errorf("%v: %w", alg.strategy, err)
+	}
+	code := alg.code
+	if limit.WarmUp != 0 {
+		if alg, err = warmAlgorithm(alg, limit); err != nil {
+			return rule{}, err
+		}
+		code = alg.code + strconv.FormatInt(int64(l.WarmUp/time.Microsecond), 10)
 	}
 	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
 		// The key's lifetime, the time to refill a whole bucket, must fit.
@@ -67,7 +76,8 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 		alg:    alg,
 		limit:  l,
 		suffix: "}:" + alg.code + strconv.FormatInt(periodUS, 10),
-		args:   [4]any{alg.code, int64(l.Rate), periodUS, int64(l.Burst)},
+		code:   code,
+		args:   [4]any{code, int64(l.Rate), periodUS, int64(l.Burst)},
 	}, nil
 }
 
@@ -105,6 +115,7 @@ type ruleSet struct {
 	sig   uint64 // identifies the limits, for the deny cache and the fallback
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
 	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
+	warm  bool   // a rule with a warm-up: decided by warmScript when not written in
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
@@ -134,10 +145,12 @@ func newRuleSet(rules []rule) *ruleSet {
 			rs.logs++
 		}
 		rs.queue = rs.queue || r.alg.queue
+		rs.warm = rs.warm || r.alg.warm
 		mix(int64(r.alg.strategy))
 		mix(int64(r.limit.Rate))
 		mix(int64(r.limit.Period))
 		mix(int64(r.limit.Burst))
+		mix(int64(r.limit.WarmUp))
 		mix(int64(btoi(r.perCall)))
 	}
 	rs.sig = h
@@ -637,6 +650,9 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	script := rs.script
 	if script == nil {
 		script = e.script
+		if rs.warm {
+			script = warmScript()
+		}
 		for i := range rs.rules {
 			a.args = append(a.args, rs.rules[i].args[:]...)
 		}

@@ -36,7 +36,8 @@ type localRule struct {
 	burst    int     // capacity of lim (1 for a queue)
 	capacity int     // a queue's capacity in events; else burst
 	queue    bool
-	perCall  bool // counts a call as one event (Rule.PerCall)
+	perCall  bool       // counts a call as one event (Rule.PerCall)
+	warm     *warmCurve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
 }
 
 // ahead is how long an event would wait in a queue's stand-in at now:
@@ -147,6 +148,12 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 		if ol == nil {
 			continue
 		}
+		if ol.warm != nil && nl.warm != nil { // the same state: a warm-up's
+			ol.warm.sync(now)
+			nl.warm.stored = min(ol.warm.stored, nl.warm.max)
+			nl.warm.next = ol.warm.next
+			continue
+		}
 		var used float64 // events in use: taken from a bucket, or queued
 		if ol.queue {
 			used = ol.ahead(now).Seconds() * ol.every
@@ -212,7 +219,10 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		rc.local = hold
 	}
 	for i := range set.lims {
-		if lr := &set.lims[i]; !lr.queue {
+		switch lr := &set.lims[i]; {
+		case lr.warm != nil:
+			lr.warm.take(lr.count(n), now)
+		case !lr.queue:
 			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
 		}
 	}
@@ -298,6 +308,9 @@ func cancelAll(set *localSet, verdicts *[MaxRules]verdict, now time.Time) {
 // check asks one stand-in whether n events fit, without taking them (a
 // queue takes its reservations; the set cancels them on a denial).
 func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+	if lr.warm != nil {
+		return checkWarm(lr, now, n, maxDelay)
+	}
 	if lr.queue {
 		return r.checkQueue(lr, now, n, maxDelay)
 	}
@@ -348,6 +361,44 @@ func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.D
 	return v
 }
 
+// checkWarm is the stand-in of a limit with a WarmUp, as
+// scripts/warmup.lua decides it: a token bucket admits when the next free
+// time has come, a leaky bucket when its wait and n stable intervals fit
+// in its capacity's. It takes nothing (decideLocked takes the events).
+func checkWarm(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+	c := lr.warm
+	wait := c.wait(now)
+	v := verdict{ok: true, resetNow: c.untilCold(now)}
+	if lr.queue {
+		interval := seconds(c.stable)
+		room := time.Duration(lr.capacity)*interval - wait
+		v.wait, v.avail = wait, max(int(room/interval), 0)
+		over := time.Duration(n)*interval - room
+		switch {
+		case n > 0 && over > 0:
+			v.ok, v.why, v.wait = false, reasonLimit, over
+		case n > 0 && maxDelay >= 0 && wait > maxDelay:
+			v.ok, v.why, v.wait = false, reasonMaxDelay, wait-maxDelay
+		}
+	} else {
+		v.avail = lr.capacity
+		switch {
+		case wait > 0 && n > 0:
+			v.ok, v.why, v.wait, v.avail = false, reasonLimit, wait, 0
+		case wait > 0:
+			v.avail = 0
+		case n > 0:
+			v.avail = n // the next call waits for what this one costs
+		}
+	}
+	if v.ok && n > 0 {
+		after := *c
+		after.take(n, now)
+		v.resetAfter = after.untilCold(now)
+	}
+	return v
+}
+
 // reserveAt takes n events from lim at now in one reservation, with the
 // state and the last event's time that n reservations of one would leave
 // (a debt where the tokens are not there), also where n passes lim's
@@ -394,6 +445,13 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 			lr.burst = lr.capacity
 		}
 		lr.lim = rate.NewLimiter(rate.Limit(lr.every), lr.burst)
+		if ru.alg.warm {
+			// The curve at the share's rate, cold: a fractional capacity
+			// needs no correction (a warming bucket starts slowly anyway).
+			lr.warm = newWarmCurve(lr.every, ru.limit.WarmUp, now)
+			set.lims[i] = lr
+			continue
+		}
 		// A fractional capacity is kept on average: the stand-in starts
 		// one event short with the probability of the fraction left out
 		// (a queue too: with 1 slot for a capacity of 0.25 each, 20

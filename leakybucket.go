@@ -22,6 +22,9 @@ var leakyBucket = &algorithm{strategy: LeakyBucket, code: "lb", maxRate: MaxRate
 // It keeps one Redis string per key, the queue's length in exact integers
 // (the token bucket's state, see scripts/bucket.lua), and writes only when
 // it admits.
+//
+// With limit.WarmUp, a cold key's queue drains at Rate/3 at first and at
+// Rate after WarmUp of steady use (see Limit.WarmUp and docs/warmup.md).
 func NewLeakyBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
 	return newRateLimiter(LeakyBucket, rdb, limit, opts)
 }

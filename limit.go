@@ -12,6 +12,12 @@ type Limit struct {
 	Rate   int           // events allowed per Period
 	Period time.Duration // window length, or the time in which Rate tokens refill
 	Burst  int           // bucket capacity for TokenBucket and LeakyBucket; 0 means Rate
+	// WarmUp, for TokenBucket and LeakyBucket only, makes a cold key (new,
+	// or idle for about WarmUp) start at Rate/3 and reach Rate after
+	// WarmUp of steady use, as Guava's SmoothWarmingUp (see
+	// docs/warmup.md). A warming token bucket never bursts: its Burst must
+	// be 0 (or Rate, which 0 means). 0: no warm-up.
+	WarmUp time.Duration
 }
 
 // PerSecond returns a Limit of rate events per second.
@@ -23,12 +29,16 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
 // PerHour returns a Limit of rate events per hour.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
-// String returns the limit as "rate/period", with the burst when it is set,
-// for example "10/1s" or "10/1s burst 20".
+// String returns the limit as "rate/period", with the burst and the
+// warm-up when they are set, for example "10/1s", "10/1s burst 20" or
+// "10/1s warm-up 1m0s".
 func (l Limit) String() string {
 	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
 	if l.Burst != 0 && l.Burst != l.Rate {
 		s += " burst " + strconv.Itoa(l.Burst)
+	}
+	if l.WarmUp != 0 {
+		s += " warm-up " + l.WarmUp.String()
 	}
 	return s
 }

@@ -89,7 +89,7 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		}
 		if r.PerCall {
 			ru.perCall = true
-			ru.args[0] = "*" + alg.code
+			ru.args[0] = "*" + ru.code
 		}
 		for j := range out[:i] {
 			if out[j].name == name {

@@ -65,7 +65,7 @@ func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duratio
 	}
 	if !prefetchable(&ruleSet{rules: rules}) {
 		return bad("prefetches are for token buckets and fixed windows (and policies of token buckets, none per call): " +
-			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay")
+			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay, and a warm-up's cost depends on when they are taken")
 	}
 	return nil
 }
@@ -73,10 +73,11 @@ func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duratio
 // prefetchable reports whether calls under rs can be served from a prefetch: one
 // token bucket or fixed window, or token buckets only, none per call (a
 // per-call rule counts a call as one event whatever n, so a prefetch of k
-// events would take one in Redis and serve k calls).
+// events would take one in Redis and serve k calls) and none with a
+// warm-up (what a block of events costs depends on when they are taken).
 func prefetchable(rs *ruleSet) bool {
 	for i := range rs.rules {
-		if rs.rules[i].perCall {
+		if rs.rules[i].perCall || rs.rules[i].alg.warm {
 			return false
 		}
 	}

@@ -115,6 +115,18 @@ var strategyFiles = [...]string{
 // scripts hold them.
 var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcounter.lua", "bucket.lua"}
 
+// everyFile is allStrategyFiles and the warm-up's file (warmup.go), which
+// only the scripts of rules with a warm-up carry.
+var everyFile = append(allStrategyFiles[:len(allStrategyFiles):len(allStrategyFiles)], warmFile)
+
+// fileOf returns the strategy's file of an algorithm.
+func fileOf(alg *algorithm) string {
+	if alg.warm {
+		return warmFile
+	}
+	return strategyFiles[alg.strategy]
+}
+
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {

@@ -237,8 +237,8 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = redis.NewScript(decisionHead(allStrategyFiles) +
-	readScripts("args.lua") + strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
+var settleScript = redis.NewScript(decisionHead(everyFile) +
+	readScripts("args.lua") + strategyTable(everyFile) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs
@@ -309,6 +309,17 @@ func (r *Reservation) settleLocal(used int) Result {
 			continue // the key's limits have no such rule any more
 		}
 		delta := lr.count(used) - lr.count(r.n)
+		if c := lr.warm; c != nil {
+			// As settle.lua does: a refund only from the time still owed,
+			// at most the stable cost of the events; a charge pays forward.
+			if delta < 0 {
+				owed := max(c.next.Sub(now), 0)
+				c.next = c.next.Add(-min(owed, seconds(float64(-delta)*c.stable)))
+			} else if delta > 0 {
+				c.take(delta, now)
+			}
+			continue
+		}
 		if delta < 0 {
 			// Give back at most what the refill cannot have paid back yet,
 			// as settle.lua does for a bucket: never refill twice.
@@ -324,6 +335,15 @@ func (r *Reservation) settleLocal(used int) Result {
 	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
 	for i := range h.set.lims {
 		lr := &h.set.lims[i]
+		if c := lr.warm; c != nil {
+			if c.wait(now) == 0 && (i == 0 || lr.capacity < res.Remaining) {
+				res.Remaining = lr.capacity
+			} else if c.wait(now) > 0 {
+				res.Remaining = 0
+			}
+			res.ResetAfter = max(res.ResetAfter, c.untilCold(now))
+			continue
+		}
 		tokens := lr.lim.TokensAt(now)
 		if i == 0 || int(tokens) < res.Remaining {
 			res.Remaining = max(int(tokens), 0)

@@ -73,6 +73,11 @@ func strategyTable(files []string) string {
 		}
 	}
 	b.WriteString("}\n")
+	if slices.Contains(files, warmFile) {
+		// A warm-up rule's code carries its warm-up (warmup.lua): any code
+		// not in the table is one, 'wl...' the leaky bucket's.
+		b.WriteString("setmetatable(check_by_code, {__index = function(_, c) if string.byte(c, 2) == 108 then return check_wl end return check_wt end})\n")
+	}
 	return b.String()
 }
 
@@ -178,7 +183,7 @@ func writtenChecks(rs *ruleSet) string {
 		if several {
 			b.WriteString("do local hc, hk, ha, hb, hx\n")
 		}
-		b.WriteString("do local i, strat, check, rate, period, burst, per_call = " + strconv.Itoa(i+1) + ", '" + r.alg.code + "', check_" + r.alg.code)
+		b.WriteString("do local i, strat, check, rate, period, burst, per_call = " + strconv.Itoa(i+1) + ", '" + r.code + "', check_" + r.alg.code)
 		for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
 			b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 		}
@@ -220,11 +225,11 @@ func writesTwice(rs *ruleSet) bool {
 }
 
 // strategyFilesOf returns the strategies' files that the rules need, each
-// once, in the order of allStrategyFiles.
+// once, in the order of everyFile.
 func strategyFilesOf(rules []rule) []string {
 	var files []string
-	for _, f := range allStrategyFiles {
-		if slices.ContainsFunc(rules, func(r rule) bool { return strategyFiles[r.alg.strategy] == f }) {
+	for _, f := range everyFile {
+		if slices.ContainsFunc(rules, func(r rule) bool { return fileOf(r.alg) == f }) {
 			files = append(files, f)
 		}
 	}

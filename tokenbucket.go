@@ -16,6 +16,10 @@ var tokenBucket = &algorithm{strategy: TokenBucket, code: "tb", maxRate: MaxRate
 // Any Limit the other strategies accept works, up to MaxRate per Period: at
 // 1e9 bytes per second it is exact to the byte. Limiters that differ only in
 // Rate or Burst share the state and keep the tokens used.
+//
+// With limit.WarmUp, a cold key starts at Rate/3 and reaches Rate after
+// WarmUp of steady use, and the bucket never bursts (see Limit.WarmUp and
+// docs/warmup.md).
 func NewTokenBucket(rdb redis.UniversalClient, limit Limit, opts ...Option) (*RateLimiter, error) {
 	return newRateLimiter(TokenBucket, rdb, limit, opts)
 }

@@ -92,6 +92,34 @@ func RedlimitClientClock(s redlimit.Strategy) Contender {
 	return redlimitWith(s, Direct, " (client clock)", redlimit.WithClientClock())
 }
 
+// RedlimitWarmUp measures a token or leaky bucket with a warm-up
+// (Limit.WarmUp): 100,000 a second with a warm-up of a second, whatever the
+// workload (a warm-up bounds Rate × Period; cold, it still admits 33,000
+// a second, more than decisions one at a time reach), on a key of its own.
+func RedlimitWarmUp(s redlimit.Strategy) Contender {
+	return Contender{
+		Name:     "redlimit " + s.String() + " (warm-up)",
+		Kind:     "redlimit",
+		Scripted: true,
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			lim := redlimit.Limit{Rate: 100_000, Period: time.Second, WarmUp: time.Second}
+			if s == redlimit.LeakyBucket {
+				lim.Burst = 1_000_000
+			}
+			l, err := redlimit.New(env.RDB, s, lim, redlimit.WithFallback(redlimit.FallbackError), redlimit.WithPrefix("redlimit-warmup"))
+			if err != nil {
+				return nil, nil, err
+			}
+			keys := w.Keys
+			dec := func(ctx context.Context, i int) (bool, error) {
+				res, err := l.Allow(ctx, keys[i])
+				return res.Allowed, err
+			}
+			return dec, func() { l.(io.Closer).Close() }, nil
+		},
+	}
+}
+
 // functionsSuffix ends the names of the contenders with
 // redlimit.WithRedisFunctions.
 const functionsSuffix = " (functions)"

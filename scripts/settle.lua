@@ -142,6 +142,31 @@ adjust.tb = function(key, rate, period, tag, taken)
   end
 end
 adjust.lb = adjust.tb
+-- A warming bucket (warmup.lua, its code 'wt' or 'wl' and its warm-up): a
+-- charge pays forward the cost of the events at what is stored now; a
+-- refund takes back at most their stable cost, and only from the time
+-- still owed (none of the time already passed, and no stored permits: no
+-- refill is credited again).
+local function adjust_warm(key, rate, period, _, _, code)
+  local tx = string.sub(code, 3) * rate
+  local mx, p2 = 2 * tx, 2 * period
+  local x, f = warm_read(key, rate, mx)
+  if delta < 0 then
+    local back = -delta * p2
+    if back > f then back = f end
+    if back <= 0 then return end
+    f = f - back
+  else
+    local k = delta * p2
+    f = f + warm_cost(x, k, tx)
+    if k > x then x = 0 else x = x - k end
+  end
+  if f == 0 and x >= mx then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(ceil_div(f + mx - x, 2 * rate)))
+end
 
 local d0 = delta
 for i = 1, nrules do
@@ -154,7 +179,8 @@ for i = 1, nrules do
     if used == 0 then delta = -1 end
   end
   if delta ~= 0 and held[i] then
-    adjust[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
+    local fn = adjust[strat] or adjust_warm
+    fn(KEYS[i], rate, period, tonumber(ARGV[base + i]), taken, strat)
   end
 end
 

@@ -48,6 +48,11 @@ The patterns (-offered is the mean rate over the whole run in each of them):
 	         are skipped. Without -duration, the run lasts until the last
 	         arrival, rounded up to whole periods.
 
+With -warmup, the token bucket and the leaky bucket warm up (Limit.WarmUp,
+Guava's SmoothWarmingUp): cold at the start, they admit rate/3 and reach the
+rate after the warm-up of steady use, which the chart shows as a ramp; the
+token bucket's -burst must then be 0. The other strategies ignore it.
+
 The table's "max/period" column is the most requests admitted in any
 interval [t, t+period), counted exactly over the admitted times: a sliding
 log never exceeds the rate, a fixed window can reach twice the rate across
@@ -67,6 +72,7 @@ type simFlags struct {
 	seed     int64
 	out      string
 	step     time.Duration
+	warmUp   time.Duration
 }
 
 func setupSimulate(fs *flag.FlagSet) runFunc {
@@ -81,6 +87,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.Int64Var(&f.seed, "seed", 0, "if not 0, move each arrival at random by up to half the gap to its neighbours, reproducibly for the seed")
 	fs.StringVar(&f.out, "out", "chart.png", "chart `file` to write, .png or .svg")
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
+	fs.DurationVar(&f.warmUp, "warmup", 0, "warm-up of token-bucket and leaky-bucket: a cold key starts at rate/3 and reaches the rate after it (0 means none)")
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		set := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -139,9 +146,9 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	// the period, and the patterns step by it (with -period 0, bursty and
 	// onoff never ended, a file's arrivals were divided by 0, and the
 	// default -offered was +Inf).
-	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
 	for _, s := range redlimit.Strategies() {
-		if err := checkLimit(s, limit); err != nil {
+		if err := checkLimit(s, limitOf(limit, s)); err != nil {
 			return nil, err // dispatch makes an invalid limit a usage error
 		}
 	}
@@ -208,9 +215,18 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	}, nil
 }
 
+// limitOf returns the limit strategy s simulates: l, without its WarmUp
+// unless s is a bucket.
+func limitOf(l redlimit.Limit, s redlimit.Strategy) redlimit.Limit {
+	if s != redlimit.TokenBucket && s != redlimit.LeakyBucket {
+		l.WarmUp = 0
+	}
+	return l
+}
+
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
-	limit    redlimit.Limit
+	limit    redlimit.Limit  // with the buckets' WarmUp (see limitOf)
 	pattern  string          // name, for titles
 	arrivals []time.Duration // request times since the start, sorted, whole µs
 	duration time.Duration   // length of the traffic
@@ -276,7 +292,7 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	}
 	var lanes []lane
 	for _, s := range redlimit.Strategies() {
-		lim, err := newLimiter(rdb, s, sim.limit)
+		lim, err := newLimiter(rdb, s, limitOf(sim.limit, s))
 		if err != nil {
 			return nil, err
 		}

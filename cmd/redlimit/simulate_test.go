@@ -449,3 +449,38 @@ func TestSimulateLeakyBucketChart(t *testing.T) {
 	got := chartSteps(sim, outs)
 	assert.LessOrEqual(t, got, int64(maxBuckets), "with the suggested -step 2ms: %d chart points", got)
 }
+
+// TestSimulateWarmUp checks -warmup's ramp: with a warm-up the buckets
+// start at rate/3 (a cold token bucket at 10/s with a 3 s warm-up admits
+// about 3 in the first second, and all 10 once warm), the other strategies
+// are as without it, and a warming token bucket with a burst is refused.
+func TestSimulateWarmUp(t *testing.T) {
+	t.Parallel()
+	limit := redlimit.Limit{Rate: 10, Period: time.Second, WarmUp: 3 * time.Second}
+	warm := simulateT(t, "steady", limit, 100, 8*time.Second, 0)
+	limit.WarmUp = 0
+	plain := simulateT(t, "steady", limit, 100, 8*time.Second, 0)
+	in := func(o *outcome, from, to time.Duration) int {
+		n := 0
+		for _, at := range o.admitted {
+			if at >= from && at < to {
+				n++
+			}
+		}
+		return n
+	}
+	for _, s := range []redlimit.Strategy{redlimit.TokenBucket, redlimit.LeakyBucket} {
+		first, last := in(warm[s], 0, time.Second), in(warm[s], 6*time.Second, 7*time.Second)
+		assert.InDelta(t, 4, first, 1, "%v: %d admitted in the first second, cold (rate/3, rising)", s, first)
+		assert.Equal(t, 10, last, "%v: %d admitted in the 7th second, warm", s, last)
+		assert.Less(t, len(warm[s].admitted), len(plain[s].admitted), "%v", s)
+	}
+	for _, s := range []redlimit.Strategy{redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter} {
+		assert.Equal(t, plain[s].admitted, warm[s].admitted, "%v ignores -warmup", s)
+	}
+
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"simulate", "-warmup", "1s", "-burst", "20", "-out", filepath.Join(t.TempDir(), "c.png")}, &out, &out)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out.String(), "a warming token bucket never bursts: Burst must be 0")
+}
