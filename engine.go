@@ -219,6 +219,9 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if cfg.prefetch.size > 0 {
 		e.prefetcher = newPrefetcher(e)
 	}
+	// A node that another limiter on the client marked down is down for
+	// this one too: its hook is told at once.
+	e.rescue.flush()
 	return e, nil
 }
 
