@@ -186,7 +186,11 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		return r.settleLocal(used), nil
 	}
 	if r.e.rescue.isDown(r.state) {
-		return Result{}, r.queueSettle(used, r.e.rescue.downCause(r.state))
+		err := errorf("settle %q: %w", r.key, ErrUnavailable)
+		if cause := r.e.rescue.downCause(r.state); cause != nil {
+			err = errorf("settle %q: %w: %w", r.key, ErrUnavailable, cause)
+		}
+		return Result{}, r.queueSettle(used, err)
 	}
 	res, err := r.settleRedis(ctx, used)
 	switch {
@@ -195,43 +199,35 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		return res, nil
 	case errors.Is(err, ErrSettled):
 		r.done = true
-		return Result{}, err
-	}
-	if ctxErr := callerDone(ctx); ctxErr != nil {
+	case callerDone(ctx) != nil:
 		// The command or its reply was lost, or is late: made again, so
 		// that the caller's deadline does not leave it unsettled.
 		if r.e.settles.add(r.requeued(used), true) {
 			r.done = true
-			return Result{}, errorf("settle %q (made again in the background): %w", r.key, ctxErr)
+			return Result{}, errorf("%w (made again in the background)", err)
 		}
-		return Result{}, errorf("settle %q: %w", r.key, ctxErr)
-	}
-	if r.e.rescue.outage(ctx, err, r.state) {
+	case errors.Is(err, ErrUnavailable):
 		return Result{}, r.queueSettle(used, err)
 	}
-	return Result{}, errorf("settle %q: %w", r.key, err)
+	return Result{}, err
 }
 
 // maxPendingSettles bounds the settles a limiter keeps to make again;
 // past it, Settle queues nothing and the reservation stays unsettled.
 var maxPendingSettles = 10_000
 
-// queueSettle queues the settle of r with used while Redis is unavailable
-// (cause: why, or nil if unknown), marking r settled, and returns Settle's
-// error, which says whether it was queued. r.mu is held.
-func (r *Reservation) queueSettle(used int, cause error) error {
-	if cause == nil {
-		cause = errorf("node marked down")
-	}
+// queueSettle queues the settle of r with used while Redis is unavailable,
+// marking r settled, and returns Settle's error: err (which wraps
+// ErrUnavailable), saying whether it was queued. r.mu is held.
+func (r *Reservation) queueSettle(used int, err error) error {
 	if !r.e.settles.add(r.requeued(used), false) {
 		if r.e.closed.Load() {
 			return ErrClosed
 		}
-		return errorf("settle %q (not queued: %d settles wait already; settle it again once Redis is back): %w: %w",
-			r.key, maxPendingSettles, ErrUnavailable, cause)
+		return errorf("%w (not queued: %d settles wait already; settle it again once Redis is back)", err, maxPendingSettles)
 	}
 	r.done = true
-	return errorf("settle %q (queued: made again once Redis is back): %w: %w", r.key, ErrUnavailable, cause)
+	return errorf("%w (queued: made again once Redis is back)", err)
 }
 
 // requeued is the settle of r with used, for the engine's queue: made
@@ -246,7 +242,7 @@ func (r *Reservation) requeued(used int) requeued {
 		case callerDone(ctx) != nil:
 			return true
 		}
-		return r.e.rescue.outage(ctx, err, r.state)
+		return errors.Is(err, ErrUnavailable)
 	}}
 }
 
@@ -301,8 +297,6 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 var settleScript = redis.NewScript(decisionHead(allStrategyFiles) +
 	readScripts("args.lua") + strategyTable(allStrategyFiles) + readScripts("rules.lua", "settle.lua"))
 
-// settleRedis runs the settle script: the error is the call's as it is
-// (the caller classifies it), or wraps ErrSettled, or a reply's error.
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs
 	keys := make([]string, 0, 2*len(rs.rules))
@@ -314,7 +308,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	if e.clock != nil {
 		us, err := e.clock.nowMicros(ctx)
 		if err != nil {
-			return Result{}, err
+			return Result{}, r.settleErr(ctx, err)
 		}
 		now = us
 	}
@@ -329,7 +323,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	}
 	reply, err := settleScript.Run(ctx, e.rdb, keys, args...).Slice()
 	if err != nil {
-		return Result{}, err
+		return Result{}, r.settleErr(ctx, err)
 	}
 	if len(reply) == 1 {
 		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
@@ -340,6 +334,18 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	}
 	res.Allowed = true
 	return res, nil
+}
+
+// settleErr wraps a failed settle's error: the caller's context, an outage
+// (ErrUnavailable, and Redis marked down), or what Redis said.
+func (r *Reservation) settleErr(ctx context.Context, err error) error {
+	if ctxErr := callerDone(ctx); ctxErr != nil {
+		return errorf("settle %q: %w", r.key, ctxErr)
+	}
+	if r.e.rescue.outage(ctx, err, r.state) {
+		return errorf("settle %q: %w: %w", r.key, ErrUnavailable, err)
+	}
+	return errorf("settle %q: %w", r.key, err)
 }
 
 // settleLocal settles a reservation the fallback took. Each stand-in gets
