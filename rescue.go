@@ -48,7 +48,11 @@ import (
 // running a small script that reads TIME and writes a short key of the
 // failing key's slot (never the caller's key; and a read-only replica, a
 // full memory or a down cluster slot does not count as back). After two
-// probes in a row succeed, calls go to the node again.
+// probes in a row succeed, calls go to the node again. The limiters,
+// Policies and Concurrency limits built on the same client, with the same
+// ping interval, prefix and clock (WithClientClock), share each node's
+// down-state and its one monitor: a node that one marks down is down for
+// all, and an outage costs the same probes however many they are.
 //
 // What is not an outage never switches to the fallback: a denial is an
 // answer, the caller's own context ending returns its error, a Redis client
