@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -131,4 +132,54 @@ func outageDials(t *testing.T, addr string, n int) int64 {
 	t.Logf("%d limiters: %d transitions each (Down, back after %v), %d dials in 3 s of outage",
 		n, len(trs[0].list()), trs[0].list()[1].Outage.Round(time.Millisecond), during)
 	return during
+}
+
+// Limiters on one client share the down-state of its node: one marks it
+// down for all; one made meanwhile is told at once; closing one leaves
+// the monitor to the others, and the last Close stops it.
+func TestNodeWatchRefCounted(t *testing.T) {
+	verifyNoLeak(t)
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	every := WithPingInterval(10 * time.Millisecond)
+	var trA, trB, trC transitions
+	a, err := NewTokenBucket(rdb, PerSecond(100), every, WithOnTransition(trA.record))
+	require.NoError(t, err)
+	b, err := NewPolicy(rdb, []Rule{{Strategy: FixedWindow, Limit: PerSecond(100)}}, every, WithOnTransition(trB.record))
+	require.NoError(t, err)
+	other, err := NewTokenBucket(rdb, PerSecond(100), WithPingInterval(20*time.Millisecond))
+	require.NoError(t, err)
+	defer other.Close()
+	require.Same(t, a.rescue.w, b.rescue.w, "one watch for the same client and ping interval")
+	require.NotSame(t, a.rescue.w, other.rescue.w, "another ping interval, another watch")
+
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	res, err := a.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Degraded)
+	require.True(t, b.rescue.anyDown(), "down for the policy too")
+	res, err = b.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Degraded)
+	assert.Len(t, trB.list(), 1, "the policy's hook told")
+	c, err := NewConcurrency(rdb, 5, time.Second, every, WithOnTransition(trC.record))
+	require.NoError(t, err)
+	require.Len(t, trC.list(), 1, "told from its constructor")
+	assert.True(t, trC.list()[0].Down)
+	assert.Equal(t, Strategy(0), trC.list()[0].Strategy)
+	require.NoError(t, a.Close())
+
+	m.SetError("")
+	require.Eventually(t, func() bool { return len(trB.list()) == 2 && len(trC.list()) == 2 }, 5*time.Second, 5*time.Millisecond,
+		"back, for the limiters left, after the first closed")
+	assert.Len(t, trA.list(), 1, "a closed limiter is not told")
+	assert.False(t, trB.list()[1].Down)
+	require.NoError(t, b.Close())
+	w := c.e.rescue.w
+	require.NoError(t, c.Close())
+	w.mu.Lock()
+	assert.True(t, w.closed, "the last Close stops the watch")
+	w.mu.Unlock()
 }
