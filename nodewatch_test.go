@@ -110,6 +110,10 @@ func outageDials(t *testing.T, addr string, n int) int64 {
 	time.Sleep(200 * time.Millisecond)
 	proxy.Cut()
 	require.Eventually(t, func() bool { return allGot(1) }, 3*time.Second, 5*time.Millisecond, "every limiter told the node is down")
+	// Probes of a node that refuses connections go 100, 300, 600, 900...
+	// ms after it is marked down: a window from 450 ms to 3.45 s has its
+	// edges 150 ms from any probe, and holds 10.
+	time.Sleep(450 * time.Millisecond)
 	before := dials.n.Load()
 	time.Sleep(3 * time.Second)
 	during := dials.n.Load() - before
