@@ -104,22 +104,9 @@ type Concurrency struct {
 	done    chan struct{} // closed by Close
 	once    sync.Once
 
-	// Releases of Redis leases that did not complete (see queueRelease),
-	// made again by retryReleases.
-	relMu      sync.Mutex
-	pending    []pendingRelease
-	relRunning bool
-	relKick    chan struct{} // has retryReleases make a pass at once
-	relWG      sync.WaitGroup
-}
-
-// pendingRelease is the release of a Redis lease that did not complete
-// (Redis unavailable, or the caller's context ended during the call): it
-// is made again until it succeeds, or until the lease's ttl would have
-// ended anyway.
-type pendingRelease struct {
-	key, state, id string
-	until          time.Time
+	// releases makes again the releases of Redis leases that did not
+	// complete (see queueRelease).
+	releases *requeue
 }
 
 // maxPendingReleases bounds the releases a Concurrency keeps to make
@@ -145,8 +132,7 @@ const (
 	leaseMissing = 4
 )
 
-// releaseTimeout bounds a Release whose ctx was already done, and each
-// try of retryReleases.
+// releaseTimeout bounds a Release whose ctx was already done.
 const releaseTimeout = time.Second
 
 // NewConcurrency limits how many leases per key are held at once across
@@ -189,15 +175,15 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		return nil, errorf("concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
-		e:       e,
-		limit:   limit,
-		ttlArg:  int64(ttl / time.Microsecond),
-		local:   lru.New[*localSem](e.cfg.localKeys),
-		poll:    acquirePollInterval,
-		waits:   make(map[string]*waiters),
-		wakeCap: min(max, 64),
-		done:    make(chan struct{}),
-		relKick: make(chan struct{}, 1),
+		e:        e,
+		limit:    limit,
+		ttlArg:   int64(ttl / time.Microsecond),
+		local:    lru.New[*localSem](e.cfg.localKeys),
+		poll:     acquirePollInterval,
+		waits:    make(map[string]*waiters),
+		wakeCap:  min(max, 64),
+		done:     make(chan struct{}),
+		releases: newRequeue(e.rescue, e.cfg.pingInterval, maxPendingReleases),
 	}
 	if e.cfg.fallback == FallbackLocal {
 		c.held = newHeldLeases(e.cfg.now, ttl)
@@ -345,12 +331,8 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 // being made ends: their slots come back when their ttls end. It does not close the Redis client. It is safe to
 // call more than once.
 func (c *Concurrency) Close() error {
-	c.once.Do(func() {
-		c.relMu.Lock() // so that lostRelease starts no retryReleases after this
-		close(c.done)
-		c.relMu.Unlock()
-	})
-	c.relWG.Wait() // retryReleases sees done, at most one release's timeout later
+	c.once.Do(func() { close(c.done) })
+	c.releases.close(false)
 	return c.e.close()
 }
 
@@ -594,7 +576,7 @@ func (l *Lease) Release(ctx context.Context) error {
 
 // lostRelease is Release of a Redis lease while Redis is unavailable (or
 // the call could not reach it, a full client pool included): the release
-// is made again once Redis is back (retryReleases), so that the slot need
+// is made again once Redis is back (queueRelease), so that the slot need
 // not wait for the lease's ttl.
 func (c *Concurrency) lostRelease(l *Lease) error {
 	c.queueRelease(l.key, l.state, l.id, false)
@@ -613,104 +595,21 @@ func mayHaveRun(err error) bool {
 	return !outage.Unreachable(err) && !errors.As(err, &reply)
 }
 
-// queueRelease has retryReleases release the Redis lease id of key: at
-// once if now is set, else at its next pass (the node is down: a try
-// would be skipped). Nothing is queued after Close, nor past
-// maxPendingReleases: the slot comes back when its ttl ends.
+// queueRelease has the release of the Redis lease id of key made again
+// in the background: at once if now is set, else at the next pass (the
+// node is down: a try would be skipped), until it succeeds or its ttl
+// would have ended anyway. Nothing is queued after Close, nor past
+// maxPendingReleases: the slot comes back when its ttl ends. A release
+// that Redis refuses with an error reply is dropped: made again it would
+// fail again.
 func (c *Concurrency) queueRelease(key, state, id string, now bool) {
-	c.relMu.Lock()
-	defer c.relMu.Unlock()
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	if len(c.pending) >= maxPendingReleases {
-		return
-	}
-	c.pending = append(c.pending, pendingRelease{key: key, state: state, id: id, until: time.Now().Add(c.limit.Period)})
-	if now {
-		select {
-		case c.relKick <- struct{}{}:
-		default:
+	c.releases.add(requeued{state: state, until: time.Now().Add(c.limit.Period), do: func(ctx context.Context) bool {
+		_, _, err := c.eval(ctx, opRelease, state, id, c.limit) // a release reads no max
+		if err == nil {
+			c.wake(key)
 		}
-	}
-	if !c.relRunning {
-		c.relRunning = true
-		c.relWG.Add(1)
-		go c.retryReleases()
-	}
-}
-
-// retryReleases makes the pending releases again, when kicked and every
-// ping interval, until none is left or Close (which ends the one in
-// flight). It is the only goroutine that does, so that a Redis that hangs
-// holds one release's timeout at a time, not one per caller.
-func (c *Concurrency) retryReleases() {
-	defer c.relWG.Done()
-	tick := time.NewTicker(c.e.cfg.pingInterval)
-	defer tick.Stop()
-	closing, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-c.done:
-			cancel()
-		case <-closing.Done():
-		}
-	}()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-tick.C:
-		case <-c.relKick:
-		}
-		c.relMu.Lock()
-		batch := c.pending
-		c.pending = nil
-		c.relMu.Unlock()
-		keep := c.releasePass(closing, batch)
-		c.relMu.Lock()
-		c.pending = append(keep, c.pending...)
-		if len(c.pending) == 0 {
-			c.relRunning = false
-			c.relMu.Unlock()
-			return
-		}
-		c.relMu.Unlock()
-	}
-}
-
-// releasePass makes the releases of batch, each bounded by releaseTimeout
-// and closing, and returns those to make again: those of a node marked
-// down, those that failed because Redis did not answer, and, after such a
-// failure, the rest (they would wait for the same Redis). A release that
-// Redis refused with an error reply is dropped: made again it would fail
-// again, and its slot comes back when its ttl ends.
-func (c *Concurrency) releasePass(closing context.Context, batch []pendingRelease) []pendingRelease {
-	var keep []pendingRelease
-	stalled := false
-	for _, p := range batch {
-		switch {
-		case closing.Err() != nil: // Close: the slots come back when their ttls end
-		case !time.Now().Before(p.until): // its ttl ended: the slot is back
-		case stalled || c.e.rescue.isDown(p.state):
-			keep = append(keep, p)
-		default:
-			ctx, cancel := context.WithTimeout(closing, releaseTimeout)
-			_, _, err := c.eval(ctx, opRelease, p.state, p.id, c.limit) // a release reads no max
-			cancel()
-			switch {
-			case err == nil:
-				c.wake(p.key)
-			case outage.Is(err):
-				keep = append(keep, p)
-				stalled = true
-			}
-		}
-	}
-	return keep
+		return outage.Is(err)
+	}}, now)
 }
 
 // Extend renews the lease's ttl from now. A lease that expired (or was

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"sync"
@@ -179,6 +180,7 @@ type engine struct {
 	clock  *clientClock  // nil: the server's TIME
 
 	rescue     *rescue
+	settles    *requeue    // settles that an outage interrupted (reserve.go)
 	evict      *evictWatch // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
@@ -225,6 +227,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 		e.clock = newClientClock(rdb, cfg.now)
 	}
 	e.rescue = newRescue(e)
+	e.settles = newRequeue(e.rescue, cfg.pingInterval, maxPendingSettles)
 	e.evict = joinEvictWatch(e, cfg.evictEvery)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
@@ -232,6 +235,9 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	if cfg.prefetch.size > 0 {
 		e.prefetcher = newPrefetcher(e)
 	}
+	// A node that another limiter on the client marked down is down for
+	// this one too: its hook is told at once.
+	e.rescue.flush()
 	return e, nil
 }
 
@@ -448,12 +454,16 @@ func (e *engine) reset(ctx context.Context, key string) error {
 }
 
 // close stops the fallback monitor and makes later calls return ErrClosed.
-// Its error says what prefetches it could not give back (see prefetcher.close).
+// Its error says what prefetches it could not give back (see prefetcher.close)
+// and how many queued settles it could not make.
 func (e *engine) close() error {
 	var err error
 	if e.closed.CompareAndSwap(false, true) {
 		if e.prefetcher != nil {
 			err = e.prefetcher.close() // gives back what the prefetches did not serve
+		}
+		if n := e.settles.close(true); n > 0 {
+			err = errors.Join(err, errorf("close: %d settles could not be made (Redis unavailable): their reservations stand as taken until their lifetime ends: %w", n, ErrUnavailable))
 		}
 		e.rescue.close()
 		e.evict.leave(e)

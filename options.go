@@ -195,7 +195,8 @@ func WithFallback(p FallbackPolicy) Option {
 // succeed before calls go back to the node. While the node cannot be
 // reached at all, the interval doubles after each failed probe, up to
 // three times the ping interval; see "Outages" in the package
-// documentation.
+// documentation. Limiters on one client with the same ping interval share
+// one monitor per node (see [FallbackPolicy]).
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
@@ -230,7 +231,10 @@ func WithFallbackKeys(max int) Option {
 // noticed; a switch made while an earlier one is being reported is
 // reported right after it, from the goroutine reporting). It must not
 // block; it may call the limiter, Close included. A panic in it is
-// recovered and dropped. Use it to log or count outages.
+// recovered and dropped. Use it to log or count outages. Limiters that
+// share a node's monitor (see [FallbackPolicy]) each get every switch
+// through their own hook; a limiter made while a node is marked down is
+// told so from its constructor.
 func WithOnTransition(f func(Transition)) Option {
 	return optionFunc(func(c *config) { c.onTransition = f })
 }

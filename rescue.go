@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +48,11 @@ import (
 // running a small script that reads TIME and writes a short key of the
 // failing key's slot (never the caller's key; and a read-only replica, a
 // full memory or a down cluster slot does not count as back). After two
-// probes in a row succeed, calls go to the node again.
+// probes in a row succeed, calls go to the node again. The limiters,
+// Policies and Concurrency limits built on the same client, with the same
+// ping interval, prefix and clock (WithClientClock), share each node's
+// down-state and its one monitor: a node that one marks down is down for
+// all, and an outage costs the same probes however many they are.
 //
 // What is not an outage never switches to the fallback: a denial is an
 // answer, the caller's own context ending returns its error, a Redis client
@@ -115,32 +120,65 @@ type Transition struct {
 	Evicted int64
 }
 
-// rescue holds a limiter's fallback state: which Redis nodes are marked
-// down, the goroutines that probe them, the in-process stand-ins
-// (fallback.go), and the transitions not yet reported.
+// rescue holds a limiter's fallback state: its share of the watch of its
+// client's Redis nodes (which are marked down, and the goroutines that
+// probe them, shared by every limiter, Policy and Concurrency on the same
+// client: see nodeWatch), the in-process stand-ins (fallback.go), and the
+// transitions not yet reported to its hook.
 type rescue struct {
 	e      *engine
+	w      *nodeWatch
 	locals *lru.Cache[*localSet]
-	ctx    context.Context // cancelled by close: ends probes in flight
-	cancel context.CancelFunc
-
-	// down maps the id of each node marked down to the error that marked
-	// it; nil when no node is down, which is all a healthy call reads.
-	down atomic.Pointer[map[string]error]
-	// gone is set once the program has closed the Redis client.
-	gone atomic.Bool
 
 	// answers is what Redis last said of each key (answers.go), with
 	// FallbackLocal; else nil.
 	answers *answers
 
+	// gone is set once the program has closed the Redis client.
+	gone atomic.Bool
+
 	mu       sync.Mutex
-	nodes    map[string]*node // nodes marked down, or being checked by a probe
 	closed   bool
-	stop     chan struct{}
-	wg       sync.WaitGroup // the goroutines that probe
-	queue    []Transition   // switches not yet reported, oldest first
-	draining bool           // a goroutine is reporting the queue
+	queue    []Transition // switches not yet reported, oldest first
+	draining bool         // a goroutine is reporting the queue
+}
+
+// nodeWatch is the down-state of one Redis client's nodes and the
+// goroutines that probe them, shared by the limiters built on that client
+// with the same ping interval, key prefix and clock (a probe's key and
+// script depend on them), so that an outage costs one probe per node and
+// ping interval however many limiters share the client. Each limiter
+// reports the switches to its own hook. The last limiter to close stops it.
+type nodeWatch struct {
+	key    watchKey
+	ctx    context.Context // cancelled when the last limiter leaves: ends probes in flight
+	cancel context.CancelFunc
+
+	// down maps the id of each node marked down to the error that marked
+	// it; nil when no node is down, which is all a healthy call reads.
+	down atomic.Pointer[map[string]error]
+
+	mu     sync.Mutex
+	subs   map[*rescue]struct{} // the limiters sharing the watch
+	nodes  map[string]*node     // nodes marked down, or being checked by a probe
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup // the goroutines that probe
+}
+
+// watchKey tells which limiters share a nodeWatch.
+type watchKey struct {
+	rdb         redis.UniversalClient
+	every       time.Duration // WithPingInterval
+	prefix      string        // WithPrefix: the probe keys'
+	clientClock bool          // WithClientClock: probes do not call TIME
+}
+
+// nodeWatches holds the watch of each watchKey whose client is comparable
+// (a map key); a client of another kind gets a watch of its own.
+var nodeWatches struct {
+	sync.Mutex
+	m map[watchKey]*nodeWatch
 }
 
 // node is one Redis node that is marked down, or that a probe checks after
@@ -171,29 +209,62 @@ const probeSuffix = ":p"
 // be reached are sent, at most.
 const maxBackoff = 3
 
+// newRescue makes e's fallback state and joins the watch of e's client. A
+// node that the watch has marked down already is reported to e's hook
+// (see engine.startRescue).
 func newRescue(e *engine) *rescue {
-	ctx, cancel := context.WithCancel(context.Background())
 	r := &rescue{
 		e:      e,
 		locals: lru.NewWeighed(e.cfg.localKeys, standIns),
-		ctx:    ctx,
-		cancel: cancel,
-		nodes:  make(map[string]*node),
-		stop:   make(chan struct{}),
 	}
 	if e.cfg.fallback == FallbackLocal {
 		r.answers = newAnswers(e.cfg.localKeys)
 	}
+	r.w = joinNodeWatch(r)
 	return r
 }
 
+// joinNodeWatch returns the watch of r's client and options, with r among
+// the limiters sharing it, and queues for r a Down switch of each node it
+// has marked down.
+func joinNodeWatch(r *rescue) *nodeWatch {
+	k := watchKey{rdb: r.e.rdb, every: r.e.cfg.pingInterval, prefix: r.e.cfg.prefix, clientClock: r.e.cfg.clientClock}
+	shared := reflect.TypeOf(k.rdb).Comparable()
+	nodeWatches.Lock()
+	defer nodeWatches.Unlock()
+	var w *nodeWatch
+	if shared {
+		w = nodeWatches.m[k]
+	}
+	if w == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w = &nodeWatch{key: k, ctx: ctx, cancel: cancel, subs: make(map[*rescue]struct{}),
+			nodes: make(map[string]*node), stop: make(chan struct{})}
+		if shared {
+			if nodeWatches.m == nil {
+				nodeWatches.m = make(map[watchKey]*nodeWatch)
+			}
+			nodeWatches.m[k] = w
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.subs[r] = struct{}{}
+	for _, n := range w.nodes {
+		if n.down {
+			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
+		}
+	}
+	return w
+}
+
 // anyDown reports whether any node is marked down.
-func (r *rescue) anyDown() bool { return r.down.Load() != nil }
+func (r *rescue) anyDown() bool { return r.w.down.Load() != nil }
 
 // isDown reports whether calls for the state key state go to the fallback:
 // whether the node the client sends it to is marked down.
 func (r *rescue) isDown(state string) bool {
-	m := r.down.Load()
+	m := r.w.down.Load()
 	if m == nil {
 		return false
 	}
@@ -203,7 +274,7 @@ func (r *rescue) isDown(state string) bool {
 
 // downCause returns the error that marked state's node down, if it is.
 func (r *rescue) downCause(state string) error {
-	if m := r.down.Load(); m != nil {
+	if m := r.w.down.Load(); m != nil {
 		return (*m)[r.scopeID(state)]
 	}
 	return nil
@@ -219,87 +290,35 @@ func (r *rescue) outage(ctx context.Context, err error, state string) bool {
 	if kind == outage.None {
 		return false
 	}
-	if errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb) {
-		r.gone.Store(true)
+	if errors.Is(err, redis.ErrClosed) && clientClosed(r.w.ctx, r.e.rdb) {
+		r.w.setGone()
 		return false
 	}
 	sc := r.scopeOf(state)
 	if kind == outage.Node {
-		r.markDown(sc, err)
+		r.w.markDown(sc, err)
 	} else {
-		r.suspect(sc)
+		r.w.suspect(sc)
 	}
 	return true
 }
 
-// markDown marks the node sc down because of err, and has it probed.
-func (r *rescue) markDown(sc scope, err error) {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return
-	}
-	n := r.nodes[sc.id]
-	switch {
-	case n == nil:
-		n = &node{scope: sc}
-		r.nodes[sc.id] = n
-		r.wg.Add(1)
-		go r.monitor(n)
-	case n.down:
-		r.mu.Unlock()
-		return
-	}
-	// A node being checked has its goroutine already, which goes on
-	// probing it once its probe returns.
-	r.setDownLocked(n, err)
-	r.mu.Unlock()
-	r.flush()
-}
-
-// suspect has the node sc probed once, after an error that may concern one
-// call only; unless it is already down or being checked.
-func (r *rescue) suspect(sc scope) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed || r.nodes[sc.id] != nil {
-		return
-	}
-	n := &node{scope: sc}
-	r.nodes[sc.id] = n
-	r.wg.Add(1)
-	go r.monitor(n)
-}
-
-// setDownLocked marks n down and queues the switch. r.mu is held.
-func (r *rescue) setDownLocked(n *node, err error) {
-	n.down, n.cause, n.since = true, err, time.Now()
-	r.publishLocked()
-	r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
-}
-
-// publishLocked updates the map of nodes marked down. r.mu is held.
-func (r *rescue) publishLocked() {
-	m := make(map[string]error)
-	for id, n := range r.nodes {
-		if n.down {
-			m[id] = n.cause
-		}
-	}
-	if len(m) == 0 {
-		r.down.Store(nil)
-		return
-	}
-	r.down.Store(&m)
-}
-
 func (r *rescue) strategy() Strategy { return r.e.own.rules[0].alg.strategy }
+
+// enqueue queues t for r's hook, unless r is closed.
+func (r *rescue) enqueue(t Transition) {
+	r.mu.Lock()
+	if !r.closed {
+		r.queue = append(r.queue, t)
+	}
+	r.mu.Unlock()
+}
 
 // flush reports the queued switches in order, one at a time, unless another
 // goroutine is reporting them (it then reports these too). No lock is held
 // while the hook runs, so that it may call the limiter, Close included.
-// Goroutines counted in r.wg call it only after they are done, so that
-// Close, waiting for them, never waits for a hook.
+// Goroutines counted in the watch's wg call it only after they are done,
+// so that Close, waiting for them, never waits for a hook.
 func (r *rescue) flush() {
 	f := r.e.cfg.onTransition
 	r.mu.Lock()
@@ -333,10 +352,131 @@ func callHook(f func(Transition), t Transition) {
 	f(t)
 }
 
+// close takes r off its watch (the last limiter to leave stops the probes
+// and waits for them) and drops the switches not reported yet.
+func (r *rescue) close() {
+	r.mu.Lock()
+	r.closed = true
+	r.queue = nil
+	r.mu.Unlock()
+	r.w.leave(r)
+}
+
+// leave takes r off the limiters sharing w; the last one to leave stops
+// the probes and waits for them.
+func (w *nodeWatch) leave(r *rescue) {
+	nodeWatches.Lock()
+	w.mu.Lock()
+	delete(w.subs, r)
+	last := len(w.subs) == 0 && !w.closed
+	if last {
+		w.closed = true
+		close(w.stop)
+		w.cancel()
+		if reflect.TypeOf(w.key.rdb).Comparable() && nodeWatches.m[w.key] == w {
+			delete(nodeWatches.m, w.key)
+		}
+	}
+	w.mu.Unlock()
+	nodeWatches.Unlock()
+	if last {
+		w.wg.Wait()
+	}
+}
+
+// subscribers returns the limiters sharing w.
+func (w *nodeWatch) subscribers() []*rescue {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	subs := make([]*rescue, 0, len(w.subs))
+	for r := range w.subs {
+		subs = append(subs, r)
+	}
+	return subs
+}
+
+// flushAll reports the queued switches of every limiter sharing w.
+func (w *nodeWatch) flushAll() {
+	for _, r := range w.subscribers() {
+		r.flush()
+	}
+}
+
+// setGone records that the program closed the Redis client.
+func (w *nodeWatch) setGone() {
+	for _, r := range w.subscribers() {
+		r.gone.Store(true)
+	}
+}
+
+// markDown marks the node sc down because of err, and has it probed.
+func (w *nodeWatch) markDown(sc scope, err error) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	n := w.nodes[sc.id]
+	switch {
+	case n == nil:
+		n = &node{scope: sc}
+		w.nodes[sc.id] = n
+		w.wg.Add(1)
+		go w.monitor(n)
+	case n.down:
+		w.mu.Unlock()
+		return
+	}
+	// A node being checked has its goroutine already, which goes on
+	// probing it once its probe returns.
+	w.setDownLocked(n, err)
+	w.mu.Unlock()
+	w.flushAll()
+}
+
+// suspect has the node sc probed once, after an error that may concern one
+// call only; unless it is already down or being checked.
+func (w *nodeWatch) suspect(sc scope) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.nodes[sc.id] != nil {
+		return
+	}
+	n := &node{scope: sc}
+	w.nodes[sc.id] = n
+	w.wg.Add(1)
+	go w.monitor(n)
+}
+
+// setDownLocked marks n down and queues the switch for every limiter
+// sharing w. w.mu is held.
+func (w *nodeWatch) setDownLocked(n *node, err error) {
+	n.down, n.cause, n.since = true, err, time.Now()
+	w.publishLocked()
+	for r := range w.subs {
+		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
+	}
+}
+
+// publishLocked updates the map of nodes marked down. w.mu is held.
+func (w *nodeWatch) publishLocked() {
+	m := make(map[string]error)
+	for id, n := range w.nodes {
+		if n.down {
+			m[id] = n.cause
+		}
+	}
+	if len(m) == 0 {
+		w.down.Store(nil)
+		return
+	}
+	w.down.Store(&m)
+}
+
 // monitor probes the node n until it is back, then reports the switches.
-func (r *rescue) monitor(n *node) {
-	r.watch(n)
-	r.flush()
+func (w *nodeWatch) monitor(n *node) {
+	w.watch(n)
+	w.flushAll()
 }
 
 // watch is monitor's loop. A node being checked is probed at once: if the
@@ -344,10 +484,10 @@ func (r *rescue) monitor(n *node) {
 // otherwise it is marked down. A node marked down is probed every ping
 // interval (more apart while it cannot be reached) until two probes in a
 // row succeed.
-func (r *rescue) watch(n *node) {
-	defer r.wg.Done()
-	if r.checkNode(n) && r.waitBack(n) {
-		r.back(n)
+func (w *nodeWatch) watch(n *node) {
+	defer w.wg.Done()
+	if w.checkNode(n) && w.waitBack(n) {
+		w.back(n)
 	}
 }
 
@@ -355,34 +495,34 @@ func (r *rescue) watch(n *node) {
 // the probe succeeds, and else marks it down and hands the probing on to a
 // new monitor. It reports whether this goroutine goes on probing: only for
 // a node that a call marked down meanwhile.
-func (r *rescue) checkNode(n *node) bool {
-	r.mu.Lock()
+func (w *nodeWatch) checkNode(n *node) bool {
+	w.mu.Lock()
 	checking := !n.down
-	r.mu.Unlock()
+	w.mu.Unlock()
 	if !checking {
 		return true
 	}
-	err := r.probe(n)
-	gone := errors.Is(err, redis.ErrClosed) && clientClosed(r.ctx, r.e.rdb)
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	err := w.probe(n)
+	gone := errors.Is(err, redis.ErrClosed) && clientClosed(w.ctx, w.key.rdb)
+	if gone {
+		w.setGone()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	switch {
-	case r.closed:
+	case w.closed:
 		return false
-	case gone:
-		r.gone.Store(true)
-		fallthrough
-	case err == nil && !n.down:
-		delete(r.nodes, n.id)
-		r.publishLocked()
+	case gone, err == nil && !n.down:
+		delete(w.nodes, n.id)
+		w.publishLocked()
 		return false
 	case !n.down:
-		r.setDownLocked(n, err)
+		w.setDownLocked(n, err)
 		// Probe on in a new goroutine; this one reports the switch once it
-		// is done (a hook calling Close from a goroutine counted in r.wg
+		// is done (a hook calling Close from a goroutine counted in w.wg
 		// would wait for itself).
-		r.wg.Add(1)
-		go r.monitor(n)
+		w.wg.Add(1)
+		go w.monitor(n)
 		return false
 	}
 	return true // marked down by a call meanwhile: go on probing
@@ -390,9 +530,9 @@ func (r *rescue) checkNode(n *node) bool {
 
 // waitBack probes a node marked down, at the first tick after the wait
 // since the last probe, until two probes in a row succeed (true), or the
-// limiter or its client is closed (false).
-func (r *rescue) waitBack(n *node) bool {
-	every := r.e.cfg.pingInterval
+// last limiter or the client is closed (false).
+func (w *nodeWatch) waitBack(n *node) bool {
+	every := w.key.every
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	wait := every      // between probes; longer while the node cannot be reached
@@ -400,32 +540,32 @@ func (r *rescue) waitBack(n *node) bool {
 	ok := 0
 	for {
 		select {
-		case <-r.stop:
+		case <-w.stop:
 			return false
 		case <-tick.C:
 		}
-		if closedNow(r.e.rdb) {
-			r.gone.Store(true)
+		if closedNow(w.key.rdb) {
+			w.setGone()
 			return false
 		}
 		if time.Now().Before(next) {
 			continue
 		}
-		err := r.probe(n)
+		err := w.probe(n)
 		switch {
 		case err == nil:
 			wait = every
-		case errors.Is(err, redis.ErrClosed) && !clientClosed(r.ctx, r.e.rdb):
+		case errors.Is(err, redis.ErrClosed) && !clientClosed(w.ctx, w.key.rdb):
 			// The client dropped this node (a ring shard removed, say):
 			// there is nothing left to wait for.
 			err = nil
 			ok = 1
 		case errors.Is(err, redis.ErrClosed):
-			r.gone.Store(true)
+			w.setGone()
 			return false
 		default:
 			ok = 0
-			wait = r.failed(err, wait)
+			wait = w.failed(err, wait)
 		}
 		next = time.Now().Add(wait - every/2) // due at the first tick after wait
 		if err != nil {
@@ -441,8 +581,8 @@ func (r *rescue) waitBack(n *node) bool {
 // err, the wait before it having been wait: doubled, up to maxBackoff ping
 // intervals, while the node cannot be reached at all, else one interval.
 // Through a cluster it also asks the client for a new view of the cluster.
-func (r *rescue) failed(err error, wait time.Duration) time.Duration {
-	every := r.e.cfg.pingInterval
+func (w *nodeWatch) failed(err error, wait time.Duration) time.Duration {
+	every := w.key.every
 	if outage.Unreachable(err) {
 		wait = min(2*wait, maxBackoff*every)
 	} else {
@@ -452,24 +592,28 @@ func (r *rescue) failed(err error, wait time.Duration) time.Duration {
 	// client reloads its view of the cluster, which go-redis does only
 	// every ClusterStateReloadInterval (60s by default). Ask for a reload
 	// (go-redis runs at most one at a time, 200ms apart).
-	if cc, isCluster := r.e.rdb.(*redis.ClusterClient); isCluster {
+	if cc, isCluster := w.key.rdb.(*redis.ClusterClient); isCluster {
 		cc.ReloadState(context.Background())
 	}
 	return wait
 }
 
 // back forgets a node that answers again, and queues the switch back for
-// the hook (see flush).
-func (r *rescue) back(n *node) {
-	if c := r.e.clock; c != nil {
-		c.stale() // the server may have come back on another machine
+// every limiter's hook (see flush).
+func (w *nodeWatch) back(n *node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.closed {
-		delete(r.nodes, n.id)
-		r.publishLocked()
-		r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Outage: time.Since(n.since)})
+	delete(w.nodes, n.id)
+	w.publishLocked()
+	outage := time.Since(n.since)
+	for r := range w.subs {
+		if c := r.e.clock; c != nil {
+			c.stale() // the server may have come back on another machine
+		}
+		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Outage: outage})
 	}
 }
 
@@ -480,23 +624,11 @@ func (r *rescue) back(n *node) {
 const probeTimeout = time.Second
 
 // probe runs the probe script once on the node n.
-func (r *rescue) probe(n *node) error {
-	ctx, cancel := context.WithTimeout(r.ctx, max(r.e.cfg.pingInterval, probeTimeout))
+func (w *nodeWatch) probe(n *node) error {
+	ctx, cancel := context.WithTimeout(w.ctx, max(w.key.every, probeTimeout))
 	defer cancel()
-	if r.e.clock != nil {
+	if w.key.clientClock {
 		return clientClockProbe.Run(ctx, n.probe, []string{n.key}).Err()
 	}
 	return probeScript.Run(ctx, n.probe, []string{n.key}).Err()
-}
-
-// close stops the probes and waits for them.
-func (r *rescue) close() {
-	r.mu.Lock()
-	if !r.closed {
-		r.closed = true
-		close(r.stop)
-		r.cancel()
-	}
-	r.mu.Unlock()
-	r.wg.Wait()
 }

@@ -28,6 +28,7 @@ type Reservation struct {
 	res   Result
 	tags  []int64    // each rule's tag, from the script's reply
 	local *localHold // taken in-process, by the fallback
+	until time.Time  // when its lifetime in Redis ends (WithReservationTTL)
 
 	mu   sync.Mutex
 	done bool
@@ -93,6 +94,7 @@ func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, 
 	return &Reservation{
 		e: e, rs: rs, key: key, state: e.stateKey(key, &rs.rules[0]),
 		id: rc.id, n: n, res: res, tags: rc.tags, local: rc.local,
+		until: time.Now().Add(e.cfg.reserveTTL),
 	}, nil
 }
 
@@ -139,11 +141,19 @@ func (r *Reservation) Result() Result {
 //
 // Outages: a reservation taken by the in-process fallback (Result().Degraded)
 // settles in-process (one that FallbackAllow admitted took nothing: Settle
-// returns its Result, as in shadow mode). One taken on Redis cannot be settled while Redis is
-// down: Settle returns an error wrapping ErrUnavailable and the reservation
-// stays unsettled, so that the caller can settle it again once Redis is
-// back (within the reservation lifetime); if it never does, it stands as
-// taken.
+// returns its Result, as in shadow mode). One taken on Redis cannot be
+// settled while Redis is unavailable: the settle is queued and made again
+// in the background once Redis is back (at every ping interval, within
+// the reservation lifetime), and Settle returns an error wrapping
+// ErrUnavailable that says so; the reservation counts as settled (a second
+// Settle returns ErrSettled), and Redis applies the settle once, also when
+// the first try's reply was lost. So does a settle whose ctx ends during
+// the call (the error wraps ctx's error). At most 10,000 settles per
+// limiter wait: past that, the error says the settle was not queued, and
+// the reservation stays unsettled, for the caller to settle again. Close
+// makes the queued settles once more (within 1s), and those it cannot make
+// stand as taken until the reservation lifetime ends (its error counts
+// them).
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	if r == nil || r.e == nil {
 		return Result{}, errorf("settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
@@ -176,17 +186,64 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		return r.settleLocal(used), nil
 	}
 	if r.e.rescue.isDown(r.state) {
-		return Result{}, errorf("settle %q: %w", r.key, ErrUnavailable)
+		err := errorf("settle %q: %w", r.key, ErrUnavailable)
+		if cause := r.e.rescue.downCause(r.state); cause != nil {
+			err = errorf("settle %q: %w: %w", r.key, ErrUnavailable, cause)
+		}
+		return Result{}, r.queueSettle(used, err)
 	}
 	res, err := r.settleRedis(ctx, used)
-	if err != nil {
-		if errors.Is(err, ErrSettled) {
+	switch {
+	case err == nil:
+		r.done = true
+		return res, nil
+	case errors.Is(err, ErrSettled):
+		r.done = true
+	case callerDone(ctx) != nil:
+		// The command or its reply was lost, or is late: made again, so
+		// that the caller's deadline does not leave it unsettled.
+		if r.e.settles.add(r.requeued(used), true) {
 			r.done = true
+			return Result{}, errorf("%w (made again in the background)", err)
 		}
-		return Result{}, err
+	case errors.Is(err, ErrUnavailable):
+		return Result{}, r.queueSettle(used, err)
+	}
+	return Result{}, err
+}
+
+// maxPendingSettles bounds the settles a limiter keeps to make again;
+// past it, Settle queues nothing and the reservation stays unsettled.
+var maxPendingSettles = 10_000
+
+// queueSettle queues the settle of r with used while Redis is unavailable,
+// marking r settled, and returns Settle's error: err (which wraps
+// ErrUnavailable), saying whether it was queued. r.mu is held.
+func (r *Reservation) queueSettle(used int, err error) error {
+	if !r.e.settles.add(r.requeued(used), false) {
+		if r.e.closed.Load() {
+			return ErrClosed
+		}
+		return errorf("%w (not queued: %d settles wait already; settle it again once Redis is back)", err, maxPendingSettles)
 	}
 	r.done = true
-	return res, nil
+	return errorf("%w (queued: made again once Redis is back)", err)
+}
+
+// requeued is the settle of r with used, for the engine's queue: made
+// again until Redis answers it (ErrSettled included: it was made already,
+// or the reservation expired or was reset).
+func (r *Reservation) requeued(used int) requeued {
+	return requeued{state: r.state, until: r.until, do: func(ctx context.Context) bool {
+		_, err := r.settleRedis(ctx, used)
+		switch {
+		case err == nil, errors.Is(err, ErrSettled):
+			return false
+		case callerDone(ctx) != nil:
+			return true
+		}
+		return errors.Is(err, ErrUnavailable)
+	}}
 }
 
 // checkUsed rejects a settle's used that the rules' state cannot hold: used

@@ -329,7 +329,8 @@ func TestReserveConcurrentRedis(t *testing.T) {
 }
 
 // A reservation taken by the fallback settles in-process; one taken on
-// Redis cannot be settled while Redis is down, and can be once it is back.
+// Redis cannot be settled while Redis is down: its settle is queued, and
+// made once Redis is back.
 func TestReserveFallback(t *testing.T) {
 	b, m := miniBackend(t)
 	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 1, Period: time.Hour, Burst: 10}, WithPingInterval(10*time.Millisecond))
@@ -346,11 +347,13 @@ func TestReserveFallback(t *testing.T) {
 	assert.Equal(t, 8, res.Remaining, "4 given back in-process")
 	_, err = onRedis.Settle(ctx, 1)
 	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "queued")
+	_, err = onRedis.Settle(ctx, 1)
+	require.ErrorIs(t, err, ErrSettled, "the queue settles it")
 	m.SetError("")
-	require.Eventually(t, func() bool { return !lim.rescue.anyDown() }, 5*time.Second, 10*time.Millisecond)
-	res, err = onRedis.Settle(ctx, 1)
-	require.NoError(t, err, "settled once Redis is back")
-	assert.Equal(t, 9, res.Remaining)
+	require.Eventually(t, func() bool { return remaining(t, lim, "k") == 9 }, 5*time.Second, 10*time.Millisecond,
+		"settled once Redis is back")
+	require.NoError(t, lim.Close())
 }
 
 // A reservation that FallbackAllow admitted while Redis was down took
