@@ -449,3 +449,19 @@ func TestSimulateLeakyBucketChart(t *testing.T) {
 	got := chartSteps(sim, outs)
 	assert.LessOrEqual(t, got, int64(maxBuckets), "with the suggested -step 2ms: %d chart points", got)
 }
+
+// TestSimulateWritesOnlyOut runs simulate without -out in an empty working
+// directory: it prints the table and writes nothing (it used to leave a
+// chart.png there).
+func TestSimulateWritesOnlyOut(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"simulate", "-pattern", "bursty", "-duration", "4s"}, &stdout, &stderr)
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
+	assert.Equal(t, []string{"fixed-window", "120", "40", "20", "0s"}, rowOf(stdout.String(), "fixed-window"), "%s", stdout.String())
+	assert.Contains(t, stdout.String(), "no chart written")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "simulate without -out wrote %v", entries)
+}
