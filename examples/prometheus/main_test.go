@@ -44,7 +44,7 @@ func TestSelfTest(t *testing.T) {
 		series string
 		want   float64
 	}{
-		{l("api", "token-bucket", "allowed", "", "false", "false"), 8},    // 5 user:1, 3 user:2
+		{l("api", "token-bucket", "allowed", "", "false", "false"), 8},     // 5 user:1, 3 user:2
 		{l("api", "token-bucket", "denied", "limit", "false", "false"), 1}, // starts the block
 		{l("api", "token-bucket", "denied", "deny-cache", "false", "false"), 2},
 		{l("api", "token-bucket", "allowed", "", "true", "false"), 2}, // the outage
