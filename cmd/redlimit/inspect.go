@@ -88,6 +88,7 @@ type keyFlags struct {
 	strategy strategyValue
 	period   time.Duration
 	prefix   string
+	timeout  time.Duration
 }
 
 func (f *keyFlags) register(fs *flag.FlagSet) {
@@ -95,11 +96,14 @@ func (f *keyFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
 	fs.DurationVar(&f.period, "period", 0, "the limit's period (required)")
 	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
+	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v", maxBenchTimeout))
 }
 
 // check checks the flags and the single KEY argument, and returns the key.
 func (f *keyFlags) check(cmd string, args []string) (string, error) {
 	switch {
+	case f.timeout <= 0 || f.timeout > maxBenchTimeout:
+		return "", usagef(cmd, "-timeout %v must be positive and at most %v", f.timeout, maxBenchTimeout)
 	case f.addr == "":
 		return "", usagef(cmd, "-redis is required")
 	case f.strategy.s == 0:
@@ -131,7 +135,7 @@ func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Cl
 	if err := checkLimit(f.strategy.s, limit, opts...); err != nil {
 		return nil, nil, err
 	}
-	rdb := newClient(f.addr, 2, defaultTimeout)
+	rdb := newClient(f.addr, 2, f.timeout)
 	if err := ping(ctx, rdb); err != nil {
 		rdb.Close()
 		return nil, nil, err

@@ -105,9 +105,12 @@ func (o *otherKeyFlags) mode(cmd string, f *keyFlags) (string, error) {
 	return "", nil
 }
 
-// checkKeyArg checks the -redis flag and the single KEY argument.
+// checkKeyArg checks the -redis and -timeout flags and the single KEY
+// argument.
 func checkKeyArg(cmd string, f *keyFlags, args []string) (string, error) {
 	switch {
+	case f.timeout <= 0 || f.timeout > maxBenchTimeout:
+		return "", usagef(cmd, "-timeout %v must be positive and at most %v", f.timeout, maxBenchTimeout)
 	case f.addr == "":
 		return "", usagef(cmd, "-redis is required")
 	case len(args) == 0:
@@ -123,7 +126,7 @@ func checkKeyArg(cmd string, f *keyFlags, args []string) (string, error) {
 // connectPolicy returns a client that answered a ping and a Policy of
 // rules, checked before any network traffic. It has a penalty block, so
 // that its decision reads the key's block (see connect).
-func connectPolicy(ctx context.Context, addr, prefix string, rules []redlimit.Rule) (*redis.Client, *redlimit.Policy, error) {
+func connectPolicy(ctx context.Context, addr, prefix string, timeout time.Duration, rules []redlimit.Rule) (*redis.Client, *redlimit.Policy, error) {
 	opts := []redlimit.Option{redlimit.WithPrefix(prefix), redlimit.WithBlock(time.Second), redlimit.WithFallback(redlimit.FallbackError)}
 	check := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
 	p, err := redlimit.NewPolicy(check, rules, opts...)
@@ -132,7 +135,7 @@ func connectPolicy(ctx context.Context, addr, prefix string, rules []redlimit.Ru
 		return nil, nil, err
 	}
 	p.Close()
-	rdb := newClient(addr, 2, defaultTimeout)
+	rdb := newClient(addr, 2, timeout)
 	if err := ping(ctx, rdb); err != nil {
 		rdb.Close()
 		return nil, nil, err
@@ -331,7 +334,7 @@ func resetFound(ctx context.Context, rdb *redis.Client, key string, keys []strin
 func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFlags, key string, w io.Writer) error {
 	switch mode {
 	case "policy":
-		rdb, p, err := connectPolicy(ctx, f.addr, f.prefix, o.rules)
+		rdb, p, err := connectPolicy(ctx, f.addr, f.prefix, f.timeout, o.rules)
 		if err != nil {
 			return err
 		}
@@ -344,7 +347,7 @@ func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFla
 		keys := append(append(states, block), reservations...)
 		return resetFound(ctx, rdb, key, keys, func() error { return p.Reset(ctx, key) }, w)
 	}
-	rdb := newClient(f.addr, 2, defaultTimeout)
+	rdb := newClient(f.addr, 2, f.timeout)
 	defer rdb.Close()
 	if err := ping(ctx, rdb); err != nil {
 		return err

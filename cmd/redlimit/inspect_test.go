@@ -371,7 +371,9 @@ func TestInspectResetReservations(t *testing.T) {
 
 // TestInspectPolicyAndConcurrency inspects and resets a Policy's key (all
 // its rules at once) and a Concurrency's key (its holders) on miniredis,
-// whose clock stands still, so that every figure is exact.
+// whose clock stands still, so that every figure is exact. (-timeout 5s:
+// miniredis parses each script on every call, which took more than the
+// default 100ms with -race on a loaded machine.)
 func TestInspectPolicyAndConcurrency(t *testing.T) {
 	t.Parallel()
 	m, rdb := startRedis(t)
@@ -402,7 +404,7 @@ func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Clien
 	require.True(t, res.Allowed)
 
 	rules := []string{"-rule", "requests=fixed-window:1000/1m", "-rule", "tokens=token-bucket:100/1m"}
-	code, stdout, stderr := runT(t, append(append([]string{"inspect", "-redis", addr}, rules...), key)...)
+	code, stdout, stderr := runT(t, append(append([]string{"inspect", "-timeout", "5s", "-redis", addr}, rules...), key)...)
 	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
 	fw := "redlimit:{tenant:1}:fw60000000"
 	tb := "redlimit:{tenant:1}:tb60000000"
@@ -438,7 +440,7 @@ func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Clien
 	assert.Regexp(t, `(?m)^"`+regexp.QuoteMeta(fw)+`"\s+string\s`, stdout, "the fixed window's key\n%s", stdout)
 	assert.Regexp(t, `(?m)^"`+regexp.QuoteMeta(tb)+`"\s+string\s`, stdout, "the token bucket's key\n%s", stdout)
 
-	code, stdout, stderr = runT(t, append(append([]string{"reset", "-redis", addr}, rules...), key)...)
+	code, stdout, stderr = runT(t, append(append([]string{"reset", "-timeout", "5s", "-redis", addr}, rules...), key)...)
 	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
 	assert.Equal(t, `reset "tenant:1": deleted "`+fw+`", "`+tb+`"`+"\n", stdout)
 	res, err = pol.AllowN(ctx, key, 0)
@@ -454,7 +456,7 @@ func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Clien
 		require.NoError(t, err)
 		require.True(t, res.Allowed)
 	}
-	code, stdout, stderr = runT(t, "inspect", "-redis", addr, "-concurrency", "-max", "3", key)
+	code, stdout, stderr = runT(t, "inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-max", "3", key)
 	require.Zero(t, code, "inspect -concurrency: exit %d, stderr %q", code, stderr)
 	assert.Equal(t, "2 leases held, 1 of 3 slots free", field(stdout, "leases"), "%s", stdout)
 	assert.Equal(t, `in "redlimit:{tenant:1}:cc"`, field(stdout, "stored"), "%s", stdout)
@@ -465,18 +467,18 @@ func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Clien
 	holders := regexp.MustCompile(`(?m)^"[0-9a-f]{16}"\s+`+expires+`$`).FindAllString(stdout, -1)
 	assert.Len(t, holders, 2, "two holders, by lease id, expiring %s:\n%s", expires, stdout)
 
-	code, stdout, stderr = runT(t, "reset", "-redis", addr, "-concurrency", key)
+	code, stdout, stderr = runT(t, "reset", "-timeout", "5s", "-redis", addr, "-concurrency", key)
 	require.Zero(t, code, "reset -concurrency: exit %d, stderr %q", code, stderr)
 	assert.Equal(t, `reset "tenant:1": deleted "redlimit:{tenant:1}:cc"`+"\n", stdout)
-	_, stdout, _ = runT(t, "inspect", "-redis", addr, "-concurrency", "-max", "3", key)
+	_, stdout, _ = runT(t, "inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-max", "3", key)
 	assert.Equal(t, "0 leases held, 3 of 3 slots free", field(stdout, "leases"), "%s", stdout)
 
 	// Flags that do not go together.
 	for _, args := range [][]string{
-		{"inspect", "-redis", addr, "-concurrency", "-rule", "a=token-bucket:1/1s", key},
-		{"inspect", "-redis", addr, "-concurrency", "-strategy", "token-bucket", key},
-		{"inspect", "-redis", addr, "-rule", "a=token-bucket", key},
-		{"inspect", "-redis", addr, "-max", "3", "-strategy", "token-bucket", "-rate", "1", "-period", "1s", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-rule", "a=token-bucket:1/1s", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-strategy", "token-bucket", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-rule", "a=token-bucket", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-max", "3", "-strategy", "token-bucket", "-rate", "1", "-period", "1s", key},
 	} {
 		code, _, stderr := runT(t, args...)
 		assert.Equal(t, 2, code, "%q: exit %d, stderr %q; want a usage error", args, code, stderr)
