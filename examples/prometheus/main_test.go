@@ -21,7 +21,9 @@ func TestSelfTest(t *testing.T) {
 	// Redis's clock stands still: the counts below assume no refill
 	// between the calls, which a loaded machine could otherwise allow.
 	mr.SetTime(time.Now())
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), DialTimeout: 100 * time.Millisecond, DialerRetries: 1, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	// Timeouts for a loaded machine: a command that timed out would make
+	// its decision degraded and the counts below wrong.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), DialTimeout: 2 * time.Second, DialerRetries: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
