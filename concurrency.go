@@ -229,7 +229,7 @@ func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Resul
 	}
 	l, res, err := c.tryAcquire(ctx, key)
 	if f := c.e.cfg.observer; f != nil {
-		d := Decision{Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
+		d := Decision{Context: ctx, Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
 		if err == nil && !res.Allowed {
 			d.DeniedBy = DeniedByLimit
 		}

@@ -37,6 +37,9 @@ func (d DeniedBy) String() string {
 
 // Decision describes one call, for the hook set by [WithObserver].
 type Decision struct {
+	// Context is the caller's context, for the parent of a tracing span
+	// (extra/redlimitotel); the hook must not keep it past its return.
+	Context  context.Context
 	Strategy Strategy // the deciding rule's strategy
 	Rule     string   // Policy: the deciding rule's name
 	Key      string
@@ -82,6 +85,7 @@ func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Dura
 			}
 		}
 		f(Decision{
+			Context:  ctx,
 			Strategy: st,
 			Rule:     res.Rule,
 			Key:      key,

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-modules=(. grpclimit cmd/redlimit bench examples/prometheus)
+modules=(. grpclimit cmd/redlimit bench examples/prometheus extra/redlimitotel extra/redlimitprom)
 
 # The modules other than the root require the root at a version not yet
 # published; the go.work here replaces it with this directory. Use it

@@ -37,7 +37,9 @@
 #     and the installed binary runs "redlimit simulate" offline; and in a
 #     new module,
 #       go get github.com/redlimit/redlimit/grpclimit@VERSION
-#     then a program importing grpclimit builds and runs.
+#     then a program importing grpclimit builds and runs; the same for
+#     extra/redlimitotel and extra/redlimitprom (go get of each, a program
+#     importing both).
 #
 # Builds use -trimpath so that the build cache serves them although the
 # module cache is a new directory each time. Nothing is left behind: the
@@ -166,9 +168,10 @@ echo "-- tagged a snapshot of the working tree: ${tags[*]} ($((SECONDS - start))
 
 # Each module resolves its packages and tests from its own go.mod and
 # go.sum (GOWORK=off): the workspace would lend it a requirement or a go.sum
-# line that only another module has. The root is the snapshot, through a
-# replace in a copy of the go.mod given with -modfile; the user's module
-# cache serves the rest.
+# line that only another module has. The root and the other modules of the
+# repository (examples/prometheus requires extra/redlimitprom) are the
+# snapshot, through replaces in a copy of the go.mod given with -modfile;
+# the user's module cache serves the rest.
 mkdir "$tmp/modfile"
 for d in "${dirs[@]}"; do
   flags=()
@@ -176,7 +179,9 @@ for d in "${dirs[@]}"; do
     f=$tmp/modfile/${d//\//_}
     cp "$tmp/repo/$d/go.mod" "$f.mod"
     cp "$tmp/repo/$d/go.sum" "$f.sum" 2>/dev/null || : >"$f.sum"
-    go mod edit -replace="$mod=$tmp/repo" "$f.mod"
+    for i in "${!dirs[@]}"; do
+      [ "${dirs[$i]}" = "$d" ] || go mod edit -replace="${paths[$i]}=$tmp/repo/${dirs[$i]}" "$f.mod"
+    done
     flags=(-modfile="$f.mod")
   fi
   GOWORK=off step "$d: go list -deps -test ./... (own go.mod, GOWORK=off)" \
@@ -225,6 +230,36 @@ step "go mod init example.com/use" go mod init example.com/use &&
   step "go get $mod/grpclimit@$version (in a new module)" go get "$mod/grpclimit@$version" &&
   step "go build (a program importing grpclimit)" go build -o use . &&
   step "run it" ./use || true
+
+# The metric modules, in another new module.
+mkdir "$tmp/metrics"
+cd "$tmp/metrics"
+cat >main.go <<'EOF'
+// A user of the metric modules: it builds against the published modules only.
+package main
+
+import (
+	"fmt"
+
+	"github.com/redlimit/redlimit/extra/redlimitotel"
+	"github.com/redlimit/redlimit/extra/redlimitprom"
+)
+
+func main() {
+	m, err := redlimitotel.New()
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(len(m.Options("api")), len(redlimitprom.NewCollector().Options("api")))
+}
+EOF
+if step "go mod init example.com/metrics" go mod init example.com/metrics &&
+  step "go get $mod/extra/redlimitotel@$version (in a new module)" go get "$mod/extra/redlimitotel@$version" &&
+  step "go get $mod/extra/redlimitprom@$version" go get "$mod/extra/redlimitprom@$version" &&
+  step "go build (a program importing both)" go build -o metrics . &&
+  step "run it" ./metrics; then
+  [ "$out" = "2 2" ] || fail "the metrics program printed $out, want 2 2"
+fi
 
 cd "$repo"
 t=$SECONDS

@@ -2,17 +2,19 @@
 # Runs "go mod tidy" in every module of the repository.
 #
 # go mod tidy ignores go.work, so in a module other than the root it would
-# fetch github.com/redlimit/redlimit at the version the module requires,
-# which exists only once that release is published. Each of those modules is
-# therefore tidied with a temporary "replace" of the root by this directory,
+# fetch github.com/redlimit/redlimit (or another module of this repository,
+# such as extra/redlimitprom, which examples/prometheus requires) at the
+# version the module requires, which exists only once that release is
+# published. Each of those modules is therefore tidied with a temporary
+# "replace" of every module of the repository by its directory here,
 # dropped again afterwards (a published go.mod must not keep one; the
 # release check fails on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=github.com/redlimit/redlimit
-git ls-files -co --exclude-standard -- go.mod '*/go.mod' | while read -r f; do
-  [ -f "$f" ] || continue
-  d=$(dirname "$f")
+mapfile -t dirs < <(git ls-files -co --exclude-standard -- go.mod '*/go.mod' |
+  while read -r f; do [ -f "$f" ] && dirname "$f"; done | grep -v '/testdata/')
+for d in "${dirs[@]}"; do
   echo "-- $d"
   if [ "$d" = . ]; then
     GOWORK=off go mod tidy
@@ -20,8 +22,16 @@ git ls-files -co --exclude-standard -- go.mod '*/go.mod' | while read -r f; do
   fi
   (
     cd "$d"
-    go mod edit -replace="$mod=$(realpath --relative-to=. "$OLDPWD")"
-    trap 'go mod edit -dropreplace="$mod"' EXIT
+    replace=() drop=()
+    for o in "${dirs[@]}"; do
+      [ "$o" = "$d" ] && continue
+      p=$mod
+      [ "$o" = . ] || p=$mod/$o
+      replace+=(-replace="$p=$(realpath --relative-to=. "$OLDPWD/$o")")
+      drop+=(-dropreplace="$p")
+    done
+    go mod edit "${replace[@]}"
+    trap 'go mod edit "${drop[@]}"' EXIT
     GOWORK=off go mod tidy
   )
 done

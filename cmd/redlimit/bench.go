@@ -25,8 +25,20 @@ var benchCmd = &command{
 	short: "measure decisions per second and latency of each strategy",
 	long: `
 Bench calls Allow as fast as -concurrency goroutines can, for -duration per
-strategy, and reports decisions per second and the p50 and p99 latency of a
-decision.
+strategy, and reports decisions per second, the share of them allowed, and
+the p50 and p99 latency of a decision.
+
+-workload says what it measures, by the keys and the limit it sets:
+
+	allowed  (the default) 1000 keys at 1000 per second each, far above
+	         what bench offers: nearly every call is allowed, and Redis
+	         updates the key's state, as for an ordinary limit
+	denied   1 key at 1 per hour: every call but the first is denied,
+	         the cost of refusing an abuser
+
+-keys, -rate, -period and -burst, when given, change the workload's. The
+allowed share of each strategy is in the table, and a line after it says
+what the run measured: mostly allowed decisions, mostly denials, or a mix.
 
 With -redis it runs against that Redis server, under keys with the prefix
 "redlimit-bench", which it deletes when done. Without -redis it starts an
@@ -49,6 +61,17 @@ type benchFlags struct {
 	period      time.Duration
 	burst       int
 	timeout     time.Duration
+	workload    string
+}
+
+// workloads are the -workload values: the keys and the limit each sets.
+var workloads = map[string]struct {
+	keys   int
+	limit  redlimit.Limit
+	intent string // what it measures
+}{
+	"allowed": {1000, redlimit.PerSecond(1000), "allowed decisions"},
+	"denied":  {1, redlimit.Limit{Rate: 1, Period: time.Hour}, "denials"},
 }
 
 // benchPrefix is the prefix of the keys bench writes.
@@ -60,14 +83,30 @@ func setupBench(fs *flag.FlagSet) runFunc {
 	fs.Var(&f.strategy, "strategy", "`strategy` to measure, or all")
 	fs.DurationVar(&f.duration, "duration", 3*time.Second, "how long to measure each strategy")
 	fs.IntVar(&f.concurrency, "concurrency", 8, fmt.Sprintf("goroutines calling Allow, at most %d", maxBenchConcurrency))
-	fs.IntVar(&f.keys, "keys", 1, fmt.Sprintf("distinct keys the calls spread over, at most %d", maxBenchKeys))
-	fs.IntVar(&f.rate, "rate", 1000, "limit: events allowed per period")
-	fs.DurationVar(&f.period, "period", time.Second, "limit: period")
+	fs.StringVar(&f.workload, "workload", "allowed", "what to measure: allowed or denied (see above)")
+	fs.IntVar(&f.keys, "keys", 0, fmt.Sprintf("distinct keys the calls spread over, at most %d (0 means the workload's)", maxBenchKeys))
+	fs.IntVar(&f.rate, "rate", 0, "limit: events allowed per period (0 means the workload's)")
+	fs.DurationVar(&f.period, "period", 0, "limit: period (0 means the workload's)")
 	fs.IntVar(&f.burst, "burst", 0, "limit: burst of token-bucket and leaky-bucket (0 means -rate)")
 	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v; the embedded miniredis gets at least 2s", maxBenchTimeout))
 	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if len(args) > 0 {
 			return usagef("bench", "unexpected argument %q", args[0])
+		}
+		w, ok := workloads[f.workload]
+		if !ok {
+			return usagef("bench", "-workload %q: want allowed or denied", f.workload)
+		}
+		set := map[string]bool{}
+		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+		if !set["keys"] {
+			f.keys = w.keys
+		}
+		if !set["rate"] {
+			f.rate = w.limit.Rate
+		}
+		if !set["period"] {
+			f.period = w.limit.Period
 		}
 		if err := f.check(); err != nil {
 			return err
@@ -145,8 +184,8 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 		return err
 	}
 	limit := f.limit()
-	fmt.Fprintf(stdout, "target: %s\nlimit %v, %s, %s, %v per strategy\n\n",
-		target, limit, plural(f.concurrency, "goroutine"), plural(f.keys, "key"), f.duration)
+	fmt.Fprintf(stdout, "target: %s\nworkload %s: limit %v, %s, %s, %v per strategy\n\n",
+		target, f.workload, limit, plural(f.concurrency, "goroutine"), plural(f.keys, "key"), f.duration)
 
 	keys := make([]string, f.keys)
 	for i := range keys {
@@ -167,6 +206,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 		results = append(results, r)
 	}
 	printBench(stdout, results)
+	fmt.Fprintf(stdout, "\n%s\n", measured(f.workload, results))
 	for _, r := range results {
 		if r.errors > 0 {
 			return fmt.Errorf("bench %v: %d of %d decisions failed, the first with: %w", r.strategy, r.errors, r.ops, r.firstErr)
@@ -338,6 +378,33 @@ func printBench(w io.Writer, results []benchResult) {
 		fmt.Fprintf(w, row, r.strategy, r.ops, fmt.Sprintf("%.0f", perSec), fmt.Sprintf("%.1f%%", allowed),
 			roundLatency(r.p50), roundLatency(r.p99), r.errors)
 	}
+}
+
+// measured says what a run measured, by its allowed share: mostly (90% or
+// more) allowed decisions, mostly denials (10% or less allowed), or a mix;
+// and whether that is what the workload is for.
+func measured(workload string, results []benchResult) string {
+	ops, allowed := 0, 0
+	for _, r := range results {
+		ops += r.ops
+		allowed += r.allowed
+	}
+	if ops == 0 {
+		return "measured: no decisions"
+	}
+	share := 100 * float64(allowed) / float64(ops)
+	what := "a mix of allowed decisions and denials"
+	switch {
+	case share >= 90:
+		what = "mostly allowed decisions"
+	case share <= 10:
+		what = "mostly denials"
+	}
+	line := fmt.Sprintf("measured: %s (%.1f%% of %d decisions allowed)", what, share, ops)
+	if w := workloads[workload]; what != "mostly "+w.intent {
+		line += fmt.Sprintf("; workload %s is meant to measure %s: -keys, -rate or -period changed it", workload, w.intent)
+	}
+	return line
 }
 
 // roundLatency keeps three significant digits or so of a latency.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"strconv"
@@ -273,4 +274,50 @@ func TestBenchResetAll(t *testing.T) {
 	got := m.Keys()
 	want := []string{"redlimit-bench:{k1}:tb1000000", "user-data"}
 	assert.Equal(t, want, got, "keys after resetAll: %d keys %.200q, want %q", len(got), got, want)
+}
+
+// TestBenchWorkloads checks what each workload measures, by the allowed
+// share that bench prints: by default every call allowed (the defaults were
+// 1 key at 1000/s, which measured 2.4% allowed, mostly denials), with
+// -workload denied every call but the first denied, and a note when flags
+// change the workload's intent. The line that says what was measured
+// needs 10 decisions or more to be mostly denials (the first call is
+// allowed), which a loaded machine may not make: it is checked then.
+func TestBenchWorkloads(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		args     []string
+		allowed  func(ops int) int
+		measured string
+		note     bool
+	}{
+		{"default", nil, func(ops int) int { return ops }, "measured: mostly allowed decisions", false},
+		{"denied", []string{"-workload", "denied"}, func(int) int { return 1 }, "measured: mostly denials", false},
+		{"changed", []string{"-keys", "1", "-rate", "1", "-period", "1h"}, func(int) int { return 1 }, "measured: mostly denials", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"bench", "-strategy", "token-bucket", "-duration", "1s", "-concurrency", "2"}, tt.args...)
+			code, stdout, stderr := runT(t, args...)
+			require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+			row := rowOf(stdout, "token-bucket")
+			require.Len(t, row, 7, "no row for token-bucket:\n%s", stdout)
+			ops, err := strconv.Atoi(row[1])
+			require.NoError(t, err, "decisions column %q", row[1])
+			share, err := strconv.ParseFloat(strings.TrimSuffix(row[3], "%"), 64)
+			require.NoError(t, err, "allowed column %q", row[3])
+			got, want := int(math.Round(share*float64(ops)/100)), tt.allowed(ops)
+			assert.Equal(t, want, got, "%s: %v%% of %d allowed: got %d, want %d\n%s", tt.name, share, ops, got, want, stdout)
+			assert.Contains(t, stdout, fmt.Sprintf("%% of %d decisions allowed)", ops), "%s", stdout)
+			if ops < 10 {
+				t.Logf("%d decisions: too few to check the measured line", ops)
+				return
+			}
+			assert.Contains(t, stdout, tt.measured, "%s", stdout)
+			assert.Equal(t, tt.note, strings.Contains(stdout, "is meant to measure"), "%s", stdout)
+		})
+	}
+	code, _, stderr := runT(t, "bench", "-workload", "mixed")
+	assert.Equal(t, 2, code, "an unknown workload: exit %d, stderr %q", code, stderr)
 }

@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR -strategy S -rate R -period P [-burst B] [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -rate R -period P [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -42,6 +42,19 @@ token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
 KEY longer than 256 bytes (before that escaping) appears hashed: in its
 place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
 
+A Policy's key: give its rules with -rule (one each, NAME=STRATEGY:
+RATE/PERIOD[:BURST], such as -rule tokens=token-bucket:100/1m) instead of
+-strategy, -rate and -period. Inspect shows the policy's decision, its
+penalty block, and each rule's state in human terms: tokens used and when
+the bucket is full, the window's count and when it ends, the events counted
+in a sliding period. A rule's state key is the one a limiter of that rule
+alone would use.
+
+A Concurrency's key: -concurrency (and -max, to show the free slots).
+Inspect lists the leases of KEY (<prefix>:{<KEY>}:cc, a sorted set): each
+holder, by its lease id, and when its lease expires on the server's clock
+(with WithClientClock, on its clients' clocks: off by their skew).
+
 KEY and the Redis keys are printed quoted, as Go strings ("user1"), so that
 a newline or a terminal escape sequence in a key shows as \n or \x1b
 instead of forging or hiding output.`,
@@ -50,7 +63,7 @@ instead of forging or hiding output.`,
 
 var resetCmd = &command{
 	name:  "reset",
-	args:  "-redis ADDR -strategy S -period P [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -period P | -rule R... | -concurrency) [-prefix P] KEY",
 	short: "forget the state of one limited key",
 	long: `
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
@@ -58,6 +71,11 @@ given strategy and period, as the limiter's Reset method does: its state,
 its penalty block and its pending reservations (see inspect). KEY starts
 again with its full allowance. The rate does not matter, since it is not
 part of the key names.
+
+With -rule (a Policy's rules, as for inspect) it deletes every rule's
+state and reservations and the policy's block, as Policy.Reset does; with
+-concurrency, the key's leases (every holder's slot is free again; a
+holder's Release later finds no lease).
 
 Reset prints KEY and the Redis keys it deleted quoted, as Go strings, as
 inspect does.`,
@@ -70,6 +88,7 @@ type keyFlags struct {
 	strategy strategyValue
 	period   time.Duration
 	prefix   string
+	timeout  time.Duration
 }
 
 func (f *keyFlags) register(fs *flag.FlagSet) {
@@ -77,11 +96,14 @@ func (f *keyFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
 	fs.DurationVar(&f.period, "period", 0, "the limit's period (required)")
 	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
+	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v", maxBenchTimeout))
 }
 
 // check checks the flags and the single KEY argument, and returns the key.
 func (f *keyFlags) check(cmd string, args []string) (string, error) {
 	switch {
+	case f.timeout <= 0 || f.timeout > maxBenchTimeout:
+		return "", usagef(cmd, "-timeout %v must be positive and at most %v", f.timeout, maxBenchTimeout)
 	case f.addr == "":
 		return "", usagef(cmd, "-redis is required")
 	case f.strategy.s == 0:
@@ -113,7 +135,7 @@ func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Cl
 	if err := checkLimit(f.strategy.s, limit, opts...); err != nil {
 		return nil, nil, err
 	}
-	rdb := newClient(f.addr, 2, defaultTimeout)
+	rdb := newClient(f.addr, 2, f.timeout)
 	if err := ping(ctx, rdb); err != nil {
 		rdb.Close()
 		return nil, nil, err
@@ -132,7 +154,23 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 	var rate, burst int
 	fs.IntVar(&rate, "rate", 0, "the limit's rate, events per period (required)")
 	fs.IntVar(&burst, "burst", 0, "the limit's burst for token-bucket and leaky-bucket (0 means -rate)")
+	var o otherKeyFlags
+	o.register(fs, true)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		mode, err := o.mode("inspect", &f)
+		if err != nil {
+			return err
+		}
+		if mode != "" {
+			if rate != 0 || burst != 0 {
+				return usagef("inspect", "-rate and -burst are one limiter's; a -rule has its own")
+			}
+			key, err := checkKeyArg("inspect", &f, args)
+			if err != nil {
+				return err
+			}
+			return runOther(ctx, "inspect", mode, &f, &o, key, stdout)
+		}
 		key, err := f.check("inspect", args)
 		if err != nil {
 			return err
@@ -258,7 +296,20 @@ func fmtHash(h map[string]string) string {
 func setupReset(fs *flag.FlagSet) runFunc {
 	var f keyFlags
 	f.register(fs)
+	var o otherKeyFlags
+	o.register(fs, false)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		mode, err := o.mode("reset", &f)
+		if err != nil {
+			return err
+		}
+		if mode != "" {
+			key, err := checkKeyArg("reset", &f, args)
+			if err != nil {
+				return err
+			}
+			return runOther(ctx, "reset", mode, &f, &o, key, stdout)
+		}
 		key, err := f.check("reset", args)
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // startRedis starts a miniredis whose clock stands still at a fixed time,
@@ -366,4 +367,120 @@ func TestInspectResetReservations(t *testing.T) {
 	}
 	_, stdout, _ = runT(t, "help", "inspect")
 	assert.Contains(t, stdout, "<prefix>:{<KEY>}:<code><period in µs>:r   the pending reservations", "help inspect:\n%s", stdout)
+}
+
+// TestInspectPolicyAndConcurrency inspects and resets a Policy's key (all
+// its rules at once) and a Concurrency's key (its holders) on miniredis,
+// whose clock stands still, so that every figure is exact. (-timeout 5s:
+// miniredis parses each script on every call, which took more than the
+// default 100ms with -race on a loaded machine.)
+func TestInspectPolicyAndConcurrency(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	testInspectPolicyAndConcurrency(t, m.Addr(), rdb, true)
+}
+
+// TestInspectPolicyAndConcurrencyRedis does the same on a real Redis,
+// whose clock runs: figures that move with it are matched loosely.
+func TestInspectPolicyAndConcurrencyRedis(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	t.Cleanup(func() { rdb.Close() })
+	testInspectPolicyAndConcurrency(t, s.Addr, rdb, false)
+}
+
+func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Client, exact bool) {
+	ctx := context.Background()
+	const key = "tenant:1"
+	pol, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "requests", Strategy: redlimit.FixedWindow, Limit: redlimit.PerMinute(1000)},
+		{Name: "tokens", Strategy: redlimit.TokenBucket, Limit: redlimit.PerMinute(100)},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { pol.Close() })
+	res, err := pol.AllowN(ctx, key, 30)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+
+	rules := []string{"-rule", "requests=fixed-window:1000/1m", "-rule", "tokens=token-bucket:100/1m"}
+	code, stdout, stderr := runT(t, append(append([]string{"inspect", "-timeout", "5s", "-redis", addr}, rules...), key)...)
+	require.Zero(t, code, "inspect: exit %d, stderr %q", code, stderr)
+	fw := "redlimit:{tenant:1}:fw60000000"
+	tb := "redlimit:{tenant:1}:tb60000000"
+	want := map[string]string{
+		"key":       `"tenant:1"`,
+		"policy":    "2 rules",
+		"allowed":   "true",
+		"remaining": "70 (rule tokens)",
+		"blocked":   "no",
+		// The clock stands at 0.25s past a minute: the window ends in 59.75s.
+		"requests": "fixed-window 1000/1m0s 30 of 1000 counted in this window, which ends in 59.75s",
+		// 30 tokens at 100 a minute come back in 18s.
+		"tokens":                       "token-bucket 100/1m0s 30 of 100 tokens used, 70 left; full in 18s",
+		`"` + fw + `:b"`:               "(missing) - -",
+		`"` + tb + reserveSuffix + `"`: "(missing) - -",
+	}
+	// Real Redis: the bucket refills and the window moves on as the test
+	// runs.
+	loose := map[string]string{
+		"remaining": `7\d \(rule tokens\)`,
+		"requests":  `fixed-window 1000/1m0s 30 of 1000 counted in this window, which ends in [\d.]+m?s`,
+		"tokens":    `token-bucket 100/1m0s (30 of 100 tokens used, 70|29 of 100 tokens used, 71) left; full in 1[78][\d.]*m?s`,
+	}
+	for name, w := range want {
+		if l, ok := loose[name]; ok && !exact {
+			w = l
+		} else {
+			w = regexp.QuoteMeta(w)
+		}
+		got := field(stdout, name)
+		assert.Regexp(t, "^"+w+"$", got, "inspect: %s = %q, want %q\n%s", name, got, w, stdout)
+	}
+	assert.Regexp(t, `(?m)^"`+regexp.QuoteMeta(fw)+`"\s+string\s`, stdout, "the fixed window's key\n%s", stdout)
+	assert.Regexp(t, `(?m)^"`+regexp.QuoteMeta(tb)+`"\s+string\s`, stdout, "the token bucket's key\n%s", stdout)
+
+	code, stdout, stderr = runT(t, append(append([]string{"reset", "-timeout", "5s", "-redis", addr}, rules...), key)...)
+	require.Zero(t, code, "reset: exit %d, stderr %q", code, stderr)
+	assert.Equal(t, `reset "tenant:1": deleted "`+fw+`", "`+tb+`"`+"\n", stdout)
+	res, err = pol.AllowN(ctx, key, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 100, res.Remaining, "after reset: %+v", res)
+
+	// A concurrency cap of 3 with a 10s ttl: two holders.
+	conc, err := redlimit.NewConcurrency(rdb, 3, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { conc.Close() })
+	for range 2 {
+		_, res, err := conc.TryAcquire(ctx, key)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	code, stdout, stderr = runT(t, "inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-max", "3", key)
+	require.Zero(t, code, "inspect -concurrency: exit %d, stderr %q", code, stderr)
+	assert.Equal(t, "2 leases held, 1 of 3 slots free", field(stdout, "leases"), "%s", stdout)
+	assert.Equal(t, `in "redlimit:{tenant:1}:cc"`, field(stdout, "stored"), "%s", stdout)
+	expires := `in 10s`
+	if !exact {
+		expires = `in (10s|9\.\d+s)`
+	}
+	holders := regexp.MustCompile(`(?m)^"[0-9a-f]{16}"\s+`+expires+`$`).FindAllString(stdout, -1)
+	assert.Len(t, holders, 2, "two holders, by lease id, expiring %s:\n%s", expires, stdout)
+
+	code, stdout, stderr = runT(t, "reset", "-timeout", "5s", "-redis", addr, "-concurrency", key)
+	require.Zero(t, code, "reset -concurrency: exit %d, stderr %q", code, stderr)
+	assert.Equal(t, `reset "tenant:1": deleted "redlimit:{tenant:1}:cc"`+"\n", stdout)
+	_, stdout, _ = runT(t, "inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-max", "3", key)
+	assert.Equal(t, "0 leases held, 3 of 3 slots free", field(stdout, "leases"), "%s", stdout)
+
+	// Flags that do not go together.
+	for _, args := range [][]string{
+		{"inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-rule", "a=token-bucket:1/1s", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-concurrency", "-strategy", "token-bucket", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-rule", "a=token-bucket", key},
+		{"inspect", "-timeout", "5s", "-redis", addr, "-max", "3", "-strategy", "token-bucket", "-rate", "1", "-period", "1s", key},
+	} {
+		code, _, stderr := runT(t, args...)
+		assert.Equal(t, 2, code, "%q: exit %d, stderr %q; want a usage error", args, code, stderr)
+	}
 }

@@ -24,9 +24,10 @@ var simulateCmd = &command{
 	short: "replay a traffic pattern through all five strategies and chart it",
 	long: `
 Simulate sends the same traffic to one limiter of each strategy, all with the
-same limit, and reports what each admitted: a table on standard output and a
-chart (PNG or SVG, by the extension of -out) of admitted requests per -step
-over time, against the offered traffic.
+same limit, and reports what each admitted: a table on standard output and,
+with -out, a chart (PNG or SVG, by the extension of -out's file) of
+admitted requests per -step over time, against the offered traffic. It
+writes no file without -out.
 
 It runs on an embedded miniredis with a virtual clock, set before every
 request, so it takes no real time and gives the same result on every run.
@@ -85,7 +86,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the simulated traffic")
 	fs.Float64Var(&f.offered, "offered", 0, "mean offered requests per second (0 means 3 × rate / period)")
 	fs.Int64Var(&f.seed, "seed", 0, "if not 0, move each arrival at random by up to half the gap to its neighbours, reproducibly for the seed")
-	fs.StringVar(&f.out, "out", "chart.png", "chart `file` to write, .png or .svg")
+	fs.StringVar(&f.out, "out", "", "chart `file` to write, .png or .svg (none without it)")
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
 	fs.DurationVar(&f.warmUp, "warmup", 0, "warm-up of token-bucket and leaky-bucket: a cold key starts at rate/3 and reaches the rate after it (0 means none)")
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
@@ -119,6 +120,10 @@ func (f *simFlags) run(ctx context.Context, args []string, set map[string]bool, 
 		return chartTooLong(sim, outs, n)
 	}
 	printTable(stdout, sim, outs)
+	if f.out == "" {
+		fmt.Fprintln(stdout, "\nno chart written (-out FILE.png or FILE.svg writes one)")
+		return nil
+	}
 	if err := writeChart(f.out, sim, outs); err != nil {
 		return err
 	}
@@ -137,8 +142,8 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	if f.file != "" && !set["pattern"] {
 		f.pattern = "file"
 	}
-	switch ext := strings.ToLower(filepath.Ext(f.out)); ext {
-	case ".png", ".svg":
+	switch ext := strings.ToLower(filepath.Ext(f.out)); {
+	case f.out == "", ext == ".png", ext == ".svg":
 	default:
 		return bad("-out %q: the chart must be a .png or .svg file", f.out)
 	}

@@ -484,3 +484,19 @@ func TestSimulateWarmUp(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.Contains(t, out.String(), "a warming token bucket never bursts: Burst must be 0")
 }
+
+// TestSimulateWritesOnlyOut runs simulate without -out in an empty working
+// directory: it prints the table and writes nothing (it used to leave a
+// chart.png there).
+func TestSimulateWritesOnlyOut(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"simulate", "-pattern", "bursty", "-duration", "4s"}, &stdout, &stderr)
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
+	assert.Equal(t, []string{"fixed-window", "120", "40", "20", "0s"}, rowOf(stdout.String(), "fixed-window"), "%s", stdout.String())
+	assert.Contains(t, stdout.String(), "no chart written")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "simulate without -out wrote %v", entries)
+}

@@ -7,6 +7,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redlimit/redlimit v0.1.0
+	github.com/redlimit/redlimit/extra/redlimitprom v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 

@@ -1,7 +1,8 @@
-// Command prometheus exports redlimit's decisions as Prometheus metrics,
-// through the decision hook (redlimit.WithObserver) and the fallback hook
-// (redlimit.WithOnTransition). It is its own module, so that redlimit
-// itself does not depend on Prometheus.
+// Command prometheus exports redlimit's decisions as Prometheus metrics
+// with package github.com/redlimit/redlimit/extra/redlimitprom: one
+// Collector, registered once, and each limiter built with its Options
+// under a name. It is its own module, so that redlimit itself does not
+// depend on Prometheus.
 //
 // It needs nothing installed: without -redis it starts an embedded
 // miniredis. Run it from the repository root (its go.work puts this module
@@ -17,15 +18,17 @@
 // degraded, fetches /metrics, prints the redlimit_ series and exits: 0 if
 // they match the decisions made, 1 otherwise.
 //
-// The metrics:
+// The metrics are redlimitprom's (see its package documentation):
 //
-//	redlimit_decisions_total{strategy,result}     result: allowed, denied, shadowed, error
-//	redlimit_denied_total{strategy,denied_by}     denied_by: limit, block, deny-cache, deadline
-//	                                              (shadow mode's would-be denials included)
-//	redlimit_degraded_decisions_total{strategy}   decided by the fallback, without Redis
-//	redlimit_decision_seconds{strategy}           histogram of the time to decide
-//	redlimit_fallback_active{strategy}            limiters now on their fallback (1/0 for one)
-//	redlimit_fallback_transitions_total{strategy,to}  to: fallback, redis
+//	redlimit_decisions_total{limiter,strategy,rule,outcome,denied_by,degraded,shadowed}
+//	redlimit_decision_seconds{...}                   histogram of the time to decide
+//	redlimit_fallback_active{limiter,node}           1 while on the fallback
+//	redlimit_fallback_transitions_total{limiter,node,to}  to: fallback, redis
+//	redlimit_prefetch_*{limiter}                     hot-key prefetches (WithPrefetch)
+//
+// No metric has the limited key (user, IP address, token) as a label:
+// keys are unbounded, chosen by callers (attackers included), and every
+// label value is a series that Prometheus keeps.
 package main
 
 import (
@@ -51,6 +54,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/extra/redlimitprom"
 )
 
 func main() {
@@ -70,97 +74,43 @@ func main() {
 	}
 }
 
-// metrics holds the collectors fed by the hooks.
-//
-// No metric has the limited key (user, IP address, token) as a label: keys
-// are unbounded, and every label value is a series that Prometheus keeps.
-// Look keys up in logs, or in Redis, instead. The labels used here take a
-// handful of values each.
+// metrics feeds a redlimitprom.Collector and logs the fallback's
+// transitions.
 type metrics struct {
-	decisions   *prometheus.CounterVec
-	denied      *prometheus.CounterVec
-	degraded    *prometheus.CounterVec
-	latency     *prometheus.HistogramVec
-	active      *prometheus.GaugeVec
-	transitions *prometheus.CounterVec
+	c *redlimitprom.Collector
 }
 
-// newMetrics makes the collectors and registers them with reg (in a
-// service, its own registry or prometheus.DefaultRegisterer).
+// newMetrics makes the collector and registers it with reg (in a service,
+// its own registry or prometheus.DefaultRegisterer).
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redlimit_decisions_total",
-			Help: "Rate-limit decisions, by what the caller was told: allowed, denied, shadowed (allowed by shadow mode, which the limit denied) or error (no decision).",
-		}, []string{"strategy", "result"}),
-		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redlimit_denied_total",
-			Help: "Decisions the limit denied, or would have in shadow mode, by reason: limit, block, deny-cache or deadline.",
-		}, []string{"strategy", "denied_by"}),
-		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redlimit_degraded_decisions_total",
-			Help: "Decisions made by the fallback policy while Redis was unavailable.",
-		}, []string{"strategy"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "redlimit_decision_seconds",
-			Help: "Time to make a decision (one Redis round trip, or in-process).",
-			// 25µs to 100ms: a deny-cache hit takes microseconds, a round
-			// trip to a nearby Redis a fraction of a millisecond.
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 13),
-		}, []string{"strategy"}),
-		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "redlimit_fallback_active",
-			Help: "Limiters deciding without Redis now (1 or 0 with one limiter per strategy).",
-		}, []string{"strategy"}),
-		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "redlimit_fallback_transitions_total",
-			Help: "Switches to the fallback (to=fallback) and back to Redis (to=redis).",
-		}, []string{"strategy", "to"}),
-	}
-	reg.MustRegister(m.decisions, m.denied, m.degraded, m.latency, m.active, m.transitions)
-	return m
+	c := redlimitprom.NewCollector()
+	reg.MustRegister(c)
+	return &metrics{c: c}
 }
 
-// options returns the limiter options that feed m.
-func (m *metrics) options() []redlimit.Option {
-	return []redlimit.Option{redlimit.WithObserver(m.observe), redlimit.WithOnTransition(m.transition)}
+// options returns the options of the limiter named limiter: the
+// collector's hooks, and a transition hook that logs too.
+func (m *metrics) options(limiter string) []redlimit.Option {
+	return []redlimit.Option{redlimit.WithObserver(m.c.Observer(limiter)), redlimit.WithOnTransition(m.transition(limiter, nil))}
 }
 
-// observe is the decision hook: it runs on every call, in the caller's
-// goroutine, so it only counts.
-func (m *metrics) observe(d redlimit.Decision) {
-	s := d.Strategy.String()
-	result := "allowed"
-	switch {
-	case d.Err != nil:
-		result = "error"
-	case d.Shadowed:
-		result = "shadowed"
-	case !d.Allowed:
-		result = "denied"
+// transition returns the fallback hook of limiter: the collector's, a log
+// line (once per switch, never per call), then then's, if not nil.
+func (m *metrics) transition(limiter string, then func(redlimit.Transition)) func(redlimit.Transition) {
+	record := m.c.OnTransition(limiter)
+	return func(t redlimit.Transition) {
+		record(t)
+		switch {
+		case t.Evicted > 0:
+		case t.Down:
+			log.Printf("%s: Redis unavailable, deciding in-process: %v", limiter, t.Err)
+		default:
+			log.Printf("%s: back on Redis after %v", limiter, t.Outage.Round(time.Millisecond))
+		}
+		if then != nil {
+			then(t)
+		}
 	}
-	m.decisions.WithLabelValues(s, result).Inc()
-	if d.DeniedBy != redlimit.NotDenied {
-		m.denied.WithLabelValues(s, d.DeniedBy.String()).Inc()
-	}
-	if d.Degraded {
-		m.degraded.WithLabelValues(s).Inc()
-	}
-	m.latency.WithLabelValues(s).Observe(d.Latency.Seconds())
-}
-
-// transition is the fallback hook: once per switch, never per call.
-func (m *metrics) transition(t redlimit.Transition) {
-	s := t.Strategy.String()
-	if t.Down {
-		m.active.WithLabelValues(s).Inc()
-		m.transitions.WithLabelValues(s, "fallback").Inc()
-		log.Printf("%v: Redis unavailable, deciding in-process: %v", t.Strategy, t.Err)
-		return
-	}
-	m.active.WithLabelValues(s).Dec()
-	m.transitions.WithLabelValues(s, "redis").Inc()
-	log.Printf("%v: back on Redis after %v", t.Strategy, t.Outage.Round(time.Millisecond))
 }
 
 func run(addr, redisAddr string, selftest bool) error {
@@ -223,7 +173,7 @@ func run(addr, redisAddr string, selftest bool) error {
 // demo makes a decision every 25ms, for 3 users in turn, until ctx is done:
 // about 13 requests per second per user, for a limit of 5 and a 1s block.
 func demo(ctx context.Context, rdb redis.UniversalClient, m *metrics) error {
-	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(5), append(m.options(),
+	lim, err := redlimit.NewTokenBucket(rdb, redlimit.PerSecond(5), append(m.options("demo"),
 		redlimit.WithPrefix("prometheus-demo"), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(10_000))...)
 	if err != nil {
 		return err
@@ -308,26 +258,26 @@ func (t *tally) add(res redlimit.Result) {
 //   - a while Redis is down: 2 calls for user:4, allowed by the fallback.
 func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Miniredis, m *metrics) (tally, error) {
 	var (
-		t       tally
-		lims    []*redlimit.RateLimiter
-		newErr  error
-		up      = make(chan struct{}, 1)
-		options = []redlimit.Option{
-			redlimit.WithPrefix("prometheus-selftest"),
-			redlimit.WithObserver(m.observe),
-			redlimit.WithOnTransition(func(tr redlimit.Transition) {
-				m.transition(tr)
-				if !tr.Down {
-					select { // say that a limiter is back on Redis
-					case up <- struct{}{}:
-					default:
-					}
+		t      tally
+		lims   []*redlimit.RateLimiter
+		newErr error
+		up     = make(chan struct{}, 1)
+		isUp   = func(tr redlimit.Transition) {
+			if !tr.Down && tr.Evicted == 0 {
+				select { // say that a limiter is back on Redis
+				case up <- struct{}{}:
+				default:
 				}
-			}),
+			}
 		}
 	)
-	newLim := func(newFn func(redis.UniversalClient, redlimit.Limit, ...redlimit.Option) (*redlimit.RateLimiter, error), limit redlimit.Limit, opts ...redlimit.Option) *redlimit.RateLimiter {
-		lim, err := newFn(rdb, limit, append(options[:len(options):len(options)], opts...)...)
+	newLim := func(name string, newFn func(redis.UniversalClient, redlimit.Limit, ...redlimit.Option) (*redlimit.RateLimiter, error), limit redlimit.Limit, opts ...redlimit.Option) *redlimit.RateLimiter {
+		options := []redlimit.Option{
+			redlimit.WithPrefix("prometheus-selftest"),
+			redlimit.WithObserver(m.c.Observer(name)),
+			redlimit.WithOnTransition(m.transition(name, isUp)),
+		}
+		lim, err := newFn(rdb, limit, append(options, opts...)...)
 		if err != nil {
 			newErr = errors.Join(newErr, err)
 			return nil
@@ -340,10 +290,10 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 			lim.Close()
 		}
 	}()
-	a := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(1000))
-	b := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second))
-	shadow := newLim(redlimit.NewTokenBucket, redlimit.PerSecond(2), redlimit.WithPrefix("prometheus-candidate"), redlimit.WithShadow())
-	queue := newLim(redlimit.NewLeakyBucket, redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3})
+	a := newLim("api", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(1000))
+	b := newLim("api-b", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second))
+	shadow := newLim("candidate", redlimit.NewTokenBucket, redlimit.PerSecond(2), redlimit.WithPrefix("prometheus-candidate"), redlimit.WithShadow())
+	queue := newLim("queue", redlimit.NewLeakyBucket, redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3})
 	if newErr != nil {
 		return t, newErr
 	}
@@ -470,17 +420,18 @@ func check(samples map[string]float64, made tally, outage bool) error {
 		}
 	}
 	want("redlimit_decisions_total", sum(samples, "redlimit_decisions_total"), float64(made.decisions))
-	for result, n := range map[string]int{"allowed": made.allowed, "denied": made.denied, "shadowed": made.shadowed, "error": 0} {
-		want(`redlimit_decisions_total{result="`+result+`"}`, sum(samples, "redlimit_decisions_total", `result="`+result+`"`), float64(n))
+	for outcome, n := range map[string]int{"allowed": made.allowed + made.shadowed, "denied": made.denied, "error": 0} {
+		want(`redlimit_decisions_total{outcome="`+outcome+`"}`, sum(samples, "redlimit_decisions_total", `outcome="`+outcome+`"`), float64(n))
 	}
-	want("redlimit_denied_total", sum(samples, "redlimit_denied_total"), float64(made.denied+made.shadowed))
+	want(`redlimit_decisions_total{shadowed="true"}`, sum(samples, "redlimit_decisions_total", `shadowed="true"`), float64(made.shadowed))
+	want(`redlimit_decisions_total{denied_by!=""}`, float64(made.decisions)-sum(samples, "redlimit_decisions_total", `denied_by=""`), float64(made.denied+made.shadowed))
 	for _, by := range []string{"limit", "block", "deny-cache", "deadline"} {
-		atLeast1(`redlimit_denied_total{denied_by="`+by+`"}`, sum(samples, "redlimit_denied_total", `denied_by="`+by+`"`))
+		atLeast1(`redlimit_decisions_total{denied_by="`+by+`"}`, sum(samples, "redlimit_decisions_total", `denied_by="`+by+`"`))
 	}
 	want("redlimit_decision_seconds_count", sum(samples, "redlimit_decision_seconds_count"), float64(made.decisions))
-	want("redlimit_degraded_decisions_total", sum(samples, "redlimit_degraded_decisions_total"), float64(made.degraded))
+	want(`redlimit_decisions_total{degraded="true"}`, sum(samples, "redlimit_decisions_total", `degraded="true"`), float64(made.degraded))
 	if outage {
-		atLeast1("redlimit_degraded_decisions_total", float64(made.degraded))
+		atLeast1("degraded decisions", float64(made.degraded))
 		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 1)
 		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 1)
 		want("redlimit_fallback_active", sum(samples, "redlimit_fallback_active"), 0)

@@ -21,7 +21,9 @@ func TestSelfTest(t *testing.T) {
 	// Redis's clock stands still: the counts below assume no refill
 	// between the calls, which a loaded machine could otherwise allow.
 	mr.SetTime(time.Now())
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), DialTimeout: 100 * time.Millisecond, DialerRetries: 1, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	// Timeouts for a loaded machine: a command that timed out would make
+	// its decision degraded and the counts below wrong.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), DialTimeout: 2 * time.Second, DialerRetries: 1, ReadTimeout: 2 * time.Second, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
@@ -36,40 +38,42 @@ func TestSelfTest(t *testing.T) {
 	assert.Equal(t, want, made, "decisions made: got %+v, want %+v", made, want)
 	_, samples, err := scrape(ctx, srv.URL)
 	require.NoError(t, err)
+	l := func(limiter, strategy, outcome, deniedBy, degraded, shadowed string) string {
+		return `redlimit_decisions_total{degraded="` + degraded + `",denied_by="` + deniedBy + `",limiter="` + limiter +
+			`",outcome="` + outcome + `",rule="",shadowed="` + shadowed + `",strategy="` + strategy + `"}`
+	}
 	for _, c := range []struct {
 		series string
 		want   float64
 	}{
-		{`redlimit_decisions_total{result="allowed",strategy="token-bucket"}`, 12},
-		{`redlimit_decisions_total{result="allowed",strategy="leaky-bucket"}`, 1},
-		{`redlimit_decisions_total{result="denied",strategy="token-bucket"}`, 5},
-		{`redlimit_decisions_total{result="denied",strategy="leaky-bucket"}`, 1},
-		{`redlimit_decisions_total{result="shadowed",strategy="token-bucket"}`, 2},
-		{`redlimit_denied_total{denied_by="limit",strategy="token-bucket"}`, 3}, // 1 denied + 2 shadowed
-		{`redlimit_denied_total{denied_by="deny-cache",strategy="token-bucket"}`, 2},
-		{`redlimit_denied_total{denied_by="block",strategy="token-bucket"}`, 2},
-		{`redlimit_denied_total{denied_by="deadline",strategy="leaky-bucket"}`, 1},
-		{`redlimit_degraded_decisions_total{strategy="token-bucket"}`, 2},
-		{`redlimit_decision_seconds_count{strategy="token-bucket"}`, 19},
-		{`redlimit_decision_seconds_count{strategy="leaky-bucket"}`, 2},
-		{`redlimit_fallback_active{strategy="token-bucket"}`, 0},
-		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="fallback"}`, 1},
-		{`redlimit_fallback_transitions_total{strategy="token-bucket",to="redis"}`, 1},
+		{l("api", "token-bucket", "allowed", "", "false", "false"), 8},     // 5 user:1, 3 user:2
+		{l("api", "token-bucket", "denied", "limit", "false", "false"), 1}, // starts the block
+		{l("api", "token-bucket", "denied", "deny-cache", "false", "false"), 2},
+		{l("api", "token-bucket", "allowed", "", "true", "false"), 2}, // the outage
+		{l("api-b", "token-bucket", "denied", "block", "false", "false"), 2},
+		{l("candidate", "token-bucket", "allowed", "", "false", "false"), 2},
+		{l("candidate", "token-bucket", "allowed", "limit", "false", "true"), 2},
+		{l("queue", "leaky-bucket", "allowed", "", "false", "false"), 1},
+		{l("queue", "leaky-bucket", "denied", "deadline", "false", "false"), 1},
+		{`redlimit_fallback_active{limiter="api",node=""}`, 0},
+		{`redlimit_fallback_transitions_total{limiter="api",node="",to="fallback"}`, 1},
+		{`redlimit_fallback_transitions_total{limiter="api",node="",to="redis"}`, 1},
 	} {
 		got, ok := samples[c.series]
 		assert.True(t, ok, "%s: got %v (present %v), want %v", c.series, got, ok, c.want)
 		assert.Equal(t, c.want, got, "%s: got %v (present %v), want %v", c.series, got, ok, c.want)
 	}
-	allowed := sum(samples, "redlimit_decisions_total", `result="allowed"`)
-	denied := sum(samples, "redlimit_decisions_total", `result="denied"`)
-	shadowed := sum(samples, "redlimit_decisions_total", `result="shadowed"`)
-	got, wantSum := allowed+denied+shadowed, float64(made.decisions)
-	assert.Equal(t, wantSum, got, "allowed + denied + shadowed = %v, want %v decisions", got, wantSum)
+	assert.Equal(t, 19.0, sum(samples, "redlimit_decision_seconds_count", `strategy="token-bucket"`))
+	assert.Equal(t, 2.0, sum(samples, "redlimit_decision_seconds_count", `strategy="leaky-bucket"`))
+	allowed := sum(samples, "redlimit_decisions_total", `outcome="allowed"`)
+	denied := sum(samples, "redlimit_decisions_total", `outcome="denied"`)
+	got, wantSum := allowed+denied, float64(made.decisions)
+	assert.Equal(t, wantSum, got, "allowed + denied = %v, want %v decisions", got, wantSum)
 	assert.NoError(t, check(samples, made, true))
 }
 
 // TestSelfTestFails checks that check notices metrics that do not match.
 func TestSelfTestFails(t *testing.T) {
-	samples := map[string]float64{`redlimit_decisions_total{result="allowed",strategy="token-bucket"}`: 3}
+	samples := map[string]float64{`redlimit_decisions_total{limiter="api",outcome="allowed",strategy="token-bucket"}`: 3}
 	assert.Error(t, check(samples, tally{decisions: 4, allowed: 4}, false), "check: got nil, want an error for 3 allowed in the metrics and 4 made")
 }
