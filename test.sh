@@ -58,7 +58,9 @@ echo "== docs and example commands (the release check runs meanwhile)"
 echo "== release check"
 release_status=0
 wait "$release_pid" || release_status=$?
+trap - EXIT # its PID may be reused now
 cat "$release_log"
+rm -f "$release_log"
 [ "$release_status" -eq 0 ] || { echo "release check failed (exit $release_status)" >&2; exit 1; }
 
 echo "== micro-benchmarks, once each"
