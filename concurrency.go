@@ -143,6 +143,7 @@ const (
 
 	leaseDone    = 0
 	leaseDenied  = 1
+	leaseShed    = 5 // denied by the priority share only: a slot of max is free
 	leaseMissing = 4
 )
 
@@ -240,8 +241,12 @@ func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Resul
 	l, res, err := c.tryAcquire(ctx, key)
 	if f := c.e.cfg.observer; f != nil {
 		d := Decision{Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
+		_, d.Priority = c.e.callShare(ctx)
 		if err == nil && !res.Allowed {
 			d.DeniedBy = DeniedByLimit
+			if res.ByPriority {
+				d.DeniedBy = DeniedByPriority
+			}
 		}
 		f(d)
 	}
@@ -262,11 +267,15 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		return nil, Result{}, errorf("concurrency %q: %w", key, err)
 	}
 	state := c.e.stateKey(key, &c.e.own.rules[0])
+	share, prio := c.e.callShare(ctx)
+	if share != 0 && shareOf(c.maxArg, share) < 1 {
+		return nil, Result{}, errorf("concurrency %q: a %v call may hold none of max %d: %w", key, prio, c.maxArg, ErrExceedsLimit)
+	}
 	if c.e.rescue.isDown(state) {
-		return c.fallback(key, state)
+		return c.fallback(key, state, share)
 	}
 	id := newLeaseID()
-	res, code, err := c.eval(ctx, opAcquire, state, id)
+	res, code, err := c.eval(ctx, opAcquire, state, id, share)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			// The script may have run, its reply come too late: give the
@@ -281,7 +290,7 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		if mayHaveRun(err) {
 			c.queueRelease(key, state, id, false) // given back once Redis answers
 		}
-		return c.fallback(key, state)
+		return c.fallback(key, state, share)
 	}
 	if code != leaseDone {
 		return nil, res, nil
@@ -346,8 +355,10 @@ func (c *Concurrency) Close() error {
 	return c.e.close()
 }
 
-// eval runs concurrency.lua for one lease.
-func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Result, int64, error) {
+// eval runs concurrency.lua for one lease; share, for an acquire, is the
+// call's priority share (see callShare): it may take a slot only while
+// floor(share × max) are not all taken.
+func (c *Concurrency) eval(ctx context.Context, op int, state, id string, share int64) (Result, int64, error) {
 	now := argZero
 	if c.e.clock != nil && op == opRelease {
 		now = 1 // a release needs no time, only to know the clock is the client's
@@ -358,7 +369,13 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 		}
 		now = us
 	}
-	reply, err := concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, c.maxArg, c.ttlArg).Slice()
+	var reply []any
+	var err error
+	if share != 0 {
+		reply, err = concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, c.maxArg, c.ttlArg, shareOf(c.maxArg, share)).Slice()
+	} else {
+		reply, err = concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, c.maxArg, c.ttlArg).Slice()
+	}
 	if err != nil {
 		return Result{}, 0, err
 	}
@@ -384,14 +401,16 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string) (Resul
 		Remaining:  int(max(v[1], 0)),
 		ResetAfter: micros(v[3]),
 	}
-	if v[0] == leaseDenied {
+	if v[0] == leaseDenied || v[0] == leaseShed {
 		res.RetryAfter = micros(v[2])
+		res.ByPriority = v[0] == leaseShed
 	}
 	return res, v[0], nil
 }
 
-// fallback answers TryAcquire while Redis is unavailable, by the policy.
-func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
+// fallback answers TryAcquire while Redis is unavailable, by the policy;
+// share is the call's priority share (see callShare).
+func (c *Concurrency) fallback(key, state string, share int64) (*Lease, Result, error) {
 	cfg := &c.e.cfg
 	wait := cfg.pingInterval
 	denied := Result{Limit: c.limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}
@@ -414,7 +433,7 @@ func (c *Concurrency) fallback(key, state string) (*Lease, Result, error) {
 	if !ok {
 		return nil, denied, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now))
+	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now), c.localCap-int(shareOf(int64(c.localCap), share)))
 	res.Limit, res.Degraded = c.limit, true
 	if !res.Allowed {
 		return nil, res, nil
@@ -540,7 +559,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
 	}
-	_, _, err := c.eval(ctx, opRelease, l.state, l.id)
+	_, _, err := c.eval(ctx, opRelease, l.state, l.id, 0)
 	switch {
 	case err == nil:
 		return nil
@@ -662,7 +681,7 @@ func (c *Concurrency) releasePass(closing context.Context, batch []pendingReleas
 			keep = append(keep, p)
 		default:
 			ctx, cancel := context.WithTimeout(closing, releaseTimeout)
-			_, _, err := c.eval(ctx, opRelease, p.state, p.id)
+			_, _, err := c.eval(ctx, opRelease, p.state, p.id, 0)
 			cancel()
 			switch {
 			case err == nil:
@@ -708,7 +727,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	case c.e.rescue.isDown(l.state):
 		return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
-	_, code, err := c.eval(ctx, opExtend, l.state, l.id)
+	_, code, err := c.eval(ctx, opExtend, l.state, l.id, 0)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return errorf("extend lease of %q: %w", l.key, ctxErr)
@@ -761,12 +780,14 @@ func (s *localSem) pruneLocked(now time.Time) {
 }
 
 // acquire takes a lease of ttl if one is free, and returns its id. The
-// Redis leases of held take slots too.
-func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount) (uint64, Result) {
+// Redis leases of held take slots too. kept slots are left out for the
+// call's priority share (see callShare); a denial that only they make has
+// ByPriority set (its RetryAfter is still the first expiry: a hint).
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, kept int) (uint64, Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
-	if s.order.Len()+held.n >= s.cap {
+	if used := s.order.Len() + held.n; used >= s.cap-kept {
 		first, last := held.first, held.last
 		if f := s.order.Front(); f != nil {
 			exp := f.Value.(*localLease).exp
@@ -778,11 +799,11 @@ func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount) (ui
 				last = exp
 			}
 		}
-		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now)}
+		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now), ByPriority: used < s.cap}
 	}
 	s.next++
 	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
-	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len() - held.n, ResetAfter: ttl}
+	return s.next, Result{Allowed: true, Remaining: s.cap - kept - s.order.Len() - held.n, ResetAfter: ttl}
 }
 
 // busy reports whether a lease is live at now.
