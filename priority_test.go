@@ -346,22 +346,21 @@ func TestPrioritySharesPrefetch(t *testing.T) {
 	assert.Equal(t, uint64(0), lim.PrefetchStats().Served-st.Served, "no Sheddable call served from a prefetch")
 }
 
-// On real Redis, 64 goroutines of mixed priorities hammer one key of each
-// strategy, a Policy and a Concurrency (capacity 100, shares 0.5 and 0.8):
-// Sheddable calls never get more than 50, Sheddable and Normal together
-// never more than 80, and all of them exactly 100 (the Critical calls take
-// what is left).
+// On real Redis, each strategy, a Policy and a Concurrency of capacity 100
+// (shares 0.5 and 0.8) split as on miniredis, one call at a time; then 64
+// goroutines hammer a fresh key, Sheddable calls alone, then Sheddable and
+// Normal, then all three: Sheddable calls get exactly 50, then only Normal
+// calls get anything, exactly 30, then only Critical calls, exactly 20.
 func TestPrioritySharesRedis(t *testing.T) {
 	clearOfHourEdge(t, time.Minute)
 	rdb := redis.NewClient(steadyOptions(realServer(t).Addr))
 	t.Cleanup(func() { rdb.Close() })
-	hour := func(s Strategy) Limit { // no refill to speak of within the test
-		return Limit{Rate: 100, Period: time.Hour, Burst: 100}
-	}
+	hour := Limit{Rate: 100, Period: time.Hour, Burst: 100} // no refill to speak of within the test
 	type allower func(ctx context.Context, key string) (bool, error)
 	cases := map[string]allower{}
 	for _, s := range Strategies() {
-		lim := newLimiter(t, rdb, s, hour(s), WithPriorityShares(0.5, 0.8))
+		lim := newLimiter(t, rdb, s, hour, WithPriorityShares(0.5, 0.8))
+		sharesSplit(t, lim, "split-"+s.String()+time.Now().Format("150405.000000"))
 		cases[s.String()] = func(ctx context.Context, key string) (bool, error) {
 			res, err := lim.Allow(ctx, key)
 			return res.Allowed, err
@@ -369,8 +368,9 @@ func TestPrioritySharesRedis(t *testing.T) {
 	}
 	p := newPolicy(t, rdb, []Rule{
 		{Strategy: SlidingCounter, Limit: PerHour(100)},
-		{Strategy: TokenBucket, Limit: hour(TokenBucket)},
+		{Strategy: TokenBucket, Limit: hour},
 	}, WithPriorityShares(0.5, 0.8))
+	sharesSplit(t, p, "split-policy"+time.Now().Format("150405.000000"))
 	cases["policy"] = func(ctx context.Context, key string) (bool, error) {
 		res, err := p.Allow(ctx, key)
 		return res.Allowed, err
@@ -384,31 +384,43 @@ func TestPrioritySharesRedis(t *testing.T) {
 		key := "prio-" + name + time.Now().Format("150405.000000")
 		t.Run(name, func(t *testing.T) {
 			var admitted [Critical + 1]atomic.Int64
-			var wg sync.WaitGroup
-			for g := range 64 {
-				p := Priority(g%3 + 1)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					ctx := prioCtx(p)
-					for range 40 {
-						ok, err := allow(ctx, key)
-						if !assert.NoError(t, err) {
-							return
+			hammer := func(prios []Priority) {
+				var wg sync.WaitGroup
+				for g := range 64 {
+					p := prios[g%len(prios)]
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ctx := prioCtx(p)
+						for range 20 {
+							ok, err := allow(ctx, key)
+							if !assert.NoError(t, err) {
+								return
+							}
+							if ok {
+								admitted[p].Add(1)
+							}
 						}
-						if ok {
-							admitted[p].Add(1)
-						}
-					}
-				}()
+					}()
+				}
+				wg.Wait()
 			}
-			wg.Wait()
-			s, n, cr := admitted[Sheddable].Load(), admitted[Normal].Load(), admitted[Critical].Load()
-			t.Logf("%s: admitted sheddable %d, normal %d, critical %d", name, s, n, cr)
-			assert.LessOrEqual(t, s, int64(50), "Sheddable past its share")
-			assert.LessOrEqual(t, s+n, int64(80), "Sheddable and Normal past Normal's share")
-			assert.Equal(t, int64(100), s+n+cr, "the capacity, all used: Critical calls take the rest")
-			assert.Positive(t, s)
+			// Each phase adds its priorities to the mix; only the new one
+			// gets anything, exactly up to its share.
+			for i, want := range [][3]int64{{50, 0, 0}, {0, 30, 0}, {0, 0, 20}} {
+				prios := []Priority{Sheddable, Normal, Critical}[:i+1]
+				var before [3]int64
+				for j := range before {
+					before[j] = admitted[j+1].Load()
+				}
+				hammer(prios)
+				var got [3]int64
+				for j := range got {
+					got[j] = admitted[j+1].Load() - before[j]
+				}
+				t.Logf("%s, 64 goroutines of %v: admitted sheddable %d, normal %d, critical %d", name, prios, got[0], got[1], got[2])
+				assert.Equal(t, want, got, "phase %v: admitted by priority", prios)
+			}
 		})
 	}
 }
