@@ -193,6 +193,7 @@ type config struct {
 	headers   bool
 	skip      func(ctx context.Context, fullMethod string) bool
 	onError   func(ctx context.Context, fullMethod string, err error)
+	priority  func(ctx context.Context, fullMethod string) redlimit.Priority
 }
 
 func defaultConfig() config {
@@ -266,6 +267,16 @@ func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
 // none.
 func WithOnError(f func(ctx context.Context, fullMethod string, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = f })
+}
+
+// WithPriority sets the function that gives each call its priority, put
+// on the limiter call's context with [redlimit.ContextWithPriority]: with
+// [redlimit.WithPriorityShares], Sheddable calls (batch work) may use only
+// a share of the limit and Critical ones (health checks, payments) all of
+// it. The default is none: the priority already on the call's context,
+// if any, else Normal.
+func WithPriority(f func(ctx context.Context, fullMethod string) redlimit.Priority) Option {
+	return optionFunc(func(c *config) { c.priority = f })
 }
 
 // UnaryServerInterceptor returns an interceptor that asks l for each unary
@@ -344,11 +355,14 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		key = method + " " + key
 	}
 	callCtx := ctx
+	if in.cfg.priority != nil {
+		callCtx = redlimit.ContextWithPriority(callCtx, in.cfg.priority(ctx, fullMethod))
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		// A leaky bucket then refuses, taking nothing, a slot whose Delay
 		// would end after the call's deadline (the limiter keeps a margin
 		// for the round trip, as WaitN does).
-		callCtx = calldelay.Until(ctx, deadline)
+		callCtx = calldelay.Until(callCtx, deadline)
 	}
 	res, rules, err := in.policies.Allow(callCtx, in.lim, key)
 	if err != nil {

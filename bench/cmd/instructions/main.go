@@ -111,6 +111,9 @@ func run() error {
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
 	ctx := context.Background()
 	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket))
+	for _, s := range redlimit.Strategies() {
+		cs = append(cs, bench.RedlimitSheddable(s))
+	}
 	if *variants != "" {
 		for _, dir := range strings.Split(*variants, ",") {
 			for _, c := range cs {
