@@ -24,8 +24,10 @@ local after = avail - n
 if per_call and counting then
   -- Remaining counts the call's units (n): a per-call rule limits it
   -- only when it has no call left.
-  if avail >= 1 then avail = HUGE end
-  if after >= 1 then after = HUGE end
+  -- (2 ^ 53 is folded by the compiler: no chunk-level local for it, see
+  -- share in common.lua.)
+  if avail >= 1 then avail = 2 ^ 53 end
+  if after >= 1 then after = 2 ^ 53 end
 end
 if min_now == nil or avail < min_now then min_now = avail end
 if min_after == nil or after < min_after then min_after, fewest = after, i end

@@ -82,7 +82,10 @@
 -- its clock again. (No local more in this chunk for the 100 ms: see n0 in
 -- scripts.go.)
 -- share: nil, or the call's priority share (WithPriorityShares), parts
--- per million, which check.lua applies to each rule's capacity.
+-- per million, which check.lua applies to each rule's capacity. (It took
+-- the place of decide.lua's HUGE, now a constant: one more local in the
+-- chunk made miniredis's Lua lose a value with 16 rules written in,
+-- TestBakedScriptMaxRules.)
 local n, nrules, now, max_delay, block, rid, skew, share
 
 -- Rounding: a decision rounds by arithmetic, not with math.floor and
