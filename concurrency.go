@@ -129,6 +129,7 @@ const (
 
 	leaseDone    = 0
 	leaseDenied  = 1
+	leaseShed    = 5 // denied by the priority share only: a slot of max is free
 	leaseMissing = 4
 )
 
@@ -230,8 +231,12 @@ func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Resul
 	l, res, err := c.tryAcquire(ctx, key)
 	if f := c.e.cfg.observer; f != nil {
 		d := Decision{Context: ctx, Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
+		_, d.Priority = c.e.callShare(ctx)
 		if err == nil && !res.Allowed {
 			d.DeniedBy = DeniedByLimit
+			if res.ByPriority {
+				d.DeniedBy = DeniedByPriority
+			}
 		}
 		f(d)
 	}
@@ -256,11 +261,15 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		return nil, Result{}, err
 	}
 	state := c.e.stateKey(key, &c.e.own.rules[0])
+	share, prio := c.e.callShare(ctx)
+	if share != 0 && shareOf(int64(limit.Rate), share) < 1 {
+		return nil, Result{}, errorf("concurrency %q: a %v call may hold none of max %d: %w", key, prio, limit.Rate, ErrExceedsLimit)
+	}
 	if c.e.rescue.isDown(state) {
-		return c.fallback(key, state, limit)
+		return c.fallback(key, state, limit, share)
 	}
 	id := newLeaseID()
-	res, code, err := c.eval(ctx, opAcquire, state, id, limit)
+	res, code, err := c.eval(ctx, opAcquire, state, id, limit, share)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			// The script may have run, its reply come too late: give the
@@ -275,7 +284,7 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		if mayHaveRun(err) {
 			c.queueRelease(key, state, id, false) // given back once Redis answers
 		}
-		return c.fallback(key, state, limit)
+		return c.fallback(key, state, limit, share)
 	}
 	if code != leaseDone {
 		return nil, res, nil
@@ -362,8 +371,10 @@ func (c *Concurrency) limitFor(ctx context.Context, key string) (Limit, error) {
 }
 
 // eval runs concurrency.lua for one lease of a key whose limit is limit
-// (Rate = max).
-func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit Limit) (Result, int64, error) {
+// (Rate = max); share, for an acquire, is the call's priority share (see
+// callShare): it may take a slot only while floor(share × max) are not all
+// taken.
+func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit Limit, share int64) (Result, int64, error) {
 	now := argZero
 	if c.e.clock != nil && op == opRelease {
 		now = 1 // a release needs no time, only to know the clock is the client's
@@ -374,7 +385,13 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit 
 		}
 		now = us
 	}
-	reply, err := concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, limit.Rate, c.ttlArg).Slice()
+	var reply []any
+	var err error
+	if share != 0 {
+		reply, err = concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, limit.Rate, c.ttlArg, shareOf(int64(limit.Rate), share)).Slice()
+	} else {
+		reply, err = concurrencyScript().Run(ctx, c.e.rdb, []string{state}, op, id, now, limit.Rate, c.ttlArg).Slice()
+	}
 	if err != nil {
 		return Result{}, 0, err
 	}
@@ -400,15 +417,17 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit 
 		Remaining:  int(max(v[1], 0)),
 		ResetAfter: micros(v[3]),
 	}
-	if v[0] == leaseDenied {
+	if v[0] == leaseDenied || v[0] == leaseShed {
 		res.RetryAfter = micros(v[2])
+		res.ByPriority = v[0] == leaseShed
 	}
 	return res, v[0], nil
 }
 
 // fallback answers TryAcquire while Redis is unavailable, by the policy,
-// for a key whose limit is limit.
-func (c *Concurrency) fallback(key, state string, limit Limit) (*Lease, Result, error) {
+// for a key whose limit is limit; share is the call's priority share (see
+// callShare).
+func (c *Concurrency) fallback(key, state string, limit Limit, share int64) (*Lease, Result, error) {
 	cfg := &c.e.cfg
 	wait := cfg.pingInterval
 	denied := Result{Limit: limit, RetryAfter: wait, ResetAfter: wait, Degraded: true}
@@ -432,7 +451,7 @@ func (c *Concurrency) fallback(key, state string, limit Limit) (*Lease, Result, 
 	if !ok {
 		return nil, denied, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now), capacity)
+	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now), capacity, capacity-int(shareOf(int64(capacity), share)))
 	res.Limit, res.Degraded = limit, true
 	if !res.Allowed {
 		return nil, res, nil
@@ -559,7 +578,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
 	}
-	_, _, err := c.eval(ctx, opRelease, l.state, l.id, l.limit)
+	_, _, err := c.eval(ctx, opRelease, l.state, l.id, l.limit, 0)
 	switch {
 	case err == nil:
 		return nil
@@ -604,7 +623,7 @@ func mayHaveRun(err error) bool {
 // fail again.
 func (c *Concurrency) queueRelease(key, state, id string, now bool) {
 	c.releases.add(requeued{state: state, until: time.Now().Add(c.limit.Period), do: func(ctx context.Context) bool {
-		_, _, err := c.eval(ctx, opRelease, state, id, c.limit) // a release reads no max
+		_, _, err := c.eval(ctx, opRelease, state, id, c.limit, 0) // a release reads no max
 		if err == nil {
 			c.wake(key)
 		}
@@ -644,7 +663,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	case c.e.rescue.isDown(l.state):
 		return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, c.cause(l.state))
 	}
-	_, code, err := c.eval(ctx, opExtend, l.state, l.id, l.limit)
+	_, code, err := c.eval(ctx, opExtend, l.state, l.id, l.limit, 0)
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return errorf("extend lease of %q: %w", l.key, ctxErr)
@@ -699,12 +718,15 @@ func (s *localSem) pruneLocked(now time.Time) {
 // acquire takes a lease of ttl if one is free, and returns its id. The
 // Redis leases of held take slots too. capacity is the key's capacity now
 // (WithLimitFunc may change it; leases beyond it stay until released).
-func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity int) (uint64, Result) {
+// kept slots are left out for the call's priority share (see callShare); a
+// denial that only they make has ByPriority set (its RetryAfter is still
+// the first expiry: a hint).
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity, kept int) (uint64, Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cap = capacity
 	s.pruneLocked(now)
-	if s.order.Len()+held.n >= s.cap {
+	if used := s.order.Len() + held.n; used >= s.cap-kept {
 		first, last := held.first, held.last
 		if f := s.order.Front(); f != nil {
 			exp := f.Value.(*localLease).exp
@@ -716,11 +738,11 @@ func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, cap
 				last = exp
 			}
 		}
-		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now)}
+		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now), ByPriority: used < s.cap}
 	}
 	s.next++
 	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
-	return s.next, Result{Allowed: true, Remaining: s.cap - s.order.Len() - held.n, ResetAfter: ttl}
+	return s.next, Result{Allowed: true, Remaining: s.cap - kept - s.order.Len() - held.n, ResetAfter: ttl}
 }
 
 // busy reports whether a lease is live at now.

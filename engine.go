@@ -524,26 +524,37 @@ const (
 	reasonBlock     reason = 2 // denied by a penalty block
 	reasonMaxDelay  reason = 3 // denied: the wait would pass the caller's deadline
 	reasonDenyCache reason = 4 // denied by this process's deny cache
+	reasonPriority  reason = 5 // denied by the call's priority share only (WithPriorityShares)
 )
 
 // decide makes one decision: from the deny cache, from Redis, or from the
 // fallback while Redis is down. rc, when not nil, records an admitted call
-// as a reservation.
-func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+// as a reservation. share is the call's priority share in parts per
+// million, 0 for all (see callShare).
+func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
 	state := e.stateKey(key, &rs.rules[0])
+	// A denial answers only calls of the same share: one remembered for a
+	// Sheddable call must not deny a Critical one.
+	sig := rs.sig
+	if share != 0 {
+		sig ^= uint64(share) * 0x9e3779b97f4a7c15
+	}
 	if e.denies != nil && n > 0 {
-		if res, ok := e.denies.lookup(state, n, rs.sig); ok {
+		if res, ok := e.denies.lookup(state, n, sig); ok {
 			return res, reasonDenyCache, nil
 		}
 	}
-	prefetching := e.prefetcher != nil && rc == nil && n > 0
+	// Prefetched events serve only calls that may use all of the limit: a
+	// call with a share asks Redis, which counts the prefetched events as
+	// used, so that they never serve it past its share.
+	prefetching := e.prefetcher != nil && rc == nil && n > 0 && share == 0
 	if prefetching {
 		if res, ok := e.prefetcher.serve(state, n, rs); ok {
 			return res, reasonAllowed, nil
 		}
 	}
 	if e.rescue.isDown(state) {
-		return e.rescue.decide(state, n, maxDelay, rs, rc, nil)
+		return e.rescue.decide(state, n, maxDelay, rs, rc, nil, share)
 	}
 	var epoch uint64
 	if e.denies != nil {
@@ -555,7 +566,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	if prefetching {
 		res, why, err = e.prefetcher.eval(ctx, key, state, n, rs)
 	} else {
-		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc)
+		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc, share)
 	}
 	if err != nil {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
@@ -564,7 +575,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		if !e.rescue.outage(ctx, err, state) {
 			return Result{}, 0, errorf("%s %q: %w", e.kind, key, err)
 		}
-		return e.rescue.decide(state, n, maxDelay, rs, rc, err)
+		return e.rescue.decide(state, n, maxDelay, rs, rc, err, share)
 	}
 	e.evict.poke()
 	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !prefetching) {
@@ -580,7 +591,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 			// limit decides smaller calls.
 			keep = e.cfg.block
 		}
-		e.denies.remember(state, n, rs.sig, res, keep, epoch)
+		e.denies.remember(state, n, sig, res, keep, epoch)
 	}
 	return res, why, nil
 }
@@ -623,7 +634,8 @@ var (
 var defaultArgs = [...]any{1, 1, argZero, argNoMaxDelay, argZero, argNoRID, argZero}
 
 // eval runs the decision script (see scripts/common.lua for its layout).
-func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+// share is the call's priority share, parts per million; 0 for all.
+func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
 	a := evalArgsPool.Get().(*evalArgs)
 	defer func() {
 		clear(a.keys)
@@ -669,9 +681,12 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	} else {
 		// The rules are written in: leave out the trailing arguments
 		// that are their defaults (see scripts/common.lua).
-		for len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
+		for share == 0 && len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
 			a.args = a.args[:len(a.args)-1]
 		}
+	}
+	if share != 0 { // after the rules' arguments, or ARGV[8] (see scripts/common.lua)
+		a.args = append(a.args, share)
 	}
 	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
 		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
@@ -794,6 +809,7 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	wait := micros(v[2])
 	res := Result{
 		Allowed:    why == reasonAllowed,
+		ByPriority: why == reasonPriority,
 		Limit:      rs.rules[idx].limit,
 		Rule:       rs.rules[idx].name,
 		Remaining:  int(max(v[1], 0)),

@@ -82,8 +82,9 @@ func (r *rescue) forget(state string) {
 
 // decide answers without Redis, by the fallback policy. cause is the error
 // of the call, or nil for a call not sent because its node is down; rc, when
-// not nil, takes an admitted call as an in-process reservation.
-func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, cause error) (Result, reason, error) {
+// not nil, takes an admitted call as an in-process reservation; share is
+// the call's priority share (see callShare).
+func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, cause error, share int64) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
 	if r.gone.Load() {
@@ -117,7 +118,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		}
 	}
 	r.recall(set, state, rs, time.Now())
-	return r.decideLocked(set, n, maxDelay, rs, rc)
+	return r.decideLocked(set, n, maxDelay, rs, rc, share)
 }
 
 // standIns is what a key's stand-ins weigh in the fallback's bound
@@ -180,7 +181,7 @@ type verdict struct {
 
 // decideLocked decides a call of n on the key's stand-ins, all or nothing,
 // as the script decides on Redis; set is locked.
-func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
 	now := time.Now()
 	if res, why, blocked := blockedLocked(set, n, rs, now); blocked {
 		return res, why, nil
@@ -188,11 +189,11 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 	var verdicts [MaxRules]verdict
 	denied, why := false, reasonAllowed
 	for i := range set.lims {
-		v := r.check(&set.lims[i], now, set.lims[i].count(n), maxDelay)
+		v := r.check(&set.lims[i], now, set.lims[i].count(n), maxDelay, share)
 		verdicts[i] = v
 		if !v.ok {
 			denied = true
-			if v.why == reasonLimit || why == reasonAllowed {
+			if v.why == reasonLimit || why == reasonAllowed || why == reasonMaxDelay && v.why == reasonPriority {
 				why = v.why
 			}
 		}
@@ -202,6 +203,7 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		cancelAll(set, &verdicts, now)
 		res.RetryAfter = longest
 		res.Delay = 0
+		res.ByPriority = why == reasonPriority
 		return res, why, nil
 	}
 	if n == 0 {
@@ -306,25 +308,37 @@ func cancelAll(set *localSet, verdicts *[MaxRules]verdict, now time.Time) {
 }
 
 // check asks one stand-in whether n events fit, without taking them (a
-// queue takes its reservations; the set cancels them on a denial).
-func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+// queue takes its reservations; the set cancels them on a denial). With a
+// priority share (see callShare), the events must fit in the share of the
+// stand-in's capacity, as in Redis: the part of it the share leaves out
+// is kept (a denial that only this makes is reasonPriority). A warming
+// bucket's stand-in (checkWarm) follows its curve and ignores shares.
+func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Duration, share int64) verdict {
 	if lr.warm != nil {
 		return checkWarm(lr, now, n, maxDelay)
 	}
-	if lr.queue {
-		return r.checkQueue(lr, now, n, maxDelay)
+	kept := 0
+	if share != 0 {
+		kept = lr.capacity - int(shareOf(int64(lr.capacity), share))
 	}
-	tokens := lr.lim.TokensAt(now)
+	if lr.queue {
+		return r.checkQueue(lr, now, n, maxDelay, kept)
+	}
+	full := lr.lim.TokensAt(now)
+	tokens := full - float64(kept)
 	v := verdict{ok: float64(n) <= tokens, avail: int(max(tokens, 0))}
 	v.resetNow = seconds((float64(lr.burst) - tokens) / lr.every)
 	v.resetAfter = seconds((float64(lr.burst) - tokens + float64(n)) / lr.every)
 	switch {
 	case v.ok:
-	case n > lr.burst:
+	case n > lr.burst-kept:
 		// This instance's share of the limit can never admit n at once.
 		v.why, v.wait = reasonLimit, r.e.cfg.pingInterval
 	default:
 		v.why, v.wait = reasonLimit, seconds((float64(n)-tokens)/lr.every)
+	}
+	if !v.ok && kept > 0 && float64(n) <= full {
+		v.why = reasonPriority
 	}
 	return v
 }
@@ -332,11 +346,12 @@ func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Durati
 // checkQueue is the leaky bucket's stand-in: lim has burst 1, so
 // consecutive reservations are spaced by T, and at most the queue's
 // capacity may wait.
-func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
+func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.Duration, kept int) verdict {
 	interval := seconds(1 / lr.every)
+	capacity := lr.capacity - kept // the call's share of the queue
 	if n == 0 {
 		d := lr.ahead(now)
-		return verdict{ok: true, avail: max(lr.capacity-int(d/interval), 0), resetNow: d, resetAfter: d}
+		return verdict{ok: true, avail: max(capacity-int(d/interval), 0), resetNow: d, resetAfter: d}
 	}
 	// The first event, then the others in one reservation: the same as n
 	// reservations of one, in constant time and memory whatever n.
@@ -346,16 +361,19 @@ func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.D
 	}
 	delay, lastDelay := rvs[0].DelayFrom(now), rvs[len(rvs)-1].DelayFrom(now)
 	v := verdict{ok: true, rv: rvs, wait: delay, resetNow: delay}
-	v.avail = max(lr.capacity-int(delay/interval), 0)
-	over := lastDelay - time.Duration(lr.capacity-1)*interval
+	v.avail = max(capacity-int(delay/interval), 0)
+	over := lastDelay - time.Duration(capacity-1)*interval
 	switch {
-	case over > 0 || n > lr.capacity:
+	case over > 0 || n > capacity:
 		v.ok, v.why, v.wait = false, reasonLimit, max(over, interval)
+		if kept > 0 && n <= lr.capacity && lastDelay <= time.Duration(lr.capacity-1)*interval {
+			v.why = reasonPriority
+		}
 	case maxDelay >= 0 && delay > maxDelay:
 		v.ok, v.why, v.wait = false, reasonMaxDelay, delay-maxDelay
 	}
 	if v.ok {
-		v.avail = lr.capacity - int(lastDelay/interval) - 1 + n // the caller takes n off
+		v.avail = capacity - int(lastDelay/interval) - 1 + n // the caller takes n off
 		v.resetAfter = lastDelay + interval
 	}
 	return v

@@ -16,9 +16,11 @@ const (
 	DeniedByBlock                     // a penalty block (WithBlock)
 	DeniedByDenyCache                 // this process's deny cache (WithDenyCache), without a round trip
 	DeniedByDeadline                  // WaitN: the wait would pass the context's deadline
+	DeniedByPriority                  // the call's priority share (WithPriorityShares), where the limit alone would have admitted it
 )
 
-// String returns "", "limit", "block", "deny-cache" or "deadline".
+// String returns "", "limit", "block", "deny-cache", "deadline" or
+// "priority".
 func (d DeniedBy) String() string {
 	switch d {
 	case NotDenied:
@@ -31,6 +33,8 @@ func (d DeniedBy) String() string {
 		return "deny-cache"
 	case DeniedByDeadline:
 		return "deadline"
+	case DeniedByPriority:
+		return "priority"
 	}
 	return "DeniedBy(" + strconv.Itoa(int(d)) + ")"
 }
@@ -50,6 +54,7 @@ type Decision struct {
 	Shadowed bool          // shadow mode allowed what the limit denied
 	Latency  time.Duration // time spent deciding
 	Err      error         // the error returned to the caller, if any
+	Priority Priority      // the priority the call was decided at (ContextWithPriority); Normal without WithPriorityShares
 }
 
 func deniedBy(why reason) DeniedBy {
@@ -62,6 +67,8 @@ func deniedBy(why reason) DeniedBy {
 		return DeniedByDenyCache
 	case reasonMaxDelay:
 		return DeniedByDeadline
+	case reasonPriority:
+		return DeniedByPriority
 	}
 	return NotDenied
 }
@@ -72,7 +79,16 @@ func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Dura
 	if e.cfg.observer != nil {
 		start = time.Now()
 	}
-	res, why, err := e.decide(ctx, key, n, maxDelay, rs, rc)
+	share, prio := e.callShare(ctx)
+	var res Result
+	var why reason
+	var err error
+	if share != 0 && n > 0 {
+		err = e.checkShare(n, rs, share, prio)
+	}
+	if err == nil {
+		res, why, err = e.decide(ctx, key, n, maxDelay, rs, rc, share)
+	}
 	shadowed := err == nil && e.cfg.shadow && !res.Allowed && why != reasonMaxDelay
 	if shadowed {
 		res.Allowed, res.Shadowed, res.RetryAfter = true, true, 0
@@ -96,6 +112,7 @@ func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Dura
 			Shadowed: shadowed,
 			Latency:  time.Since(start),
 			Err:      err,
+			Priority: prio,
 		})
 	}
 	if shadowed {

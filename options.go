@@ -41,6 +41,7 @@ type config struct {
 	prefetch     prefetchConfig // WithPrefetch (prefetch.go)
 	functions    bool           // WithRedisFunctions (functions.go)
 	evictEvery   time.Duration  // WithEvictionCheck (evict.go)
+	priority     priorityShares // WithPriorityShares (priority.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -91,6 +92,13 @@ func (c *config) validate() error {
 		return bad("nil clock")
 	case c.reserveTTL < time.Second || c.reserveTTL > MaxPeriod:
 		return bad("reservation lifetime %v must be between 1s and %v", c.reserveTTL, MaxPeriod)
+	case c.priority.on && !(0 < c.priority.sheddable && c.priority.sheddable <= c.priority.normal && c.priority.normal <= 1):
+		return bad("priority shares %v (sheddable) and %v (normal) must be 0 < sheddable <= normal <= 1",
+			c.priority.sheddable, c.priority.normal)
+	}
+	if c.priority.on {
+		c.priority.ppm[Sheddable] = sharePPM(c.priority.sheddable)
+		c.priority.ppm[Normal] = sharePPM(c.priority.normal)
 	}
 	c.argBlock = int64(c.block / time.Microsecond)
 	c.argReserveTTL = int64(c.reserveTTL / time.Millisecond)
@@ -180,6 +188,22 @@ func WithDenyCache(maxKeys int) Option {
 // must be quick and safe for concurrent use. The default is none.
 func WithObserver(f func(Decision)) Option {
 	return optionFunc(func(c *config) { c.observer = f })
+}
+
+// WithPriorityShares sets the share of each limit that calls of the lower
+// priorities may use (see [Priority] and [ContextWithPriority]): a
+// Sheddable call is admitted only while the key's usage after it stays
+// within sheddable × capacity, a Normal call within normal × capacity;
+// Critical calls may use all of it. 0 < sheddable <= normal <= 1. A
+// rule's capacity is its Rate (Burst for the buckets, max for a
+// Concurrency) and a call's share of it floor(share × capacity), with the
+// share taken to a millionth. A call that only its share denies has
+// Result.ByPriority set. Without this option every priority may use all.
+// See docs/priorities.md.
+func WithPriorityShares(sheddable, normal float64) Option {
+	return optionFunc(func(c *config) {
+		c.priority = priorityShares{on: true, sheddable: sheddable, normal: normal}
+	})
 }
 
 // Outages: the fallback and its monitor.

@@ -476,7 +476,7 @@ func (l *prefetcher) sawWindow(en *prefetchEntry, rs *ruleSet, start int64, res 
 // keeps what Redis reports left.
 func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string, n int, rs *ruleSet) (Result, reason, error) {
 	start := monoNow()
-	res, why, err := l.e.eval(ctx, state, n, -1, rs, nil)
+	res, why, err := l.e.eval(ctx, state, n, -1, rs, nil, 0)
 	if err == nil {
 		en.mu.Lock()
 		en.remaining = res.Remaining
@@ -496,7 +496,7 @@ func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string
 // as a prefetch. A denied prefetch (pf nil) holds nothing.
 func (l *prefetcher) take(ctx context.Context, key, state string, k int, rs *ruleSet, start int64) (Result, reason, *prefetch, error) {
 	rc := &reserveCall{id: prefetchIDPrefix + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
-	res, why, err := l.e.eval(ctx, state, k, -1, rs, rc)
+	res, why, err := l.e.eval(ctx, state, k, -1, rs, rc, 0)
 	if err != nil || !res.Allowed {
 		return res, why, nil, err
 	}

@@ -130,6 +130,25 @@ func RedlimitFunctions(s redlimit.Strategy) Contender {
 	return redlimitWith(s, Direct, functionsSuffix, redlimit.WithRedisFunctions())
 }
 
+// RedlimitSheddable measures one redlimit strategy with
+// redlimit.WithPriorityShares(0.5, 0.8), every call Sheddable: the cost of
+// a call's priority share (one more script argument, and the share applied
+// to the rule's capacity).
+func RedlimitSheddable(s redlimit.Strategy) Contender {
+	c := redlimitWith(s, Direct, " (sheddable)", redlimit.WithPriorityShares(0.5, 0.8))
+	setup := c.Setup
+	c.Setup = func(env *Env, w *Workload) (Decider, func(), error) {
+		dec, done, err := setup(env, w)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, i int) (bool, error) {
+			return dec(redlimit.ContextWithPriority(ctx, redlimit.Sheddable), i)
+		}, done, nil
+	}
+	return c
+}
+
 func redlimitWith(s redlimit.Strategy, via Via, suffix string, opts ...redlimit.Option) Contender {
 	return Contender{
 		Name:     "redlimit " + s.String() + via.suffix() + suffix,

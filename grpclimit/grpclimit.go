@@ -203,6 +203,7 @@ type config struct {
 	onError   func(ctx context.Context, fullMethod string, err error)
 	cost      func(ctx context.Context, fullMethod string) int // WithCost: see cost.go
 	retryHint time.Duration                                    // WithRetryAfterHint: see concurrency.go
+	priority  func(ctx context.Context, fullMethod string) redlimit.Priority
 }
 
 func defaultConfig() config {
@@ -277,6 +278,16 @@ func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
 // none.
 func WithOnError(f func(ctx context.Context, fullMethod string, err error)) Option {
 	return optionFunc(func(c *config) { c.onError = f })
+}
+
+// WithPriority sets the function that gives each call its priority, put
+// on the limiter call's context with [redlimit.ContextWithPriority]: with
+// [redlimit.WithPriorityShares], Sheddable calls (batch work) may use only
+// a share of the limit and Critical ones (health checks, payments) all of
+// it. The default is none: the priority already on the call's context,
+// if any, else Normal.
+func WithPriority(f func(ctx context.Context, fullMethod string) redlimit.Priority) Option {
+	return optionFunc(func(c *config) { c.priority = f })
 }
 
 // UnaryServerInterceptor returns an interceptor that asks l for each unary
@@ -358,11 +369,14 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		return nil, err
 	}
 	callCtx := ctx
+	if in.cfg.priority != nil {
+		callCtx = redlimit.ContextWithPriority(callCtx, in.cfg.priority(ctx, fullMethod))
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		// A leaky bucket then refuses, taking nothing, a slot whose Delay
 		// would end after the call's deadline (the limiter keeps a margin
 		// for the round trip, as WaitN does).
-		callCtx = calldelay.Until(ctx, deadline)
+		callCtx = calldelay.Until(callCtx, deadline)
 	}
 	var (
 		res   redlimit.Result

@@ -204,6 +204,7 @@ type config struct {
 	xRateLimit bool
 	cost       costConfig    // WithCost, WithOnSettleError: see cost.go
 	retryHint  time.Duration // WithRetryAfterHint: see concurrency.go
+	priority   func(*http.Request) redlimit.Priority
 }
 
 func defaultConfig() config {
@@ -299,6 +300,15 @@ func WithXRateLimitHeaders(on bool) Option {
 	return optionFunc(func(c *config) { c.xRateLimit = on })
 }
 
+// WithPriority sets the function that gives each request its priority,
+// put on the limiter call's context with [redlimit.ContextWithPriority]:
+// with [redlimit.WithPriorityShares], Sheddable requests (a bulk export)
+// may use only a share of the limit and Critical ones (health checks,
+// logins) all of it. The default is none: every request is Normal.
+func WithPriority(f func(*http.Request) redlimit.Priority) Option {
+	return optionFunc(func(c *config) { c.priority = f })
+}
+
 func (c *config) validate() error {
 	switch {
 	case c.key == nil:
@@ -348,10 +358,13 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			}
 			ctx := r.Context()
 			callCtx := ctx
+			if cfg.priority != nil {
+				callCtx = redlimit.ContextWithPriority(callCtx, cfg.priority(r))
+			}
 			if cfg.maxDelay >= 0 {
 				// A leaky bucket then refuses, taking nothing, a slot
 				// whose Delay is longer than the middleware will wait.
-				callCtx = calldelay.With(ctx, cfg.maxDelay)
+				callCtx = calldelay.With(callCtx, cfg.maxDelay)
 			}
 			var (
 				res   redlimit.Result

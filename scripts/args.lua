@@ -28,6 +28,11 @@ if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
 if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
 if nargs > 4 and ARGV[5] ~= '0' then block = ARGV[5] + 0 end
 if nargs > 5 then rid = ARGV[6] end
+-- The share follows the rules (or ARGV[7], with the rules written in):
+-- there are 7 + 4k arguments without it. (settle.lua's arguments after
+-- the rules are read as one too, and not used: it runs no check.lua.)
+share = nil
+if nargs == 8 or nargs > 7 + 4 * nrules then share = ARGV[nargs] + 0 end
 
 if now <= 0 then
   local t = rcall('TIME')

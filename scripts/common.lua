@@ -26,6 +26,11 @@
 --          settle.lua: the events used
 -- (With the rules written in, trailing arguments equal to their defaults,
 -- 1, 1, 0, -1, 0, '' and 0, are left out.)
+-- ARGV[8], with the rules written in, or ARGV[8 + 4k], after the rules:
+--          the call's priority share (WithPriorityShares) in parts per
+--          million, 1 to 999,999; absent for a call that may use all. A
+--          rule then counts its capacity (Rate; Burst for a bucket) as
+--          floor(share × capacity / 1e6).
 -- ARGV[8 + 4(i-1) ..]  rule i: strategy code ('fw', 'sl', 'sc', 'tb',
 --          'lb'; with a leading '*' the rule counts each call as one event,
 --          whatever n), rate (events per period, >= 1), period (µs, >= 1000),
@@ -35,7 +40,9 @@
 -- Reply: an array of five integers (Redis truncates Lua floats, so every
 -- value is rounded here, times up):
 --   [1] code: 0 allowed, 1 denied by a limit, 2 denied by a block,
---       3 denied because the wait would exceed the max delay; plus 64
+--       3 denied because the wait would exceed the max delay, 5 denied
+--       by the call's share only (every rule would admit it at its full
+--       capacity; no block is set); plus 64
 --       when now (ARGV[3]) is behind a rule's state by more than 100 ms
 --       (see skew)
 --   [2] remaining events that could still be allowed now (the least over
@@ -74,7 +81,12 @@
 -- trip): reply.lua adds it to the reply's code, and the caller measures
 -- its clock again. (No local more in this chunk for the 100 ms: see n0 in
 -- scripts.go.)
-local n, nrules, now, max_delay, block, rid, skew
+-- share: nil, or the call's priority share (WithPriorityShares), parts
+-- per million, which check.lua applies to each rule's capacity. (It took
+-- the place of decide.lua's HUGE, now a constant: one more local in the
+-- chunk made miniredis's Lua lose a value with 16 rules written in,
+-- TestBakedScriptMaxRules.)
+local n, nrules, now, max_delay, block, rid, skew, share
 
 -- Rounding: a decision rounds by arithmetic, not with math.floor and
 -- math.ceil (settle.lua and a block's reply, off the hot path, still call

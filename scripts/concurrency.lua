@@ -37,10 +37,13 @@
 -- ARGV[4]  max: live leases allowed at once (1 to 100,000)
 -- ARGV[5]  ttl in µs (>= 1000): a lease lives this long after its acquire
 --          or its last extend
+-- ARGV[6]  an acquire of a priority with a share (WithPriorityShares): the
+--          slots it may fill, floor(share × max); absent: max
 --
 -- Reply: an array of four integers, times in µs, rounded up:
 --   [1] code: 0 done (acquired, extended, released), 1 denied: no free slot
---       (acquire), 4 no such lease: expired or released (extend, release);
+--       (acquire), 4 no such lease: expired or released (extend, release),
+--       5 denied by the share (ARGV[6]) only: a slot of max is free;
 --       plus 64 when now (ARGV[3]) disagreed with the key's time
 --   [2] free slots after the call (>= 0)
 --   [3] when denied: the retry after, until enough leases expire for one
@@ -137,15 +140,20 @@ if op == 2 then
   return {skew, math.max(limit - count, 0), 0, l - now}
 end
 
+local code = 1
+if ARGV[6] then -- the call's share: its slots are the limit it sees
+  if count < limit then code = 5 end
+  limit = tonumber(ARGV[6])
+end
 if count >= limit then
   -- count - limit + 1 leases must expire for a slot to be free: the one at
   -- rank count - limit among the live ones (0-based, by expiry, after the
   -- expired still kept) is the last of them. count > limit happens only
-  -- after max was lowered (a rolling deploy).
+  -- after max was lowered (a rolling deploy), or with a share.
   local r = expired + count - limit
   local e = redis.call('ZRANGE', key, r, r, 'WITHSCORES')
   local retry = tonumber(e[2]) - now
-  return {1 + skew, 0, retry, latest() - now}
+  return {code + skew, 0, retry, latest() - now}
 end
 
 redis.call('ZADD', key, now + ttl, id)

@@ -22,7 +22,6 @@ if block > 0 then
 end
 
 local n0 = n -- the call's n; a per-call rule counts min(n, 1) instead
-local HUGE = 2 ^ 53
 local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
 local delay, reset_ok, reset_denied = 0, 0, 0

@@ -44,6 +44,14 @@ var (
 	}
 )
 
+// prioColors are the lines of the priorities with -shares (as in
+// priorities): dark tones, apart from the panels' colours.
+var prioColors = []color.RGBA{
+	{R: 120, G: 120, B: 120, A: 255}, // sheddable: dark grey
+	{R: 86, G: 180, B: 233, A: 255},  // normal: sky blue
+	{R: 150, G: 0, B: 40, A: 255},    // critical: dark red
+}
+
 // writeChart draws the chart of a simulation into path, as PNG or SVG by
 // its extension.
 func writeChart(path string, sim *simulation, outs []*outcome) error {
@@ -141,6 +149,16 @@ func newPanel(sim *simulation, o *outcome, offered, admitted []float64, c color.
 	p.Add(off, lim, adm)
 	p.Legend.Add("offered", off)
 	p.Legend.Add("admitted", adm)
+	if sim.shares != nil { // -shares: what each priority got
+		for i, ts := range o.byPrio {
+			l := stepLine(perStep(ts, sim.step, len(admitted)), sim.step)
+			l.Color = prioColors[i]
+			l.Width = vg.Points(1.2)
+			l.Dashes = []vg.Length{vg.Points(3), vg.Points(1.5)}
+			p.Add(l)
+			p.Legend.Add(priorities[i].String(), l)
+		}
+	}
 	p.Legend.Add(fmt.Sprintf("rate per %s (%.3g)", sim.step.String(), perStepRate), lim)
 	p.Legend.Top = true
 	p.Legend.TextStyle.Font.Size = vg.Points(8)

@@ -54,6 +54,12 @@ Guava's SmoothWarmingUp): cold at the start, they admit rate/3 and reach the
 rate after the warm-up of steady use, which the chart shows as a ramp; the
 token bucket's -burst must then be 0. The other strategies ignore it.
 
+With -shares S,N the limiters have redlimit.WithPriorityShares(S, N) and the
+requests take the priorities in turn (sheddable, normal, critical: an equal
+mix): the table and the chart show what each priority got. Under overload,
+sheddable requests get at most S of the capacity and normal ones at most N,
+and critical ones keep the rest.
+
 The table's "max/period" column is the most requests admitted in any
 interval [t, t+period), counted exactly over the admitted times: a sliding
 log never exceeds the rate, a fixed window can reach twice the rate across
@@ -74,6 +80,7 @@ type simFlags struct {
 	out      string
 	step     time.Duration
 	warmUp   time.Duration
+	shares   string
 }
 
 func setupSimulate(fs *flag.FlagSet) runFunc {
@@ -89,6 +96,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&f.out, "out", "", "chart `file` to write, .png or .svg (none without it)")
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
 	fs.DurationVar(&f.warmUp, "warmup", 0, "warm-up of token-bucket and leaky-bucket: a cold key starts at rate/3 and reaches the rate after it (0 means none)")
+	fs.StringVar(&f.shares, "shares", "", "`sheddable,normal`: priority shares (see redlimit.WithPriorityShares); requests take the priorities in turn")
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		set := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -199,6 +207,14 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 		}
 		arrivals = gen(f.offered, f.period, f.duration)
 	}
+	var shares []float64
+	if f.shares != "" {
+		var sh, no float64
+		if n, err := fmt.Sscanf(f.shares, "%g,%g", &sh, &no); err != nil || n != 2 || !(0 < sh && sh <= no && no <= 1) {
+			return bad("-shares %q: want sheddable,normal with 0 < sheddable <= normal <= 1, such as 0.5,0.8", f.shares)
+		}
+		shares = []float64{sh, no}
+	}
 	if len(arrivals) > maxArrivals {
 		return bad("%d requests, more than the %d a simulation can take", len(arrivals), maxArrivals)
 	}
@@ -217,6 +233,7 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 		arrivals: arrivals,
 		duration: f.duration,
 		step:     f.step,
+		shares:   shares,
 	}, nil
 }
 
@@ -236,13 +253,18 @@ type simulation struct {
 	arrivals []time.Duration // request times since the start, sorted, whole µs
 	duration time.Duration   // length of the traffic
 	step     time.Duration   // chart resolution
+	shares   []float64       // -shares: sheddable, normal; nil without priorities
 }
+
+// priorities are the priorities that arrivals take in turn with -shares.
+var priorities = []redlimit.Priority{redlimit.Sheddable, redlimit.Normal, redlimit.Critical}
 
 // outcome is what one strategy admitted.
 type outcome struct {
 	strategy redlimit.Strategy
-	admitted []time.Duration // when admitted requests happen (arrival + Delay), sorted
-	delay    time.Duration   // sum of the Delays of the admitted requests
+	admitted []time.Duration    // when admitted requests happen (arrival + Delay), sorted
+	delay    time.Duration      // sum of the Delays of the admitted requests
+	byPrio   [3][]time.Duration // with -shares: admitted, by priority (as in priorities)
 }
 
 // meanDelay returns the mean Delay of the admitted requests.
@@ -296,8 +318,19 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 		out *outcome
 	}
 	var lanes []lane
+	var opts []redlimit.Option
+	if sim.shares != nil {
+		opts = append(opts, redlimit.WithPriorityShares(sim.shares[0], sim.shares[1]))
+	}
+	ctxs := []context.Context{ctx}
+	if sim.shares != nil {
+		ctxs = ctxs[:0]
+		for _, p := range priorities {
+			ctxs = append(ctxs, redlimit.ContextWithPriority(ctx, p))
+		}
+	}
 	for _, s := range redlimit.Strategies() {
-		lim, err := newLimiter(rdb, s, limitOf(sim.limit, s))
+		lim, err := newLimiter(rdb, s, limitOf(sim.limit, s), opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -306,23 +339,30 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	}
 
 	epoch := simEpoch(sim.limit.Period)
-	for _, at := range sim.arrivals {
+	for i, at := range sim.arrivals {
 		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
 		m.SetTime(epoch.Add(at))
+		prio := i % len(ctxs)
 		for _, ln := range lanes {
-			res, err := ln.lim.Allow(ctx, ln.key)
+			res, err := ln.lim.Allow(ctxs[prio], ln.key)
 			if err != nil {
 				return nil, fmt.Errorf("simulate %v at %v: %w", ln.out.strategy, at, err)
 			}
 			if res.Allowed {
 				ln.out.admitted = append(ln.out.admitted, at+res.Delay)
 				ln.out.delay += res.Delay
+				if sim.shares != nil {
+					ln.out.byPrio[prio] = append(ln.out.byPrio[prio], at+res.Delay)
+				}
 			}
 		}
 	}
 	outs := make([]*outcome, len(lanes))
 	for i, ln := range lanes {
 		slices.Sort(ln.out.admitted)
+		for _, ts := range ln.out.byPrio {
+			slices.Sort(ts)
+		}
 		outs[i] = ln.out
 	}
 	return outs, nil
@@ -336,6 +376,14 @@ func printTable(w io.Writer, sim *simulation, outs []*outcome) {
 	fmt.Fprintf(w, row, "strategy", "offered", "admitted", "max/period", "mean delay")
 	for _, o := range outs {
 		fmt.Fprintf(w, row, o.strategy, len(sim.arrivals), len(o.admitted), o.maxIn(sim.limit.Period), o.meanDelay().Round(time.Millisecond))
+	}
+	if sim.shares != nil {
+		fmt.Fprintf(w, "\nadmitted by priority (shares %g and %g; offered in equal thirds):\n", sim.shares[0], sim.shares[1])
+		const prow = "%-16s %9v %9v %9v\n"
+		fmt.Fprintf(w, prow, "strategy", "sheddable", "normal", "critical")
+		for _, o := range outs {
+			fmt.Fprintf(w, prow, o.strategy, len(o.byPrio[0]), len(o.byPrio[1]), len(o.byPrio[2]))
+		}
 	}
 	fmt.Fprintf(w, "\nmax/period: the most admitted in any interval [t, t+%v); the rate is %d.\n", sim.limit.Period, sim.limit.Rate)
 	fmt.Fprintln(w, "leaky-bucket requests count at arrival + Delay; mean delay is over admitted requests.")

@@ -500,3 +500,33 @@ func TestSimulateWritesOnlyOut(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, entries, "simulate without -out wrote %v", entries)
 }
+
+// With -shares the requests take the priorities in turn, and the table
+// shows what each got: a fixed window of 30/1s under 90/s of steady
+// traffic, trios of sheddable, normal and critical requests, admits in
+// each window 5 sheddable (the 6th would bring usage to 16, past 15), 10
+// normal (usage up to 24) and 15 critical (the rest, up to 30).
+func TestSimulateShares(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	out := filepath.Join(t.TempDir(), "chart.svg")
+	code := run(context.Background(), []string{"simulate", "-rate", "30", "-duration", "4s", "-shares", "0.5,0.8", "-out", out}, &stdout, &stderr)
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
+	table := stdout.String()[strings.Index(stdout.String(), "admitted by priority"):]
+	assert.Equal(t, []string{"fixed-window", "20", "40", "60"}, rowOf(table, "fixed-window"), "%s", table)
+	for _, s := range redlimit.Strategies() {
+		row := rowOf(table, s.String())
+		require.Len(t, row, 4, "%s", table)
+		sh, _ := strconv.Atoi(row[1])
+		no, _ := strconv.Atoi(row[2])
+		cr, _ := strconv.Atoi(row[3])
+		assert.True(t, sh <= no && no <= cr, "%v: sheddable %d, normal %d, critical %d: the lower priorities shed first", s, sh, no, cr)
+	}
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), "critical", "the chart's legend names the priorities")
+
+	code = run(context.Background(), []string{"simulate", "-shares", "0.9,0.5", "-out", out}, &stdout, &stderr)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr.String(), `-shares "0.9,0.5"`)
+}

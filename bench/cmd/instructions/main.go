@@ -112,6 +112,9 @@ func run() error {
 	ctx := context.Background()
 	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket),
 		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket))
+	for _, s := range redlimit.Strategies() {
+		cs = append(cs, bench.RedlimitSheddable(s))
+	}
 	if *variants != "" {
 		for _, dir := range strings.Split(*variants, ",") {
 			for _, c := range cs {
