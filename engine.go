@@ -56,6 +56,9 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 	if err != nil {
 		return rule{}, errorf("%v: %w", alg.strategy, err)
 	}
+	if l.isCalendar() {
+		return newCalendarRule(name, alg, l)
+	}
 	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
 		// The key's lifetime, the time to refill a whole bucket, must fit.
 		return rule{}, errorf("%v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
@@ -105,6 +108,9 @@ type ruleSet struct {
 	sig   uint64 // identifies the limits, for the deny cache and the fallback
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
 	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
+	// calendar: a calendar rule, whose window the call sends (see
+	// calendarArgs): decided by calendarScript, with the rules as arguments.
+	calendar bool
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
@@ -139,6 +145,12 @@ func newRuleSet(rules []rule) *ruleSet {
 		mix(int64(r.limit.Period))
 		mix(int64(r.limit.Burst))
 		mix(int64(btoi(r.perCall)))
+		if r.limit.isCalendar() {
+			rs.calendar = true
+			for _, c := range r.suffix {
+				mix(int64(c))
+			}
+		}
 	}
 	rs.sig = h
 	// The penalty block is the rule set's, whatever the order of its rules
@@ -179,6 +191,11 @@ type engine struct {
 	// with a deadline, or grpclimit's through calldelay) keeps twice it for
 	// the reply (see delayBound).
 	delayRTT atomic.Int64
+	// serverAhead (µs) is how far the server's clock was ahead of this
+	// process's at the latest call of a calendar rule that missed its
+	// window (see evalCalendar): later calls estimate the server's time
+	// with it.
+	serverAhead atomic.Int64
 }
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
@@ -635,6 +652,12 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
 	script := rs.script
+	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
+		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
+	}
+	if rs.calendar {
+		return e.evalCalendar(ctx, a, now, rs, rc)
+	}
 	if script == nil {
 		script = e.script
 		for i := range rs.rules {
@@ -646,9 +669,6 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		for len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
 			a.args = a.args[:len(a.args)-1]
 		}
-	}
-	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
-		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
 	}
 	if rs.fn != nil && !e.noFunctions.Load() {
 		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {

@@ -12,6 +12,8 @@ type Limit struct {
 	Rate   int           // events allowed per Period
 	Period time.Duration // window length, or the time in which Rate tokens refill
 	Burst  int           // bucket capacity for TokenBucket and LeakyBucket; 0 means Rate
+
+	cal calendar // Daily, Weekly, Monthly: windows of a calendar (calendar.go)
 }
 
 // PerSecond returns a Limit of rate events per second.
@@ -24,8 +26,13 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
 // String returns the limit as "rate/period", with the burst when it is set,
-// for example "10/1s" or "10/1s burst 20".
+// for example "10/1s" or "10/1s burst 20"; a calendar limit as
+// "rate/calendar zone", for example "1000/day Asia/Tokyo" or "500/week from
+// Monday UTC".
 func (l Limit) String() string {
+	if l.isCalendar() {
+		return strconv.Itoa(l.Rate) + "/" + l.cal.String()
+	}
 	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
 	if l.Burst != 0 && l.Burst != l.Rate {
 		s += " burst " + strconv.Itoa(l.Burst)
@@ -131,6 +138,14 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 		return bad("Burst must not be negative")
 	case l.Burst > MaxRate:
 		return bad("Burst must be at most %d", MaxRate)
+	}
+	if l.isCalendar() {
+		if why := l.cal.check(); why != "" {
+			return bad("%s", why)
+		}
+		if l.Period != l.cal.period() {
+			return bad("a calendar limit's Period must be its calendar's, %v", l.cal.period())
+		}
 	}
 	if l.Burst == 0 {
 		l.Burst = l.Rate

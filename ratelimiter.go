@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -101,6 +102,9 @@ var scripts struct {
 	byStrat [LeakyBucket + 1]*redis.Script
 	allOnce sync.Once
 	all     *redis.Script
+
+	calendarOnce sync.Once
+	calendar     *redis.Script
 }
 
 var strategyFiles = [...]string{
@@ -121,6 +125,19 @@ func strategyScript(s Strategy) *redis.Script {
 		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, argumentChecks([]string{strategyFiles[s]}))
 	})
 	return scripts.byStrat[s]
+}
+
+// calendarFiles are the files of calendarScript and of the settle script:
+// every strategy's and calendar.lua.
+var calendarFiles = append(slices.Clip(allStrategyFiles), calendarFile)
+
+// calendarScript returns the script that decides rules with a calendar
+// rule among them (any strategy beside it), passed as arguments.
+func calendarScript() *redis.Script {
+	scripts.calendarOnce.Do(func() {
+		scripts.calendar = decisionScript(calendarFiles, argumentChecks(calendarFiles))
+	})
+	return scripts.calendar
 }
 
 // policyScript returns the script that decides rules of every strategy.

@@ -28,6 +28,12 @@
 local used = tonumber(ARGV[7])
 local base = 8 + 4 * nrules
 local reserved = tonumber(ARGV[base])
+-- A calendar rule's window is checked before anything is written (see
+-- calendar.lua): a miss is an error, and the caller settles again.
+for i = 1, nrules do
+  local strat, _, period, burst = rule(i)
+  if strat == 'cw' then cw_window(period, burst) end
+end
 -- KEYS[nrules + i]: rule i's reservations. A rule whose set no longer has
 -- the reservation had its state reset since (by any limiter on it): that
 -- rule is not settled.
@@ -142,10 +148,13 @@ adjust.tb = function(key, rate, period, tag, taken)
   end
 end
 adjust.lb = adjust.tb
+adjust.cw = function(key, rate, period, tag, taken, burst)
+  adjust_cw(key, period, burst, tag, delta)
+end
 
 local d0 = delta
 for i = 1, nrules do
-  local strat, rate, period, _, per_call = rule(i)
+  local strat, rate, period, burst, per_call = rule(i)
   delta = d0
   local taken = reserved
   if per_call then
@@ -154,7 +163,7 @@ for i = 1, nrules do
     if used == 0 then delta = -1 end
   end
   if delta ~= 0 and held[i] then
-    adjust[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken)
+    adjust[strat](KEYS[i], rate, period, tonumber(ARGV[base + i]), taken, burst)
   end
 end
 

@@ -1,0 +1,243 @@
+package redlimit
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// calendarZones are the zones the calendar tests cross: daylight saving in
+// both hemispheres, a 30-minute shift (Lord Howe), none (Tokyo), a
+// half-hour offset (Kolkata), and an offset of 13 hours (Auckland's
+// summer), where a local midnight is near noon UTC.
+var calendarZones = []string{"America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Tokyo", "Asia/Kolkata", "Pacific/Auckland"}
+
+func loadZone(t testing.TB, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	require.NoError(t, err, "zone %s: %v", name, err)
+	return loc
+}
+
+// expectedStarts returns the starts of the windows of l from the first one
+// at or after from, for two years, by the time package's own arithmetic:
+// time.Date of each local date at 00:00 (it normalises a day past the
+// month's end and a skipped midnight).
+func expectedStarts(l Limit, from time.Time) []time.Time {
+	loc := l.cal.loc
+	y, m, d := from.In(loc).Date()
+	var out []time.Time
+	switch l.cal.kind {
+	case calendarDay:
+		for k := 0; k <= 2*366; k++ {
+			out = append(out, time.Date(y, m, d+k, 0, 0, 0, 0, loc))
+		}
+	case calendarWeek:
+		for time.Date(y, m, d, 12, 0, 0, 0, loc).Weekday() != time.Weekday(l.cal.day) {
+			d++
+		}
+		for k := 0; k <= 2*53; k++ {
+			out = append(out, time.Date(y, m, d+7*k, 0, 0, 0, 0, loc))
+		}
+	case calendarMonth:
+		for k := 0; k <= 24; k++ {
+			// The month's last day, from the first of the next month.
+			last := time.Date(y, m+time.Month(k)+1, 1, 12, 0, 0, 0, loc).AddDate(0, 0, -1).Day()
+			out = append(out, time.Date(y, m+time.Month(k), min(l.cal.day, last), 0, 0, 0, 0, loc))
+		}
+	}
+	return out
+}
+
+// Every window over two years of boundaries, in six zones, for days,
+// weeks from three weekdays and months from days 1, 15, 28, 29, 30 and 31:
+// the window of the first and last µs of each, and of a point inside, is
+// the one time.Date gives, and the index grows by one per window.
+func TestCalendarWindowsMatchTimePackage(t *testing.T) {
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC) // 2028 is a leap year
+	for _, zone := range calendarZones {
+		loc := loadZone(t, zone)
+		limits := []Limit{Daily(1, loc), Weekly(1, loc, time.Monday), Weekly(1, loc, time.Sunday), Weekly(1, loc, time.Saturday)}
+		for _, day := range []int{1, 15, 28, 29, 30, 31} {
+			limits = append(limits, Monthly(1, loc, day))
+		}
+		for _, l := range limits {
+			starts := expectedStarts(l, from)
+			var prev int64
+			for k := 0; k+1 < len(starts); k++ {
+				s, e := starts[k], starts[k+1]
+				for _, at := range []time.Time{s, e.Add(-time.Microsecond), s.Add(e.Sub(s) / 2)} {
+					gs, ge, idx := l.cal.window(at)
+					if !gs.Equal(s) || !ge.Equal(e) {
+						t.Fatalf("%v: window(%v) = [%v, %v), want [%v, %v)", l, at.In(loc), gs, ge, s, e)
+					}
+					if k > 0 && idx != prev+1 {
+						t.Fatalf("%v: window(%v) index %d, want %d", l, at.In(loc), idx, prev+1)
+					}
+				}
+				_, _, prev = l.cal.window(s)
+			}
+		}
+	}
+}
+
+// The daylight-saving days: 23, 25, 23.5 and 24.5 hours; and the time to
+// the next boundary at 01:00 on the day New York springs forward is 22 h.
+func TestCalendarDaylightSavingDays(t *testing.T) {
+	ny, lh := loadZone(t, "America/New_York"), loadZone(t, "Australia/Lord_Howe")
+	for _, c := range []struct {
+		loc  *time.Location
+		day  time.Time
+		want time.Duration
+	}{
+		{ny, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), 23 * time.Hour},
+		{ny, time.Date(2026, 11, 1, 12, 0, 0, 0, ny), 25 * time.Hour},
+		{lh, time.Date(2026, 10, 4, 12, 0, 0, 0, lh), 23*time.Hour + 30*time.Minute},
+		{lh, time.Date(2026, 4, 5, 12, 0, 0, 0, lh), 24*time.Hour + 30*time.Minute},
+	} {
+		s, e, _ := Daily(1, c.loc).cal.window(c.day)
+		assert.Equal(t, c.want, e.Sub(s), "the day of %v", c.day)
+	}
+	at := time.Date(2026, 3, 8, 1, 0, 0, 0, ny)
+	_, e, _ := Daily(1, ny).cal.window(at)
+	assert.Equal(t, 22*time.Hour, e.Sub(at))
+}
+
+func TestCalendarLimitValidation(t *testing.T) {
+	b, _ := miniBackend(t)
+	tokyo := loadZone(t, "Asia/Tokyo")
+	for _, c := range []struct {
+		s     Strategy
+		limit Limit
+	}{
+		{TokenBucket, Daily(10, tokyo)},
+		{LeakyBucket, Weekly(10, nil, time.Monday)},
+		{SlidingLog, Monthly(10, nil, 1)},
+		{SlidingCounter, Daily(10, nil)},
+		{FixedWindow, Monthly(10, tokyo, 0)},
+		{FixedWindow, Monthly(10, tokyo, 32)},
+		{FixedWindow, Weekly(10, tokyo, 7)},
+		{FixedWindow, Daily(0, tokyo)},
+		{FixedWindow, Daily(MaxRate+1, tokyo)},
+	} {
+		_, err := New(b.rdb, c.s, c.limit)
+		require.ErrorIs(t, err, ErrInvalidLimit, "%v %v", c.s, c.limit)
+		_, err = NewPolicy(b.rdb, []Rule{{Strategy: c.s, Limit: c.limit}})
+		require.ErrorIs(t, err, ErrInvalidLimit, "policy rule %v %v", c.s, c.limit)
+	}
+	for _, l := range []Limit{Daily(1, tokyo), Daily(MaxRate, nil), Weekly(5, nil, time.Saturday), Monthly(5, tokyo, 1), Monthly(5, tokyo, 31)} {
+		lim, err := NewFixedWindow(b.rdb, l)
+		require.NoError(t, err, "%v", l)
+		lim.Close()
+	}
+	// A limit function's calendar limit for another strategy is an error
+	// of the call.
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(1), WithLimitFunc(func(context.Context, string) (Limit, error) {
+		return Daily(5, tokyo), nil
+	}))
+	_, err := lim.Allow(t.Context(), "k")
+	require.ErrorIs(t, err, ErrInvalidLimit)
+}
+
+func TestCalendarLimitString(t *testing.T) {
+	tokyo, ny := loadZone(t, "Asia/Tokyo"), loadZone(t, "America/New_York")
+	assert.Equal(t, "1000/day Asia/Tokyo", Daily(1000, tokyo).String())
+	assert.Equal(t, "500/week from Monday UTC", Weekly(500, nil, time.Monday).String())
+	assert.Equal(t, "10000/month from day 31 America/New_York", Monthly(10000, ny, 31).String())
+	assert.Equal(t, "10/1s", PerSecond(10).String(), "an ordinary limit")
+}
+
+// at moves b's clock to t.
+func (b *backend) at(t time.Time) { b.setClock(t.Sub(t0)) }
+
+// On the day New York springs forward: a call at 01:00 resets in 22 h, a
+// denial retries then, and the next day's window starts at 0 and lasts 24 h;
+// the key expires at the window's end.
+func TestCalendarDailySpringForward(t *testing.T) {
+	b, _ := miniBackend(t)
+	ny := loadZone(t, "America/New_York")
+	b.at(time.Date(2030, 3, 10, 1, 0, 0, 0, ny))
+	lim := newLimiter(t, b.rdb, FixedWindow, Daily(3, ny))
+	h := time.Hour
+	run(t, b, lim, "k", []step{
+		{n: 1, allowed: true, remaining: 2, reset: 22 * h},
+		{n: 2, allowed: true, remaining: 0, reset: 22 * h},
+		{n: 1, allowed: false, remaining: 0, retry: 22 * h, reset: 22 * h},
+		{advance: 22*h - time.Microsecond, n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: time.Microsecond},
+		{advance: time.Microsecond, n: 1, allowed: true, remaining: 2, reset: 24 * h},
+	})
+	checkTTL(t, b.rdb, lim.stateKey("k"), 24*h)
+	res, err := lim.AllowN(t.Context(), "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, Daily(3, ny).String(), res.Limit.String(), "Result.Limit")
+	// The estimate of the server's time (this machine's clock) missed the
+	// window by years: the limiter learnt the server's offset.
+	assert.Greater(t, lim.serverAhead.Load(), (2030-2027)*365*24*time.Hour.Microseconds())
+}
+
+// Two years of windows in each zone (of the days, every 8th and those
+// around a change of offset), for a day, a week from Monday and a
+// month from days 31 and 29: at the last µs of a window its count holds
+// (reset in 1 µs); at the next µs, the boundary time.Date gives, a new
+// window starts at 0 (the old key, kept 1 ms more by its rounded expiry,
+// does not count) and resets at its own end.
+func TestCalendarDecisionsAtEveryBoundary(t *testing.T) {
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, zone := range calendarZones {
+		loc := loadZone(t, zone)
+		for _, l := range []Limit{Daily(2, loc), Weekly(2, loc, time.Monday), Monthly(2, loc, 31), Monthly(2, loc, 29)} {
+			t.Run(zone+"/"+l.cal.name(), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				lim := newLimiter(t, b.rdb, FixedWindow, l)
+				ctx := t.Context()
+				starts := expectedStarts(l, from)
+				visited := 0 // the last window that took an event at its start
+				for k := 1; k+1 < len(starts); k++ {
+					s, e := starts[k], starts[k+1]
+					if l.cal.kind == calendarDay && k%8 != 1 && e.Sub(s) == 24*time.Hour && s.Sub(starts[k-1]) == 24*time.Hour {
+						continue // of the days: every 8th, and those around a change of offset
+					}
+					b.at(s.Add(-time.Microsecond))
+					res, err := lim.AllowN(ctx, "k", 1)
+					require.NoError(t, err)
+					want := "allowed=true remaining=0 reset=1µs" // the previous window's count holds
+					if visited != k-1 || k == 1 {
+						want = "allowed=true remaining=1 reset=1µs"
+					}
+					visited = k
+					require.Equal(t, want, fmtRes(res), "the last µs before %v", s)
+					b.at(s)
+					res, err = lim.AllowN(ctx, "k", 1)
+					require.NoError(t, err)
+					require.Equal(t, "allowed=true remaining=1 reset="+e.Sub(s).String(), fmtRes(res), "at %v", s)
+					res, err = lim.AllowN(ctx, "k", 2)
+					require.NoError(t, err)
+					require.Equal(t, "allowed=false remaining=1 reset="+e.Sub(s).String(), fmtRes(res), "at %v", s)
+					require.Equal(t, e.Sub(s), res.RetryAfter, "RetryAfter at %v", s)
+				}
+			})
+		}
+	}
+}
+
+func fmtRes(r Result) string {
+	return "allowed=" + strconv.FormatBool(r.Allowed) + " remaining=" + strconv.Itoa(r.Remaining) + " reset=" + r.ResetAfter.String()
+}
+
+// A month from day 31 through a leap February: Jan 31, Feb 29, Mar 31.
+func TestCalendarMonthlyLeapFebruary(t *testing.T) {
+	b, _ := miniBackend(t)
+	tokyo := loadZone(t, "Asia/Tokyo")
+	b.at(time.Date(2028, 2, 28, 23, 0, 0, 0, tokyo))
+	lim := newLimiter(t, b.rdb, FixedWindow, Monthly(5, tokyo, 31))
+	h, d := time.Hour, 24*time.Hour
+	run(t, b, lim, "k", []step{
+		{n: 5, allowed: true, remaining: 0, reset: h},
+		{n: 1, allowed: false, remaining: 0, retry: h, reset: h},
+		{advance: h, n: 1, allowed: true, remaining: 4, reset: 31 * d}, // Feb 29 to Mar 31
+	})
+}
