@@ -3,9 +3,11 @@ package redlimit
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -240,4 +242,181 @@ func TestCalendarMonthlyLeapFebruary(t *testing.T) {
 		{n: 1, allowed: false, remaining: 0, retry: h, reset: h},
 		{advance: h, n: 1, allowed: true, remaining: 4, reset: 31 * d}, // Feb 29 to Mar 31
 	})
+}
+
+// A calendar rule in a policy beside a token bucket: all or nothing, the
+// calendar rule named by its calendar, a denial writing nothing in either.
+func TestCalendarPolicy(t *testing.T) {
+	b, _ := miniBackend(t)
+	tokyo := loadZone(t, "Asia/Tokyo")
+	b.at(time.Date(2030, 6, 1, 23, 0, 0, 0, tokyo))
+	p := newPolicy(t, b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Strategy: FixedWindow, Limit: Daily(3, tokyo)},
+		{Strategy: FixedWindow, Limit: PerHour(100)},
+	})
+	assert.Equal(t, "fixed-window-daily-Asia/Tokyo", p.Rules()[1].Name)
+	ctx := t.Context()
+	res, err := p.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	assert.Equal(t, "fixed-window-daily-Asia/Tokyo", res.Rule, "the rule with the fewest remaining")
+	assert.Equal(t, time.Hour, res.ResetAfter, "the longest reset: the day's")
+	bucket := snapshot(t, b.rdb, ruleKey(p.stateKey("k", &p.own.rules[0]), p.own, 0))
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	assert.Equal(t, "fixed-window-daily-Asia/Tokyo", res.Rule)
+	assert.Equal(t, time.Hour, res.RetryAfter)
+	assert.Equal(t, bucket, snapshot(t, b.rdb, ruleKey(p.stateKey("k", &p.own.rules[0]), p.own, 0)), "a denial wrote into the bucket")
+	b.advance(time.Hour) // midnight in Tokyo
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	assert.Equal(t, 2, res.Remaining)
+	assert.Equal(t, 24*time.Hour, res.ResetAfter)
+
+	// Two calendar rules of one calendar would share one state.
+	_, err = NewPolicy(b.rdb, []Rule{{Name: "a", Strategy: FixedWindow, Limit: Daily(3, tokyo)}, {Name: "b", Strategy: FixedWindow, Limit: Daily(5, tokyo)}})
+	require.ErrorIs(t, err, ErrInvalidLimit)
+	// Per-call calendar rules count calls.
+	pc := newPolicy(t, b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: PerMinute(1000)},
+		{Strategy: FixedWindow, Limit: Monthly(2, tokyo, 1), PerCall: true},
+	})
+	assert.Equal(t, 2, allowedOfN(t, pc, "pc", 50, 4))
+}
+
+func allowedOfN(t *testing.T, lim Limiter, key string, n, calls int) int {
+	t.Helper()
+	allowed := 0
+	for range calls {
+		res, err := lim.AllowN(t.Context(), key, n)
+		require.NoError(t, err)
+		allowed += btoi(res.Allowed)
+	}
+	return allowed
+}
+
+// WithLimitFunc and WithRulesFunc may give calendar limits, key by key.
+func TestCalendarDynamicLimits(t *testing.T) {
+	b, _ := miniBackend(t)
+	ny := loadZone(t, "America/New_York")
+	b.at(time.Date(2030, 11, 3, 0, 30, 0, 0, ny)) // the day New York falls back: 25 h
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(100), WithLimitFunc(func(_ context.Context, key string) (Limit, error) {
+		if key == "daily" {
+			return Daily(2, ny), nil
+		}
+		return Limit{}, nil
+	}))
+	h := time.Hour
+	run(t, b, lim, "daily", []step{
+		{n: 2, allowed: true, remaining: 0, reset: 24*h + 30*time.Minute},
+		{n: 1, allowed: false, remaining: 0, retry: 24*h + 30*time.Minute, reset: 24*h + 30*time.Minute},
+	})
+	res, err := lim.Allow(t.Context(), "other")
+	require.NoError(t, err)
+	assert.Equal(t, 99, res.Remaining, "the limiter's own limit")
+	assert.Equal(t, 30*time.Minute, res.ResetAfter)
+
+	p := newPolicy(t, b.rdb, []Rule{{Strategy: TokenBucket, Limit: PerSecond(5)}}, WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+		return []Rule{{Strategy: TokenBucket, Limit: PerSecond(5)}, {Strategy: FixedWindow, Limit: Weekly(3, ny, time.Monday)}}, nil
+	}))
+	res, err = p.AllowN(t.Context(), "w", 3)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	// Sunday 00:30 EDT to Monday 00:00 EST: 24.5 h.
+	assert.Equal(t, 24*h+30*time.Minute, res.ResetAfter)
+	res, err = p.Allow(t.Context(), "w")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+}
+
+// A reservation settles into its window: used < n gives back while the
+// window lasts; once the next window started, nothing goes back into it,
+// and more used is charged to the current window.
+func TestCalendarReserveSettle(t *testing.T) {
+	b, _ := miniBackend(t)
+	london := loadZone(t, "Europe/London")
+	b.at(time.Date(2030, 3, 31, 22, 0, 0, 0, london))
+	lim := newLimiter(t, b.rdb, FixedWindow, Monthly(10, london, 1), WithReservationTTL(3*time.Hour))
+	ctx := t.Context()
+	r, err := lim.Reserve(ctx, "k", 6)
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed)
+	res, err := r.Settle(ctx, 2)
+	require.NoError(t, err)
+	assert.Equal(t, 8, res.Remaining, "4 given back")
+	assert.Equal(t, 2*time.Hour, res.ResetAfter)
+
+	r, err = lim.Reserve(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed)
+	b.advance(2 * time.Hour) // April: a new window
+	res, err = r.Settle(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 10, res.Remaining, "nothing given back into April")
+	assert.Equal(t, time.Duration(0), res.ResetAfter, "April is untouched")
+
+	r, err = lim.Reserve(ctx, "k", 2)
+	require.NoError(t, err)
+	res, err = r.Settle(ctx, 5)
+	require.NoError(t, err)
+	assert.Equal(t, 5, res.Remaining, "3 more charged")
+	assert.Equal(t, 30*24*time.Hour, res.ResetAfter, "April 1 to May 1, both in summer time")
+}
+
+// While Redis is down the stand-in of a calendar quota admits the
+// instance's share of the quota at once, and refills it at Rate per the
+// calendar's nominal Period.
+func TestCalendarFallback(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	lim := newLimiter(t, rdb, FixedWindow, Daily(100, loadZone(t, "Asia/Kolkata")), WithFallbackShare(0.1), WithPingInterval(time.Hour))
+	m.Close()
+	admitted := 0
+	for range 30 {
+		res, err := lim.Allow(t.Context(), "k")
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		admitted += btoi(res.Allowed)
+	}
+	assert.Equal(t, 10, admitted, "the share of the quota")
+}
+
+// A call whose estimate of the server's time misses the window (the
+// estimate is a day behind) is decided in the server's window all the
+// same, and costs one more call only.
+func TestCalendarWindowMiss(t *testing.T) {
+	b, _ := miniBackend(t)
+	tokyo := loadZone(t, "Asia/Tokyo")
+	at := time.Date(2030, 6, 1, 12, 0, 0, 0, tokyo)
+	b.at(at)
+	lim := newLimiter(t, b.rdb, FixedWindow, Daily(2, tokyo))
+	require.NoError(t, calendarScript().Load(t.Context(), b.rdb).Err())
+	var calls atomic.Int64
+	b.rdb.AddHook(countHook{n: &calls})
+	lim.serverAhead.Store(at.UnixMicro() - time.Now().UnixMicro() - 24*time.Hour.Microseconds())
+	res, err := lim.Allow(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "allowed=true remaining=1 reset=12h0m0s", fmtRes(res))
+	assert.Equal(t, int64(2), calls.Load(), "a miss and the call")
+	res, err = lim.Allow(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "allowed=true remaining=0 reset=12h0m0s", fmtRes(res))
+	assert.Equal(t, int64(3), calls.Load(), "the estimate learnt from the miss")
+}
+
+// With a client clock the window is that of the time the call sends.
+func TestCalendarClientClock(t *testing.T) {
+	b, _ := miniBackend(t)
+	kolkata := loadZone(t, "Asia/Kolkata")
+	at := time.Date(2030, 6, 1, 23, 59, 0, 0, kolkata)
+	b.at(at)
+	// The client's clock runs 3 h behind the server's; the limiter measures
+	// the offset and sends the server's time.
+	lim := newLimiter(t, b.rdb, FixedWindow, Daily(1, kolkata), WithClientClock(), withClock(func() time.Time { return at.Add(-3 * time.Hour) }))
+	res, err := lim.Allow(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "allowed=true remaining=0 reset=1m0s", fmtRes(res))
 }
