@@ -420,3 +420,40 @@ func TestCalendarClientClock(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "allowed=true remaining=0 reset=1m0s", fmtRes(res))
 }
+
+// On a real Redis (its own clock): the window is the server's day in the
+// zone, ResetAfter and RetryAfter run to the next local midnight, the key
+// expires then, and a window missed by the estimate of the server's time
+// (here two days behind), a reservation and a client clock all work.
+func TestCalendarRedis(t *testing.T) {
+	b := realBackend(t)
+	ctx := t.Context()
+	for _, zone := range []string{"Pacific/Auckland", "Asia/Kolkata", "America/New_York"} {
+		loc := loadZone(t, zone)
+		for _, opts := range [][]Option{nil, {WithClientClock()}} {
+			lim := newLimiter(t, b.rdb, FixedWindow, Daily(3, loc), opts...)
+			lim.serverAhead.Store(-48 * time.Hour.Microseconds())
+			key := zone + strconv.Itoa(len(opts))
+			before := time.Now()
+			_, end, _ := Daily(3, loc).Window(before)
+			if end.Sub(before) < 10*time.Second {
+				t.Skipf("%s: %v to midnight", zone, end.Sub(before))
+			}
+			r, err := lim.Reserve(ctx, key, 3)
+			require.NoError(t, err)
+			require.True(t, r.Result().Allowed, "%+v", r.Result())
+			res, err := lim.Allow(ctx, key)
+			require.NoError(t, err)
+			require.False(t, res.Allowed)
+			assert.InDelta(t, float64(end.Sub(before)), float64(res.RetryAfter), float64(2*time.Second), "RetryAfter: to %v", end)
+			assert.InDelta(t, float64(end.Sub(before)), float64(res.ResetAfter), float64(2*time.Second), "ResetAfter: to %v", end)
+			ttl, err := b.rdb.PTTL(ctx, lim.stateKey(key)).Result()
+			require.NoError(t, err)
+			assert.InDelta(t, float64(end.Sub(before)), float64(ttl), float64(2*time.Second), "the key's TTL: to %v", end)
+			res, err = r.Settle(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, 2, res.Remaining, "given back")
+			assert.Equal(t, 2, allowedOf(t, lim, key, 3))
+		}
+	}
+}

@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR -strategy S -rate R -period P [-burst B] [-prefix P] KEY",
+	args:  "-redis ADDR -strategy S -rate R (-period P | -calendar C [-zone Z] [-first F]) [-burst B] [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -41,6 +41,13 @@ sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
 token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
 KEY longer than 256 bytes (before that escaping) appears hashed: in its
 place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
+
+With -calendar day, week or month (and -zone, -first), the limit is a
+calendar quota of a fixed-window limiter (redlimit.Daily, Weekly,
+Monthly): inspect also shows its window, the one that holds the server's
+time, as local start and end, and its keys name the calendar instead of a
+period: <prefix>:{<KEY>}:cw-daily-Asia/Tokyo, cw-weekly-1-UTC (from
+Monday), cw-monthly-31-America/New_York.
 
 KEY and the Redis keys are printed quoted, as Go strings ("user1"), so that
 a newline or a terminal escape sequence in a key shows as \n or \x1b
@@ -132,7 +139,18 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 	var rate, burst int
 	fs.IntVar(&rate, "rate", 0, "the limit's rate, events per period (required)")
 	fs.IntVar(&burst, "burst", 0, "the limit's burst for token-bucket and leaky-bucket (0 means -rate)")
+	var cal calendarFlags
+	cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		limit, isCal, err := cal.limit("inspect", rate)
+		if err != nil {
+			return err
+		}
+		if isCal {
+			f.period = limit.Period // -period is the calendar's
+		} else {
+			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst}
+		}
 		key, err := f.check("inspect", args)
 		if err != nil {
 			return err
@@ -140,7 +158,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 		if rate == 0 {
 			return usagef("inspect", "-rate is required")
 		}
-		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: rate, Period: f.period, Burst: burst})
+		rdb, lim, err := f.connect(ctx, limit)
 		if err != nil {
 			return err
 		}
@@ -154,10 +172,21 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 // must have a penalty block (see connect), so that the decision reads the
 // key's block.
 func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, prefix, key string, w io.Writer) error {
-	keys := stateKeys(prefix, lim.Strategy(), lim.Limit().Period, key)
+	keys := limitStateKeys(prefix, lim.Strategy(), lim.Limit(), key)
 	res, err := lim.AllowN(ctx, key, 0)
 	if err != nil {
 		return err
+	}
+	// A calendar limit's window: the one that holds the server's time, as
+	// the decision's does.
+	var window string
+	if _, _, ok := lim.Limit().Window(time.Time{}); ok {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("inspect: TIME: %w", err)
+		}
+		start, end, _ := lim.Limit().Window(now)
+		window = start.Format(time.RFC3339) + " to " + end.Format(time.RFC3339) + " (" + end.Sub(start).String() + ")"
 	}
 	// While a block is in force, n = 0 reports it as reset-after: the
 	// retry-after every call that asks for events is denied with. (The
@@ -171,6 +200,9 @@ func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, 
 	fmt.Fprintf(tw, "key\t%q\n", key)
 	fmt.Fprintf(tw, "strategy\t%v\n", lim.Strategy())
 	fmt.Fprintf(tw, "limit\t%v\n", res.Limit)
+	if window != "" {
+		fmt.Fprintf(tw, "window\t%s\n", window)
+	}
 	fmt.Fprintf(tw, "allowed\t%v\n", res.Allowed)
 	fmt.Fprintf(tw, "remaining\t%d\n", res.Remaining)
 	fmt.Fprintf(tw, "retry-after\t%v\n", res.RetryAfter)

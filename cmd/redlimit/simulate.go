@@ -51,7 +51,15 @@ The patterns (-offered is the mean rate over the whole run in each of them):
 The table's "max/period" column is the most requests admitted in any
 interval [t, t+period), counted exactly over the admitted times: a sliding
 log never exceeds the rate, a fixed window can reach twice the rate across
-a window boundary, and a token bucket can reach burst+rate-1.`,
+a window boundary, and a token bucket can reach burst+rate-1.
+
+With -calendar day, week or month (and -zone, -first), the fixed window
+runs a calendar quota (redlimit.Daily, Weekly, Monthly: -rate per calendar
+day, week or month in -zone), the others -rate per the calendar's nominal
+period (24h, 168h, 744h), and the clock starts at the calendar window that
+holds 2030-01-01 00:00 UTC. For example:
+
+	redlimit simulate -calendar day -zone Asia/Tokyo -rate 100 -duration 72h -offered 0.005`,
 	setup: setupSimulate,
 }
 
@@ -67,6 +75,7 @@ type simFlags struct {
 	seed     int64
 	out      string
 	step     time.Duration
+	cal      calendarFlags
 }
 
 func setupSimulate(fs *flag.FlagSet) runFunc {
@@ -81,6 +90,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.Int64Var(&f.seed, "seed", 0, "if not 0, move each arrival at random by up to half the gap to its neighbours, reproducibly for the seed")
 	fs.StringVar(&f.out, "out", "chart.png", "chart `file` to write, .png or .svg")
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
+	f.cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		set := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -140,6 +150,20 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	// onoff never ended, a file's arrivals were divided by 0, and the
 	// default -offered was +Inf).
 	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+	cal, isCal, err := f.cal.limit("simulate", f.rate)
+	if err != nil {
+		return nil, err
+	}
+	if isCal {
+		if set["period"] {
+			return bad("-period is the calendar's with -calendar")
+		}
+		f.period = cal.Period
+		limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst}
+		if err := checkLimit(redlimit.FixedWindow, cal); err != nil {
+			return nil, err
+		}
+	}
 	for _, s := range redlimit.Strategies() {
 		if err := checkLimit(s, limit); err != nil {
 			return nil, err // dispatch makes an invalid limit a usage error
@@ -199,18 +223,26 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	if n := f.duration/f.step + f.period/f.step + 2; n > maxBuckets {
 		return bad("-step %v makes %d chart points; use a longer step", f.step, n)
 	}
-	return &simulation{
+	sim := &simulation{
 		limit:    limit,
 		pattern:  f.pattern,
 		arrivals: arrivals,
 		duration: f.duration,
 		step:     f.step,
-	}, nil
+	}
+	if isCal {
+		sim.calendar = cal
+	}
+	return sim, nil
 }
 
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
 	limit    redlimit.Limit
+	// calendar, with -calendar, is the fixed window's limit (a calendar
+	// quota); the other strategies then have limit, of the calendar's
+	// nominal Period. The clock starts at the calendar window's start.
+	calendar redlimit.Limit
 	pattern  string          // name, for titles
 	arrivals []time.Duration // request times since the start, sorted, whole µs
 	duration time.Duration   // length of the traffic
@@ -276,7 +308,11 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	}
 	var lanes []lane
 	for _, s := range redlimit.Strategies() {
-		lim, err := newLimiter(rdb, s, sim.limit)
+		l := sim.limit
+		if s == redlimit.FixedWindow && sim.calendar.Rate > 0 {
+			l = sim.calendar
+		}
+		lim, err := newLimiter(rdb, s, l)
 		if err != nil {
 			return nil, err
 		}
@@ -285,6 +321,9 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	}
 
 	epoch := simEpoch(sim.limit.Period)
+	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		epoch = start
+	}
 	for _, at := range sim.arrivals {
 		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
 		m.SetTime(epoch.Add(at))
@@ -309,8 +348,12 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 
 // printTable writes the comparison table.
 func printTable(w io.Writer, sim *simulation, outs []*outcome) {
-	fmt.Fprintf(w, "pattern %s, limit %v: %d requests offered in %v (%.1f/s)\n\n",
+	fmt.Fprintf(w, "pattern %s, limit %v: %d requests offered in %v (%.1f/s)\n",
 		sim.pattern, sim.limit, len(sim.arrivals), sim.duration, float64(len(sim.arrivals))/sim.duration.Seconds())
+	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		fmt.Fprintf(w, "fixed-window: the calendar quota %v, from %s\n", sim.calendar, start.Format(time.RFC3339))
+	}
+	fmt.Fprintln(w)
 	const row = "%-16s %8v %9v %11v %11v\n"
 	fmt.Fprintf(w, row, "strategy", "offered", "admitted", "max/period", "mean delay")
 	for _, o := range outs {

@@ -110,7 +110,7 @@ func run() error {
 	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
 	ctx := context.Background()
-	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket))
+	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket), bench.Calendar())
 	if *variants != "" {
 		for _, dir := range strings.Split(*variants, ",") {
 			for _, c := range cs {
