@@ -238,7 +238,7 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
-	limit    redlimit.Limit
+	limit redlimit.Limit
 	// calendar, with -calendar, is the fixed window's limit (a calendar
 	// quota); the other strategies then have limit, of the calendar's
 	// nominal Period. The clock starts at the calendar window's start.
