@@ -306,7 +306,7 @@ func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []s
 // rules are arguments, a calendar rule's window chosen for the call's
 // time (see scripts/calendar.lua).
 func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
-	reply, args, err := e.runCalendar(ctx, calendarScript(), a.keys, a.args, len(a.args), rs, sent, nil)
+	reply, args, err := e.runCalendar(ctx, rs.calScript, a.keys, a.args, len(a.args), rs, sent, nil)
 	a.args = args // back to the pool
 	if err != nil {
 		return Result{}, 0, err

@@ -393,7 +393,7 @@ func TestCalendarWindowMiss(t *testing.T) {
 	at := time.Date(2030, 6, 1, 12, 0, 0, 0, tokyo)
 	b.at(at)
 	lim := newLimiter(t, b.rdb, FixedWindow, Daily(2, tokyo))
-	require.NoError(t, calendarScript().Load(t.Context(), b.rdb).Err())
+	require.NoError(t, lim.own.calScript.Load(t.Context(), b.rdb).Err())
 	var calls atomic.Int64
 	b.rdb.AddHook(countHook{n: &calls})
 	lim.serverAhead.Store(at.UnixMicro() - time.Now().UnixMicro() - 24*time.Hour.Microseconds())

@@ -109,8 +109,9 @@ type ruleSet struct {
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
 	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
 	// calendar: a calendar rule, whose window the call sends (see
-	// calendarArgs): decided by calendarScript, with the rules as arguments.
-	calendar bool
+	// appendRuleArgs): decided by calScript, with the rules as arguments.
+	calendar  bool
+	calScript *redis.Script
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
@@ -153,6 +154,9 @@ func newRuleSet(rules []rule) *ruleSet {
 		}
 	}
 	rs.sig = h
+	if rs.calendar {
+		rs.calScript = calendarScript(rules)
+	}
 	// The penalty block is the rule set's, whatever the order of its rules
 	// (a WithRulesFunc may build them from a map): it is kept beside the
 	// state of the rule whose suffix (strategy code and period) sorts
