@@ -457,3 +457,24 @@ func TestCalendarRedis(t *testing.T) {
 		}
 	}
 }
+
+// Prefetches of a calendar quota: served calls count, and what they did not
+// serve goes back into the window at Close.
+func TestCalendarPrefetch(t *testing.T) {
+	b, _ := miniBackend(t)
+	tokyo := loadZone(t, "Asia/Tokyo")
+	b.at(time.Date(2030, 6, 1, 12, 0, 0, 0, tokyo))
+	lim := newLimiter(t, b.rdb, FixedWindow, Daily(1000, tokyo), WithPrefetch(100, time.Second))
+	for range 300 {
+		res, err := lim.Allow(t.Context(), "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	assert.NotZero(t, lim.PrefetchStats().Served, "calls served from prefetches")
+	require.NoError(t, lim.Close())
+	check := newLimiter(t, b.rdb, FixedWindow, Daily(1000, tokyo))
+	res, err := check.AllowN(t.Context(), "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 700, res.Remaining, "the unserved events given back: %+v", lim.PrefetchStats())
+	assert.Equal(t, 12*time.Hour, res.ResetAfter)
+}
