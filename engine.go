@@ -66,6 +66,9 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 		}
 		code = alg.code + strconv.FormatInt(int64(l.WarmUp/time.Microsecond), 10)
 	}
+	if l.isCalendar() {
+		return newCalendarRule(name, alg, l)
+	}
 	if alg.bucket && float64(l.Burst)*float64(l.Period)/float64(l.Rate) > float64(MaxPeriod) {
 		// The key's lifetime, the time to refill a whole bucket, must fit.
 		return rule{}, errorf("%v %v: Burst×Period/Rate, the time to refill a bucket, must be at most %v: %w",
@@ -117,6 +120,10 @@ type ruleSet struct {
 	logs  int    // sliding-log rules that count n: n·logs is at most MaxSlidingLogN
 	queue bool   // a leaky-bucket rule: its calls' round trips are measured (see delayBound)
 	warm  bool   // a rule with a warm-up: decided by warmScript when not written in
+	// calendar: a calendar rule, whose window the call sends (see
+	// appendRuleArgs): decided by calScript, with the rules as arguments.
+	calendar  bool
+	calScript *redis.Script
 	// counting: a rule counts n (not only calls); per-call rules then
 	// limit Remaining only when they have no call left.
 	counting bool
@@ -153,8 +160,17 @@ func newRuleSet(rules []rule) *ruleSet {
 		mix(int64(r.limit.Burst))
 		mix(int64(r.limit.WarmUp))
 		mix(int64(btoi(r.perCall)))
+		if r.limit.isCalendar() {
+			rs.calendar = true
+			for _, c := range r.suffix {
+				mix(int64(c))
+			}
+		}
 	}
 	rs.sig = h
+	if rs.calendar {
+		rs.calScript = calendarScript(rules)
+	}
 	// The penalty block is the rule set's, whatever the order of its rules
 	// (a WithRulesFunc may build them from a map): it is kept beside the
 	// state of the rule whose suffix (strategy code and period) sorts
@@ -194,6 +210,11 @@ type engine struct {
 	// with a deadline, or grpclimit's through calldelay) keeps twice it for
 	// the reply (see delayBound).
 	delayRTT atomic.Int64
+	// serverAhead (µs) is how far the server's clock was ahead of this
+	// process's at the latest call of a calendar rule that missed its
+	// window (see evalCalendar): later calls estimate the server's time
+	// with it.
+	serverAhead atomic.Int64
 }
 
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
@@ -670,6 +691,12 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
 	script := rs.script
+	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
+		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
+	}
+	if rs.calendar {
+		return e.evalCalendar(ctx, a, now, rs, rc, share)
+	}
 	if script == nil {
 		script = e.script
 		if rs.warm {
@@ -687,9 +714,6 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	}
 	if share != 0 { // after the rules' arguments, or ARGV[8] (see scripts/common.lua)
 		a.args = append(a.args, share)
-	}
-	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
-		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
 	}
 	if rs.fn != nil && !e.noFunctions.Load() {
 		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {

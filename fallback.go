@@ -437,7 +437,8 @@ func reserveAt(lim *rate.Limiter, now time.Time, n int) *rate.Reservation {
 // newLocal makes the in-process stand-ins for one key.
 //
 // The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a token
-// bucket of Rate/Period per second with burst Rate; TokenBucket keeps
+// bucket of Rate/Period per second with burst Rate (a calendar quota's
+// Period is its nominal one, see calendar.go); TokenBucket keeps
 // Rate/Period and Burst; LeakyBucket keeps its queue. Rates and capacities
 // are scaled by the fallback share. A capacity that the share makes
 // fractional, c = capacity × share, is kept on average: the bucket holds

@@ -7,8 +7,9 @@ var fixedWindow = &algorithm{strategy: FixedWindow, code: "fw", maxRate: MaxRate
 
 // NewFixedWindow returns a limiter that allows at most limit.Rate events in
 // each window of limit.Period, windows aligned to multiples of Period since
-// the Unix epoch on the Redis server's clock. RetryAfter and ResetAfter run
-// until the window ends. Burst is ignored.
+// the Unix epoch on the Redis server's clock, or the windows of a calendar
+// in a time zone for a calendar limit ([Daily], [Weekly], [Monthly]).
+// RetryAfter and ResetAfter run until the window ends. Burst is ignored.
 //
 // It keeps one Redis string per key (a counter, expiring at the window's
 // end) and writes only when it admits. Its weakness is the window edge: a

@@ -18,6 +18,8 @@ type Limit struct {
 	// docs/warmup.md). A warming token bucket never bursts: its Burst must
 	// be 0 (or Rate, which 0 means). 0: no warm-up.
 	WarmUp time.Duration
+
+	cal calendar // Daily, Weekly, Monthly: windows of a calendar (calendar.go)
 }
 
 // PerSecond returns a Limit of rate events per second.
@@ -31,8 +33,12 @@ func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
 // String returns the limit as "rate/period", with the burst and the
 // warm-up when they are set, for example "10/1s", "10/1s burst 20" or
-// "10/1s warm-up 1m0s".
+// "10/1s warm-up 1m0s"; a calendar limit as "rate/calendar zone", for
+// example "1000/day Asia/Tokyo" or "500/week from Monday UTC".
 func (l Limit) String() string {
+	if l.isCalendar() {
+		return strconv.Itoa(l.Rate) + "/" + l.cal.String()
+	}
 	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
 	if l.Burst != 0 && l.Burst != l.Rate {
 		s += " burst " + strconv.Itoa(l.Burst)
@@ -141,6 +147,14 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 		return bad("Burst must not be negative")
 	case l.Burst > MaxRate:
 		return bad("Burst must be at most %d", MaxRate)
+	}
+	if l.isCalendar() {
+		if why := l.cal.check(); why != "" {
+			return bad("%s", why)
+		}
+		if l.Period != l.cal.period() {
+			return bad("a calendar limit's Period must be its calendar's, %v", l.cal.period())
+		}
 	}
 	if l.Burst == 0 {
 		l.Burst = l.Rate

@@ -82,6 +82,9 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		name := r.Name
 		if name == "" {
 			name = defaultRuleName(r.Strategy, r.Limit.Period)
+			if r.Limit.isCalendar() {
+				name = r.Strategy.String() + "-" + r.Limit.cal.name()
+			}
 		}
 		ru, err := newRule(name, alg, r.Limit)
 		if err != nil {
@@ -89,7 +92,7 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		}
 		if r.PerCall {
 			ru.perCall = true
-			ru.args[0] = "*" + ru.code
+			ru.args[0] = "*" + ru.args[0].(string) // the code: a calendar rule's is not its strategy's
 		}
 		for j := range out[:i] {
 			if out[j].name == name {
@@ -105,7 +108,8 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 }
 
 // defaultRuleName names a rule by its strategy and period: "fixed-window-1h",
-// "token-bucket-1s", "sliding-log-250ms".
+// "token-bucket-1s", "sliding-log-250ms" (a calendar rule by its calendar:
+// "fixed-window-daily-Asia/Tokyo", see calendar.name).
 func defaultRuleName(s Strategy, p time.Duration) string {
 	units := []struct {
 		d    time.Duration

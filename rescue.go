@@ -68,7 +68,9 @@ const (
 	// fallback share (see [WithFallbackShare]). It is the default.
 	//
 	// The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a
-	// token bucket of Rate/Period per second with burst Rate; TokenBucket
+	// token bucket of Rate/Period per second with burst Rate (a calendar
+	// quota, [Daily], [Weekly], [Monthly]: the instance's share of the
+	// quota at once, then Rate per the calendar's nominal Period); TokenBucket
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
 	// Burst queued). A key's stand-in starts from Redis's last answer

@@ -294,8 +294,8 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
-var settleScript = redis.NewScript(decisionHead(everyFile) +
-	readScripts("args.lua") + strategyTable(everyFile) + readScripts("rules.lua", "settle.lua"))
+var settleScript = redis.NewScript(decisionHead(calendarFiles) +
+	readScripts("args.lua") + strategyTable(calendarFiles) + readScripts("rules.lua", "settle.lua"))
 
 func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
 	e, rs := r.e, r.rs
@@ -314,16 +314,25 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	}
 	args := make([]any, 0, 8+5*len(rs.rules))
 	args = append(args, 0, len(rs.rules), now, argNoMaxDelay, argZero, r.id, used)
-	for i := range rs.rules {
-		args = append(args, rs.rules[i].args[:]...)
+	var out any
+	var err error
+	if rs.calendar {
+		// A calendar rule's window goes in its arguments, before the tags:
+		// they follow as a trailer (see settleTrailer).
+		out, _, err = e.runCalendar(ctx, settleScript, keys, args, len(args), rs, now, r.settleTrailer())
+	} else {
+		for i := range rs.rules {
+			args = append(args, rs.rules[i].args[:]...)
+		}
+		args = append(args, r.settleTrailer()...)
+		out, err = settleScript.Run(ctx, e.rdb, keys, args...).Result()
 	}
-	args = append(args, r.n)
-	for _, t := range r.tags {
-		args = append(args, t)
-	}
-	reply, err := settleScript.Run(ctx, e.rdb, keys, args...).Slice()
 	if err != nil {
 		return Result{}, r.settleErr(ctx, err)
+	}
+	reply, ok := out.([]any)
+	if !ok {
+		return Result{}, errorf("settle %q: script replied %T, want an array", r.key, out)
 	}
 	if len(reply) == 1 {
 		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
@@ -334,6 +343,17 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	}
 	res.Allowed = true
 	return res, nil
+}
+
+// settleTrailer returns the settle script's arguments after the rules':
+// the events reserved and each rule's tag.
+func (r *Reservation) settleTrailer() []any {
+	t := make([]any, 0, 1+len(r.tags))
+	t = append(t, r.n)
+	for _, tag := range r.tags {
+		t = append(t, tag)
+	}
+	return t
 }
 
 // settleErr wraps a failed settle's error: the caller's context, an outage

@@ -72,6 +72,9 @@ func strategyTable(files []string) string {
 			b.WriteString(code + " = check_" + code + ", ")
 		}
 	}
+	if slices.Contains(files, calendarFile) {
+		b.WriteString(calendarCode + " = check_" + calendarCode + ", ")
+	}
 	b.WriteString("}\n")
 	if slices.Contains(files, warmFile) {
 		// A warm-up rule's code carries its warm-up (warmup.lua): any code
@@ -114,6 +117,9 @@ type bakedRules struct {
 // maxBakedScripts are made already. Limiters with the same rules share
 // them.
 func bake(rs *ruleSet, functions bool) {
+	if rs.calendar {
+		return // a calendar rule's window comes with each call (calendarScript)
+	}
 	checks := writtenChecks(rs)
 	baked.Lock()
 	defer baked.Unlock()

@@ -605,3 +605,34 @@ func EvalReturn1(via Via) Contender {
 		},
 	}
 }
+
+// CalendarName is the name of the Calendar contender.
+const CalendarName = "redlimit fixed-window daily (calendar)"
+
+// Calendar measures a calendar quota: a fixed window of the workload's
+// rate per day in Asia/Tokyo (redlimit.Daily), whose window the limiter
+// sends with each call.
+func Calendar() Contender {
+	return Contender{
+		Name:     CalendarName,
+		Kind:     "redlimit",
+		Scripted: true,
+		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
+			loc, err := time.LoadLocation("Asia/Tokyo")
+			if err != nil {
+				return nil, nil, err
+			}
+			l, err := redlimit.NewFixedWindow(env.RDB, redlimit.Daily(w.Rate, loc),
+				redlimit.WithFallback(redlimit.FallbackError), redlimit.WithPrefix("redlimit-calendar"))
+			if err != nil {
+				return nil, nil, err
+			}
+			keys := w.Keys
+			dec := func(ctx context.Context, i int) (bool, error) {
+				res, err := l.Allow(ctx, keys[i])
+				return res.Allowed, err
+			}
+			return dec, func() { l.Close() }, nil
+		},
+	}
+}

@@ -28,6 +28,12 @@
 local used = tonumber(ARGV[7])
 local base = 8 + 4 * nrules
 local reserved = tonumber(ARGV[base])
+-- A calendar rule's window is checked before anything is written (see
+-- calendar.lua): a miss is an error, and the caller settles again.
+for i = 1, nrules do
+  local strat, _, period, burst = rule(i)
+  if strat == 'cw' then cw_window(period, burst) end
+end
 -- KEYS[nrules + i]: rule i's reservations. A rule whose set no longer has
 -- the reservation had its state reset since (by any limiter on it): that
 -- rule is not settled.
@@ -167,10 +173,13 @@ local function adjust_warm(key, rate, period, _, _, code)
   end
   redis.call('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(ceil_div(f + mx - x, 2 * rate)))
 end
+adjust.cw = function(key, rate, period, tag, taken, _, burst)
+  adjust_cw(key, period, burst, tag, delta)
+end
 
 local d0 = delta
 for i = 1, nrules do
-  local strat, rate, period, _, per_call = rule(i)
+  local strat, rate, period, burst, per_call = rule(i)
   delta = d0
   local taken = reserved
   if per_call then
@@ -180,7 +189,7 @@ for i = 1, nrules do
   end
   if delta ~= 0 and held[i] then
     local fn = adjust[strat] or adjust_warm
-    fn(KEYS[i], rate, period, tonumber(ARGV[base + i]), taken, strat)
+    fn(KEYS[i], rate, period, tonumber(ARGV[base + i]), taken, strat, burst)
   end
 end
 

@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR (-strategy S -rate R -period P [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -rate R (-period P | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -54,6 +54,13 @@ A Concurrency's key: -concurrency (and -max, to show the free slots).
 Inspect lists the leases of KEY (<prefix>:{<KEY>}:cc, a sorted set): each
 holder, by its lease id, and when its lease expires on the server's clock
 (with WithClientClock, on its clients' clocks: off by their skew).
+
+With -calendar day, week or month (and -zone, -first), the limit is a
+calendar quota of a fixed-window limiter (redlimit.Daily, Weekly,
+Monthly): inspect also shows its window, the one that holds the server's
+time, as local start and end, and its keys name the calendar instead of a
+period: <prefix>:{<KEY>}:cw-daily-Asia/Tokyo, cw-weekly-1-UTC (from
+Monday), cw-monthly-31-America/New_York.
 
 KEY and the Redis keys are printed quoted, as Go strings ("user1"), so that
 a newline or a terminal escape sequence in a key shows as \n or \x1b
@@ -156,6 +163,8 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&burst, "burst", 0, "the limit's burst for token-bucket and leaky-bucket (0 means -rate)")
 	var o otherKeyFlags
 	o.register(fs, true)
+	var cal calendarFlags
+	cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		mode, err := o.mode("inspect", &f)
 		if err != nil {
@@ -171,6 +180,15 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 			}
 			return runOther(ctx, "inspect", mode, &f, &o, key, stdout)
 		}
+		limit, isCal, err := cal.limit("inspect", rate)
+		if err != nil {
+			return err
+		}
+		if isCal {
+			f.period = limit.Period // -period is the calendar's
+		} else {
+			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst}
+		}
 		key, err := f.check("inspect", args)
 		if err != nil {
 			return err
@@ -178,7 +196,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 		if rate == 0 {
 			return usagef("inspect", "-rate is required")
 		}
-		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: rate, Period: f.period, Burst: burst})
+		rdb, lim, err := f.connect(ctx, limit)
 		if err != nil {
 			return err
 		}
@@ -192,10 +210,21 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 // must have a penalty block (see connect), so that the decision reads the
 // key's block.
 func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, prefix, key string, w io.Writer) error {
-	keys := stateKeys(prefix, lim.Strategy(), lim.Limit().Period, key)
+	keys := limitStateKeys(prefix, lim.Strategy(), lim.Limit(), key)
 	res, err := lim.AllowN(ctx, key, 0)
 	if err != nil {
 		return err
+	}
+	// A calendar limit's window: the one that holds the server's time, as
+	// the decision's does.
+	var window string
+	if _, _, ok := lim.Limit().Window(time.Time{}); ok {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("inspect: TIME: %w", err)
+		}
+		start, end, _ := lim.Limit().Window(now)
+		window = start.Format(time.RFC3339) + " to " + end.Format(time.RFC3339) + " (" + end.Sub(start).String() + ")"
 	}
 	// While a block is in force, n = 0 reports it as reset-after: the
 	// retry-after every call that asks for events is denied with. (The
@@ -209,6 +238,9 @@ func inspect(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter, 
 	fmt.Fprintf(tw, "key\t%q\n", key)
 	fmt.Fprintf(tw, "strategy\t%v\n", lim.Strategy())
 	fmt.Fprintf(tw, "limit\t%v\n", res.Limit)
+	if window != "" {
+		fmt.Fprintf(tw, "window\t%s\n", window)
+	}
 	fmt.Fprintf(tw, "allowed\t%v\n", res.Allowed)
 	fmt.Fprintf(tw, "remaining\t%d\n", res.Remaining)
 	fmt.Fprintf(tw, "retry-after\t%v\n", res.RetryAfter)

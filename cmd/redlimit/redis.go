@@ -126,6 +126,18 @@ func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key stri
 		strconv.FormatInt(int64(period/time.Microsecond), 10)
 }
 
+// limitStateKeys returns stateKeys for a limiter of strategy s and limit l,
+// which may be a calendar limit: its keys name the calendar (see
+// calendarCode).
+func limitStateKeys(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) []string {
+	code, ok := calendarCode(l)
+	if !ok {
+		return stateKeys(prefix, s, l.Period, key)
+	}
+	state := prefix + ":{" + tagKey(key) + "}:" + code
+	return []string{state, state + blockSuffix, state + reserveSuffix}
+}
+
 // stateKeys returns the Redis keys that hold key's state for a limiter of
 // strategy s, period and prefix, the ones its Reset deletes: the state, the
 // penalty block and the pending reservations.

@@ -63,7 +63,15 @@ and critical ones keep the rest.
 The table's "max/period" column is the most requests admitted in any
 interval [t, t+period), counted exactly over the admitted times: a sliding
 log never exceeds the rate, a fixed window can reach twice the rate across
-a window boundary, and a token bucket can reach burst+rate-1.`,
+a window boundary, and a token bucket can reach burst+rate-1.
+
+With -calendar day, week or month (and -zone, -first), the fixed window
+runs a calendar quota (redlimit.Daily, Weekly, Monthly: -rate per calendar
+day, week or month in -zone), the others -rate per the calendar's nominal
+period (24h, 168h, 744h), and the clock starts at the calendar window that
+holds 2030-01-01 00:00 UTC. For example:
+
+	redlimit simulate -calendar day -zone Asia/Tokyo -rate 100 -duration 72h -offered 0.005`,
 	setup: setupSimulate,
 }
 
@@ -81,6 +89,7 @@ type simFlags struct {
 	step     time.Duration
 	warmUp   time.Duration
 	shares   string
+	cal      calendarFlags
 }
 
 func setupSimulate(fs *flag.FlagSet) runFunc {
@@ -97,6 +106,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
 	fs.DurationVar(&f.warmUp, "warmup", 0, "warm-up of token-bucket and leaky-bucket: a cold key starts at rate/3 and reaches the rate after it (0 means none)")
 	fs.StringVar(&f.shares, "shares", "", "`sheddable,normal`: priority shares (see redlimit.WithPriorityShares); requests take the priorities in turn")
+	f.cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		set := map[string]bool{}
 		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -160,6 +170,20 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	// onoff never ended, a file's arrivals were divided by 0, and the
 	// default -offered was +Inf).
 	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
+	cal, isCal, err := f.cal.limit("simulate", f.rate)
+	if err != nil {
+		return nil, err
+	}
+	if isCal {
+		if set["period"] {
+			return bad("-period is the calendar's with -calendar")
+		}
+		f.period = cal.Period
+		limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
+		if err := checkLimit(redlimit.FixedWindow, cal); err != nil {
+			return nil, err
+		}
+	}
 	for _, s := range redlimit.Strategies() {
 		if err := checkLimit(s, limitOf(limit, s)); err != nil {
 			return nil, err // dispatch makes an invalid limit a usage error
@@ -227,14 +251,18 @@ func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, 
 	if n := f.duration/f.step + f.period/f.step + 2; n > maxBuckets {
 		return bad("-step %v makes %d chart points; use a longer step", f.step, n)
 	}
-	return &simulation{
+	sim := &simulation{
 		limit:    limit,
 		pattern:  f.pattern,
 		arrivals: arrivals,
 		duration: f.duration,
 		step:     f.step,
 		shares:   shares,
-	}, nil
+	}
+	if isCal {
+		sim.calendar = cal
+	}
+	return sim, nil
 }
 
 // limitOf returns the limit strategy s simulates: l, without its WarmUp
@@ -248,7 +276,11 @@ func limitOf(l redlimit.Limit, s redlimit.Strategy) redlimit.Limit {
 
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
-	limit    redlimit.Limit  // with the buckets' WarmUp (see limitOf)
+	limit redlimit.Limit // with the buckets' WarmUp (see limitOf)
+	// calendar, with -calendar, is the fixed window's limit (a calendar
+	// quota); the other strategies then have limit, of the calendar's
+	// nominal Period. The clock starts at the calendar window's start.
+	calendar redlimit.Limit
 	pattern  string          // name, for titles
 	arrivals []time.Duration // request times since the start, sorted, whole µs
 	duration time.Duration   // length of the traffic
@@ -330,7 +362,11 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 		}
 	}
 	for _, s := range redlimit.Strategies() {
-		lim, err := newLimiter(rdb, s, limitOf(sim.limit, s), opts...)
+		l := limitOf(sim.limit, s)
+		if s == redlimit.FixedWindow && sim.calendar.Rate > 0 {
+			l = sim.calendar
+		}
+		lim, err := newLimiter(rdb, s, l, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -339,6 +375,9 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	}
 
 	epoch := simEpoch(sim.limit.Period)
+	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		epoch = start
+	}
 	for i, at := range sim.arrivals {
 		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
 		m.SetTime(epoch.Add(at))
@@ -370,8 +409,12 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 
 // printTable writes the comparison table.
 func printTable(w io.Writer, sim *simulation, outs []*outcome) {
-	fmt.Fprintf(w, "pattern %s, limit %v: %d requests offered in %v (%.1f/s)\n\n",
+	fmt.Fprintf(w, "pattern %s, limit %v: %d requests offered in %v (%.1f/s)\n",
 		sim.pattern, sim.limit, len(sim.arrivals), sim.duration, float64(len(sim.arrivals))/sim.duration.Seconds())
+	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		fmt.Fprintf(w, "fixed-window: the calendar quota %v, from %s\n", sim.calendar, start.Format(time.RFC3339))
+	}
+	fmt.Fprintln(w)
 	const row = "%-16s %8v %9v %11v %11v\n"
 	fmt.Fprintf(w, row, "strategy", "offered", "admitted", "max/period", "mean delay")
 	for _, o := range outs {

@@ -111,7 +111,7 @@ func run() error {
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
 	ctx := context.Background()
 	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket),
-		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket))
+		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket), bench.Calendar())
 	for _, s := range redlimit.Strategies() {
 		cs = append(cs, bench.RedlimitSheddable(s))
 	}
