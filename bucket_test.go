@@ -60,8 +60,10 @@ func TestBucketGreedyCallerGetsTheLimit(t *testing.T) {
 		{Limit{Rate: 10_000, Period: time.Second, Burst: 100}, time.Millisecond, time.Second, []int{1, 3, 64, 100}},
 		{Limit{Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000}, 10 * time.Microsecond, 10 * time.Millisecond, []int{1500, 65536, 1_000_000}},
 		// With n = Burst a caller that comes back only every step loses the
-		// refill of up to one step per batch (the bucket is full): 1ms here.
-		{Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}, time.Millisecond, 10 * time.Second, []int{1, 2, 5}},
+		// refill of up to one step per batch (the bucket is full): 10ms
+		// here, 0.02 of a token at this rate (the bound allows 0.03),
+		// over 1,000 rounds per n rather than the 10,000 of a 1ms step.
+		{Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}, 10 * time.Millisecond, 10 * time.Second, []int{1, 2, 5}},
 	}
 	for _, c := range cases {
 		for _, n := range c.ns {
