@@ -432,8 +432,13 @@ func check(samples map[string]float64, made tally, outage bool) error {
 	want(`redlimit_decisions_total{degraded="true"}`, sum(samples, "redlimit_decisions_total", `degraded="true"`), float64(made.degraded))
 	if outage {
 		atLeast1("degraded decisions", float64(made.degraded))
-		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 1)
-		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 1)
+		// One switch each way, reported by each of the three limiters
+		// that share the client's watch of its node (api, api-b and
+		// queue: the same client and prefix); the shadow candidate, with
+		// a prefix of its own, has a watch of its own, which no failed
+		// call marked down.
+		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 3)
+		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 3)
 		want("redlimit_fallback_active", sum(samples, "redlimit_fallback_active"), 0)
 	}
 	if err := errors.Join(errs...); err != nil {
