@@ -307,8 +307,10 @@ func TestBenchWorkloads(t *testing.T) {
 			require.NoError(t, err, "decisions column %q", row[1])
 			share, err := strconv.ParseFloat(strings.TrimSuffix(row[3], "%"), 64)
 			require.NoError(t, err, "allowed column %q", row[3])
-			got, want := int(math.Round(share*float64(ops)/100)), tt.allowed(ops)
-			assert.Equal(t, want, got, "%s: %v%% of %d allowed: got %d, want %d\n%s", tt.name, share, ops, got, want, stdout)
+			// The share is printed to 0.1%: the count it gives is off by up
+			// to 0.05% of the decisions.
+			got, want := share*float64(ops)/100, tt.allowed(ops)
+			assert.InDelta(t, want, got, 0.0005*float64(ops)+0.5, "%s: %v%% of %d allowed: got %.1f, want %d\n%s", tt.name, share, ops, got, want, stdout)
 			assert.Contains(t, stdout, fmt.Sprintf("%% of %d decisions allowed)", ops), "%s", stdout)
 			if ops < 10 {
 				t.Logf("%d decisions: too few to check the measured line", ops)

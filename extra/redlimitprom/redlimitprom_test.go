@@ -146,13 +146,27 @@ redlimit_decisions_total{degraded="false",denied_by="",limiter="strict",outcome=
 	const fallback = `# HELP redlimit_fallback_active 1 while a limiter decides a Redis node's keys without Redis (the node marked down), 0 once back.
 # TYPE redlimit_fallback_active gauge
 redlimit_fallback_active{limiter="api",node=""} 1
+redlimit_fallback_active{limiter="candidate",node=""} 1
+redlimit_fallback_active{limiter="jobs",node=""} 1
+redlimit_fallback_active{limiter="llm",node=""} 1
 redlimit_fallback_active{limiter="strict",node=""} 1
 # HELP redlimit_fallback_transitions_total Switches of a Redis node's keys to the fallback (to=fallback) and back (to=redis).
 # TYPE redlimit_fallback_transitions_total counter
 redlimit_fallback_transitions_total{limiter="api",node="",to="fallback"} 1
+redlimit_fallback_transitions_total{limiter="candidate",node="",to="fallback"} 1
+redlimit_fallback_transitions_total{limiter="jobs",node="",to="fallback"} 1
+redlimit_fallback_transitions_total{limiter="llm",node="",to="fallback"} 1
 redlimit_fallback_transitions_total{limiter="strict",node="",to="fallback"} 1
 `
-	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(fallback), "redlimit_fallback_active", "redlimit_fallback_transitions_total"))
+	// api has a ping interval of its own, so a watch of its own; strict's
+	// failed call marked the node down in the watch that candidate, llm
+	// and jobs share with it (the same client and options), and each
+	// limiter's hook is told, from a goroutine of its own: wait for them.
+	compareFallback := func() error {
+		return testutil.GatherAndCompare(reg, strings.NewReader(fallback), "redlimit_fallback_active", "redlimit_fallback_transitions_total")
+	}
+	assert.Eventually(t, func() bool { return compareFallback() == nil }, 5*time.Second, 10*time.Millisecond)
+	assert.NoError(t, compareFallback())
 
 	require.NoError(t, mr.Restart())
 	require.Eventually(t, func() bool {
@@ -251,20 +265,30 @@ redlimit_prefetch_unused{limiter="fake"} 30
 		require.NoError(t, err)
 		require.True(t, res.Allowed)
 	}
-	st := hot.PrefetchStats()
-	require.Positive(t, st.Served, "%+v", st)
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
+	// A prefetch may still be being taken in the background: compare
+	// with stats that did not change across the gather.
+	var st redlimit.PrefetchStats
 	got := make(map[string]float64)
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if !strings.HasPrefix(mf.GetName(), "redlimit_prefetch_") {
-				continue
+	for range 100 {
+		st = hot.PrefetchStats()
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		clear(got)
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if !strings.HasPrefix(mf.GetName(), "redlimit_prefetch_") {
+					continue
+				}
+				assert.Equal(t, "hot", labels(m)["limiter"], "%s after UnwatchPrefetch(fake)", mf.GetName())
+				got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 			}
-			assert.Equal(t, "hot", labels(m)["limiter"], "%s after UnwatchPrefetch(fake)", mf.GetName())
-			got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 		}
+		if hot.PrefetchStats() == st {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	require.Positive(t, st.Served, "%+v", st)
 	assert.Equal(t, map[string]float64{
 		"redlimit_prefetch_held": float64(st.Held), "redlimit_prefetch_unused": float64(st.Unused),
 		"redlimit_prefetch_taken_total": float64(st.Taken), "redlimit_prefetch_served_total": float64(st.Served),
