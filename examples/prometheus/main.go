@@ -261,7 +261,7 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 		t      tally
 		lims   []*redlimit.RateLimiter
 		newErr error
-		up     = make(chan struct{}, 1)
+		up     = make(chan struct{}, 8)
 		isUp   = func(tr redlimit.Transition) {
 			if !tr.Down && tr.Evicted == 0 {
 				select { // say that a limiter is back on Redis
@@ -343,12 +343,19 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 	if err := mr.Restart(); err != nil {
 		return t, err
 	}
-	select { // a probes Redis every 100ms and goes back after 2 good probes
-	case <-up:
-	case <-time.After(5 * time.Second):
-		return t, errors.New("selftest: not back on Redis 5s after the outage")
-	case <-ctx.Done():
-		return t, ctx.Err()
+	// a probes Redis every 100ms and goes back after 2 good probes; the
+	// switch back is told to each of the 3 limiters that share the
+	// client's watch of its node (a, b and queue), each hook from a
+	// goroutine of its own: wait for all 3.
+	timeout := time.After(5 * time.Second)
+	for range 3 {
+		select {
+		case <-up:
+		case <-timeout:
+			return t, errors.New("selftest: not back on Redis 5s after the outage")
+		case <-ctx.Done():
+			return t, ctx.Err()
+		}
 	}
 	return t, nil
 }
