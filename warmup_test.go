@@ -479,6 +479,9 @@ func TestWarmUpFunctionsRedis(t *testing.T) {
 		assert.InDelta(t, want, res.Delay, float64(200*time.Millisecond), "call %d: %+v", i, res)
 	}
 	libs, err := rdb.FunctionList(t.Context(), redis.FunctionListQuery{}).Result()
+	if err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+		return // Redis 6 has no functions: the limiter decided with its script, as checked above
+	}
 	require.NoError(t, err)
 	require.Len(t, libs, 1, "the rules' library is loaded")
 	assert.True(t, strings.Contains(libs[0].Name, "redlimit_"), "library %q", libs[0].Name)
