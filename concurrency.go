@@ -172,7 +172,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		refused = "WithRulesFunc"
 	}
 	if refused != "" {
-		e.close()
+		e.Close()
 		return nil, errorf("concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
@@ -342,7 +342,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 func (c *Concurrency) Close() error {
 	c.once.Do(func() { close(c.done) })
 	c.releases.close(false)
-	return c.e.close()
+	return c.e.Close()
 }
 
 // limitFor returns the limit of key: the Concurrency's own, or the one

@@ -186,7 +186,9 @@ func newRuleSet(rules []rule) *ruleSet {
 }
 
 // engine is what RateLimiter and Policy share: the Redis client, the
-// options, the script, the fallback and the deny cache.
+// options, the script, the fallback and the deny cache. Both embed it, so
+// its exported methods (the [Limiter] methods, Reserve and PrefetchStats)
+// are theirs, and are documented for both.
 type engine struct {
 	rdb    redis.UniversalClient
 	cfg    config
@@ -325,8 +327,16 @@ func (e *engine) rulesChecked(ctx context.Context, key string, n int) (*ruleSet,
 	return rs, nil
 }
 
-// allowN is AllowN for either kind of limiter.
-func (e *engine) allowN(ctx context.Context, key string, n int) (Result, error) {
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (e *engine) Allow(ctx context.Context, key string) (Result, error) {
+	return e.AllowN(ctx, key, 1)
+}
+
+// AllowN reports whether n events may happen now for key, and consumes them
+// if so; for a [Policy], under every rule, and in every rule. See [Limiter].
+// n larger than the smallest capacity among the rules (a [RateLimiter]'s
+// limit) is an error wrapping ErrExceedsLimit.
+func (e *engine) AllowN(ctx context.Context, key string, n int) (Result, error) {
 	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
 		return Result{}, err
@@ -352,9 +362,19 @@ func (e *engine) delayBound(d time.Duration) time.Duration {
 	return max(d-2*time.Duration(e.delayRTT.Load()), 0)
 }
 
-// waitN is WaitN for either kind of limiter. It asks Redis about once per
-// RetryAfter, never more often.
-func (e *engine) waitN(ctx context.Context, key string, n int) error {
+// Wait is shorthand for WaitN(ctx, key, 1).
+func (e *engine) Wait(ctx context.Context, key string) error {
+	return e.WaitN(ctx, key, 1)
+}
+
+// WaitN blocks until n events may happen for key (for a [Policy], until
+// every rule allows them) and consumes them. It asks Redis about once per
+// RetryAfter, never more often. When ctx has a deadline and the wait needed
+// is longer than the time left, it returns at once an error wrapping
+// context.DeadlineExceeded. A LeakyBucket limiter, or a policy's
+// LeakyBucket rule, never takes a slot that it would have to wait for past
+// the deadline.
+func (e *engine) WaitN(ctx context.Context, key string, n int) error {
 	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
 		return err
@@ -425,10 +445,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// reset forgets all state of key for the given rules: their Redis keys, the
-// penalty block, the pending reservations on those states (and so the
-// key's prefetches here), and this process's fallback and deny-cache entries.
-func (e *engine) reset(ctx context.Context, key string) error {
+// Reset forgets all state of key: its Redis key under each rule (counter,
+// log or bucket), its penalty block, the pending reservations on that
+// state, whichever limiter took them (settling one afterwards gives
+// nothing back into the fresh state, and returns ErrSettled if it held
+// nothing else) and so the unused events of prefetches, and this process's
+// fallback and deny-cache entries.
+func (e *engine) Reset(ctx context.Context, key string) error {
 	if e.closed.Load() {
 		return ErrClosed
 	}
@@ -474,10 +497,14 @@ func (e *engine) reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// close stops the fallback monitor and makes later calls return ErrClosed.
-// Its error says what prefetches it could not give back (see prefetcher.close)
-// and how many queued settles it could not make.
-func (e *engine) close() error {
+// Close stops the limiter's fallback monitor, if one runs, and makes every
+// later call return ErrClosed. It does not close the Redis client. It is
+// safe to call more than once. With [WithPrefetch] it first gives back what
+// the prefetches did not serve, within about 100 ms; its error (wrapping
+// [ErrUnavailable]) says how many events of how many prefetches it could not
+// give back, and the limiter is closed all the same.
+func (e *engine) Close() error {
+	// Its error also says how many queued settles it could not make.
 	var err error
 	if e.closed.CompareAndSwap(false, true) {
 		if e.prefetcher != nil {

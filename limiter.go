@@ -47,6 +47,12 @@ type Limiter interface {
 	Close() error
 }
 
+// Both limiter types have the Limiter methods, from the engine they embed.
+var (
+	_ Limiter = (*RateLimiter)(nil)
+	_ Limiter = (*Policy)(nil)
+)
+
 // New returns a limiter of strategy s. It is the same as calling the
 // strategy's own constructor, such as [NewTokenBucket].
 func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Limiter, error) {

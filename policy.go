@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -125,40 +124,3 @@ func defaultRuleName(s Strategy, p time.Duration) string {
 
 // Rules returns the policy's rules, with default names and Burst filled in.
 func (p *Policy) Rules() []Rule { return p.own.public() }
-
-// Allow is shorthand for AllowN(ctx, key, 1).
-func (p *Policy) Allow(ctx context.Context, key string) (Result, error) {
-	return p.allowN(ctx, key, 1)
-}
-
-// AllowN reports whether n events may happen now for key under every rule,
-// and consumes them in every rule if so. See [Limiter]. n larger than the
-// smallest capacity among the rules is an error wrapping ErrExceedsLimit.
-func (p *Policy) AllowN(ctx context.Context, key string, n int) (Result, error) {
-	return p.allowN(ctx, key, n)
-}
-
-// Wait is shorthand for WaitN(ctx, key, 1).
-func (p *Policy) Wait(ctx context.Context, key string) error {
-	return p.waitN(ctx, key, 1)
-}
-
-// WaitN blocks until every rule allows n events for key and consumes them,
-// as [RateLimiter.WaitN] does.
-func (p *Policy) WaitN(ctx context.Context, key string, n int) error {
-	return p.waitN(ctx, key, n)
-}
-
-// Reset forgets all state of key under every rule, its penalty block, its
-// pending reservations (as [RateLimiter.Reset]), and this process's
-// fallback and deny-cache entries.
-func (p *Policy) Reset(ctx context.Context, key string) error {
-	return p.reset(ctx, key)
-}
-
-// Close stops the policy's fallback monitor, if one runs, and makes every
-// later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once. With [WithPrefetch] it gives back what the
-// prefetches did not serve first, as [RateLimiter.Close] does, and its error
-// says what it could not give back.
-func (p *Policy) Close() error { return p.close() }

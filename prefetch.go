@@ -108,13 +108,7 @@ type PrefetchStats struct {
 
 // PrefetchStats returns what the limiter's prefetches hold now and did so far.
 // Without [WithPrefetch] it is all zeros.
-func (l *RateLimiter) PrefetchStats() PrefetchStats { return l.engine.prefetchStats() }
-
-// PrefetchStats returns what the policy's prefetches hold now and did so far.
-// Without [WithPrefetch] it is all zeros.
-func (p *Policy) PrefetchStats() PrefetchStats { return p.engine.prefetchStats() }
-
-func (e *engine) prefetchStats() PrefetchStats {
+func (e *engine) PrefetchStats() PrefetchStats {
 	l := e.prefetcher
 	if l == nil {
 		return PrefetchStats{}

@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -45,49 +44,6 @@ func (l *RateLimiter) Strategy() Strategy { return l.own.rules[0].alg.strategy }
 // Limit returns the limiter's limit, with Burst filled in. With
 // [WithLimitFunc], calls may be decided by other limits.
 func (l *RateLimiter) Limit() Limit { return l.limit }
-
-// Allow is shorthand for AllowN(ctx, key, 1).
-func (l *RateLimiter) Allow(ctx context.Context, key string) (Result, error) {
-	return l.allowN(ctx, key, 1)
-}
-
-// AllowN reports whether n events may happen now for key, and consumes them
-// if so. See [Limiter].
-func (l *RateLimiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
-	return l.allowN(ctx, key, n)
-}
-
-// Wait is shorthand for WaitN(ctx, key, 1).
-func (l *RateLimiter) Wait(ctx context.Context, key string) error {
-	return l.waitN(ctx, key, 1)
-}
-
-// WaitN blocks until n events may happen for key and consumes them. It asks
-// Redis about once per RetryAfter, never more often. When ctx has a deadline
-// and the wait needed is longer than the time left, it returns at once an
-// error wrapping context.DeadlineExceeded. A LeakyBucket limiter never takes
-// a slot that it would have to wait for past the deadline.
-func (l *RateLimiter) WaitN(ctx context.Context, key string, n int) error {
-	return l.waitN(ctx, key, n)
-}
-
-// Reset forgets all state of key: its Redis key (counter, log or bucket),
-// its penalty block, the pending reservations on that state, whichever
-// limiter took them (settling one afterwards gives nothing back into the
-// fresh state, and returns ErrSettled if it held nothing else) and so the
-// unused events of prefetches, and this process's fallback and deny-cache
-// entries.
-func (l *RateLimiter) Reset(ctx context.Context, key string) error {
-	return l.reset(ctx, key)
-}
-
-// Close stops the limiter's fallback monitor, if one runs, and makes every
-// later call return ErrClosed. It does not close the Redis client. It is
-// safe to call more than once. With [WithPrefetch] it first gives back what
-// the prefetches did not serve, within about 100 ms; its error (wrapping
-// [ErrUnavailable]) says how many events of how many prefetches it could not
-// give back, and the limiter is closed all the same.
-func (l *RateLimiter) Close() error { return l.close() }
 
 // stateKey returns the Redis key that holds key's state under the
 // limiter's own limit.

@@ -59,20 +59,10 @@ type localHold struct {
 }
 
 // Reserve is AllowN that can be settled later with what was really used
-// (see [Reservation]). n must be at least 1. A denied reservation
+// (see [Reservation]); for a [Policy], every rule takes n events, and
+// settling adjusts every rule. n must be at least 1. A denied reservation
 // (Result().Allowed false) holds nothing.
-func (l *RateLimiter) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
-	return l.reserve(ctx, key, n)
-}
-
-// Reserve is AllowN that can be settled later with what was really used
-// (see [Reservation]): every rule takes n events, and settling adjusts
-// every rule. n must be at least 1. A denied reservation holds nothing.
-func (p *Policy) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
-	return p.reserve(ctx, key, n)
-}
-
-func (e *engine) reserve(ctx context.Context, key string, n int) (*Reservation, error) {
+func (e *engine) Reserve(ctx context.Context, key string, n int) (*Reservation, error) {
 	if n < 1 && !e.closed.Load() {
 		return nil, errorf("reserve n = %d: a reservation takes at least 1 event: %w", n, ErrInvalidArgument)
 	}
