@@ -188,7 +188,9 @@ func newRuleSet(rules []rule) *ruleSet {
 // engine is what RateLimiter and Policy share: the Redis client, the
 // options, the script, the fallback and the deny cache. Both embed it, so
 // its exported methods (the [Limiter] methods, Reserve and PrefetchStats)
-// are theirs, and are documented for both.
+// are theirs, and are documented for both. They embed it as a value: its
+// pointer methods are then those of *RateLimiter and *Policy only, as when
+// each type declared them.
 type engine struct {
 	rdb    redis.UniversalClient
 	cfg    config
@@ -219,33 +221,38 @@ type engine struct {
 	serverAhead atomic.Int64
 }
 
+// newEngine returns a new engine (see init).
 func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) (*engine, error) {
+	e := new(engine)
+	if err := e.init(rdb, kind, rules, script, opts); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// init makes the zero engine e, in the limiter that holds it, ready, or
+// says why the arguments cannot make one.
+func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, script *redis.Script, opts []Option) error {
 	if isNilClient(rdb) {
-		return nil, errorf("%s: nil Redis client: %w", kind, ErrInvalidArgument)
+		return errorf("%s: nil Redis client: %w", kind, ErrInvalidArgument)
 	}
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
-			return nil, errorf("%s: option %d is nil: %w", kind, i, ErrInvalidArgument)
+			return errorf("%s: option %d is nil: %w", kind, i, ErrInvalidArgument)
 		}
 		o.apply(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := cfg.prefetch.check(kind, rules, cfg.reserveTTL); err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkClient(rdb); err != nil {
-		return nil, errorf("%s: %w", kind, err)
+		return errorf("%s: %w", kind, err)
 	}
-	e := &engine{
-		rdb:    rdb,
-		cfg:    cfg,
-		own:    newRuleSet(rules),
-		script: script,
-		kind:   kind,
-	}
+	e.rdb, e.cfg, e.own, e.script, e.kind = rdb, cfg, newRuleSet(rules), script, kind
 	if cfg.clientClock {
 		e.clock = newClientClock(rdb, cfg.now)
 	}
@@ -261,7 +268,7 @@ func newEngine(rdb redis.UniversalClient, kind string, rules []rule, script *red
 	// A node that another limiter on the client marked down is down for
 	// this one too: its hook is told at once.
 	e.rescue.flush()
-	return e, nil
+	return nil
 }
 
 // check rejects calls that cannot be decided.

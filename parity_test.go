@@ -445,9 +445,9 @@ func (p *parity) settleClocks() {
 			var eng *engine
 			switch l := lim.(type) {
 			case *RateLimiter:
-				eng = l.engine
+				eng = &l.engine
 			case *Policy:
-				eng = l.engine
+				eng = &l.engine
 			}
 			if eng != nil && eng.clock != nil {
 				eng.clock.settled()
@@ -586,9 +586,9 @@ func allowMaxDelay(ctx context.Context, lim Limiter, key string, n int, maxDelay
 	var e *engine
 	switch l := lim.(type) {
 	case *RateLimiter:
-		e = l.engine
+		e = &l.engine
 	case *Policy:
-		e = l.engine
+		e = &l.engine
 	default:
 		return Result{}, fmt.Errorf("limiter %T", lim)
 	}

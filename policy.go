@@ -36,7 +36,7 @@ import (
 //
 // It is safe for concurrent use. Call Close when done with it.
 type Policy struct {
-	*engine
+	engine
 }
 
 // NewPolicy returns a limiter that decides every rule for a key in one
@@ -50,15 +50,15 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEngine(rdb, "policy", rs.rules, policyScript(), opts)
-	if err != nil {
+	p := new(Policy)
+	if err := p.init(rdb, "policy", rs.rules, policyScript(), opts); err != nil {
 		return nil, err
 	}
-	if e.cfg.limitFunc != nil {
+	if p.cfg.limitFunc != nil {
 		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
-	bake(e.own, e.cfg.functions)
-	return &Policy{engine: e}, nil
+	bake(p.own, p.cfg.functions)
+	return p, nil
 }
 
 // policyRules checks a policy's rules and prepares them.

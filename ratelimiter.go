@@ -17,7 +17,7 @@ import (
 // Call Close when done with it: it stops the goroutine that watches Redis
 // during an outage.
 type RateLimiter struct {
-	*engine
+	engine
 	limit Limit // the constructor's limit, with Burst filled in
 }
 
@@ -27,15 +27,15 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEngine(rdb, s.String(), []rule{r}, strategyScript(s), opts)
-	if err != nil {
+	l := &RateLimiter{limit: r.limit}
+	if err := l.init(rdb, s.String(), []rule{r}, strategyScript(s), opts); err != nil {
 		return nil, err
 	}
-	if e.cfg.rulesFunc != nil {
+	if l.cfg.rulesFunc != nil {
 		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
-	bake(e.own, e.cfg.functions)
-	return &RateLimiter{engine: e, limit: r.limit}, nil
+	bake(l.own, l.cfg.functions)
+	return l, nil
 }
 
 // Strategy returns the limiter's strategy.

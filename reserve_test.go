@@ -277,7 +277,7 @@ func TestReserveSettleLostReplyRedis(t *testing.T) {
 	t.Cleanup(func() { direct.Close() })
 	check := newLimiter(t, direct, FixedWindow, PerHour(10), WithPrefix(prefixFor(t)))
 	assert.Equal(t, 8, remaining(t, check, "k"), "the lost settle was applied once")
-	rv.e = check.engine // the retry goes through the healthy client
+	rv.e = &check.engine // the retry goes through the healthy client
 	_, err = rv.Settle(ctx, 2)
 	require.ErrorIs(t, err, ErrSettled)
 	assert.Equal(t, 8, remaining(t, check, "k"), "the retried settle changed nothing")
