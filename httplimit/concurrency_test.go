@@ -2,7 +2,6 @@ package httplimit_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -202,55 +201,6 @@ func TestConcurrencyMiddlewareReleasesOnPanicAndCancel(t *testing.T) {
 	rec := httptest.NewRecorder()
 	httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(rec, request("192.0.2.1:1"))
 	assert.Equal(t, http.StatusOK, rec.Code, "the slot is free again")
-}
-
-// A request without a key is answered by the key error handler, as in
-// Middleware (TestKeyError), before any lease is asked for.
-func TestConcurrencyMiddlewareKeyError(t *testing.T) {
-	t.Parallel()
-	errBoom := errors.New("boom")
-	tests := []struct {
-		name string
-		key  httplimit.KeyFunc
-		r    *http.Request
-		code int
-		is   error
-	}{
-		{"missing header", httplimit.HeaderKey("X-Api-Key"), request("192.0.2.1:1"), http.StatusBadRequest, httplimit.ErrNoKey},
-		{"empty key", func(*http.Request) (string, error) { return "", nil }, request("192.0.2.1:1"), http.StatusBadRequest, httplimit.ErrNoKey},
-		{"key func error", func(*http.Request) (string, error) { return "", errBoom }, request("192.0.2.1:1"), http.StatusInternalServerError, errBoom},
-		{"bad RemoteAddr", httplimit.IPKey(), request("@"), http.StatusInternalServerError, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c, rdb := miniConcurrency(t, 1, time.Minute)
-			next := &okHandler{}
-			mw := httplimit.ConcurrencyMiddleware(c, httplimit.WithKeyFunc(tt.key))
-			rec := serve(mw, next, tt.r)
-			assert.Equal(t, tt.code, rec.Code, "status = %d, want %d", rec.Code, tt.code)
-			assert.Equal(t, http.StatusText(tt.code)+"\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), http.StatusText(tt.code)+"\n")
-			wantHeaders(t, rec.Header(), noHeaders())
-			assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
-			n, err := rdb.DBSize(context.Background()).Result()
-			require.NoError(t, err)
-			assert.Zero(t, n, "%d keys in Redis, want none: no lease asked for", n)
-
-			// A custom handler gets the key function's error.
-			var gotErr error
-			mw = httplimit.ConcurrencyMiddleware(c, httplimit.WithKeyFunc(tt.key),
-				httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
-					gotErr = err
-					http.Error(w, "who are you", http.StatusUnauthorized)
-				}))
-			rec = serve(mw, next, tt.r)
-			assert.Equal(t, http.StatusUnauthorized, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusUnauthorized)
-			assert.Error(t, gotErr, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
-			if tt.is != nil {
-				assert.ErrorIs(t, gotErr, tt.is, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
-			}
-		})
-	}
 }
 
 // ConcurrencyMiddleware panics on the invalid options that Middleware
