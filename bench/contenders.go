@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -110,14 +109,19 @@ func RedlimitWarmUp(s redlimit.Strategy) Contender {
 			if err != nil {
 				return nil, nil, err
 			}
-			keys := w.Keys
-			dec := func(ctx context.Context, i int) (bool, error) {
-				res, err := l.Allow(ctx, keys[i])
-				return res.Allowed, err
-			}
-			return dec, func() { l.(io.Closer).Close() }, nil
+			return allowDecider(l, w.Keys)
 		},
 	}
+}
+
+// allowDecider returns the Decider that asks l to Allow the workload's
+// keys, and a function that closes l.
+func allowDecider(l redlimit.Limiter, keys []string) (Decider, func(), error) {
+	dec := func(ctx context.Context, i int) (bool, error) {
+		res, err := l.Allow(ctx, keys[i])
+		return res.Allowed, err
+	}
+	return dec, func() { l.Close() }, nil
 }
 
 // functionsSuffix ends the names of the contenders with
@@ -171,12 +175,7 @@ func redlimitWith(s redlimit.Strategy, via Via, suffix string, opts ...redlimit.
 			if err != nil {
 				return nil, nil, err
 			}
-			keys := w.Keys
-			dec := func(ctx context.Context, i int) (bool, error) {
-				res, err := l.Allow(ctx, keys[i])
-				return res.Allowed, err
-			}
-			return dec, func() { l.(io.Closer).Close() }, nil
+			return allowDecider(l, w.Keys)
 		},
 	}
 }
@@ -230,12 +229,7 @@ func policyWith(name string, opts ...redlimit.Option) Contender {
 			if err != nil {
 				return nil, nil, err
 			}
-			keys := w.Keys
-			dec := func(ctx context.Context, i int) (bool, error) {
-				res, err := p.Allow(ctx, keys[i])
-				return res.Allowed, err
-			}
-			return dec, func() { p.Close() }, nil
+			return allowDecider(p, w.Keys)
 		},
 	}
 }
@@ -627,12 +621,7 @@ func Calendar() Contender {
 			if err != nil {
 				return nil, nil, err
 			}
-			keys := w.Keys
-			dec := func(ctx context.Context, i int) (bool, error) {
-				res, err := l.Allow(ctx, keys[i])
-				return res.Allowed, err
-			}
-			return dec, func() { l.Close() }, nil
+			return allowDecider(l, w.Keys)
 		},
 	}
 }

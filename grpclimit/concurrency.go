@@ -134,20 +134,13 @@ func (r *releaser) release() {
 // held (nil for a skipped call), or the status error to fail the call
 // with.
 func (in *concurrencyInterceptor) acquire(ctx context.Context, fullMethod string, registered bool, setHeader func(metadata.MD) error) (*releaser, error) {
-	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
-		return nil, nil
-	}
-	key, err := in.key(ctx, fullMethod, registered)
-	if err != nil {
+	key, skip, err := in.key(ctx, fullMethod, registered)
+	if skip || err != nil {
 		return nil, err
 	}
 	lease, res, err := in.c.TryAcquire(ctx, key)
 	if err != nil {
-		in.report(ctx, fullMethod, err)
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, status.FromContextError(ctxErr).Err()
-		}
-		return nil, status.Error(codes.Unavailable, "grpclimit: concurrency limiter unavailable")
+		return nil, in.limiterError(ctx, fullMethod, err, "grpclimit: concurrency limiter unavailable")
 	}
 	if lease == nil {
 		retry := in.hint.RetryAfter(res.RetryAfter, res.Limit.Rate)

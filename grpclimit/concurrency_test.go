@@ -2,6 +2,8 @@ package grpclimit_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,4 +185,127 @@ func TestConcurrencyInterceptorReleasesOnCancel(t *testing.T) {
 	require.Equal(t, codes.Canceled, status.Code(err))
 	require.Eventually(t, func() bool { return leases(t, rdb, "c") == 0 }, 5*time.Second, 5*time.Millisecond,
 		"lease released after the call was cancelled")
+}
+
+// serverStream is a grpc.ServerStream with a context and no transport,
+// for calling a stream interceptor directly.
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s serverStream) Context() context.Context     { return s.ctx }
+func (s serverStream) SetHeader(metadata.MD) error  { return nil }
+func (s serverStream) SendHeader(metadata.MD) error { return nil }
+
+// The rate and the concurrency interceptors, unary and stream, answer a
+// skipped call, a call without a key and a limiter's failure alike: the
+// key comes from the one lookup they share, and so does the status of a
+// limiter error (only its message names the limiter).
+func TestInterceptorsKeyAndLimiterErrors(t *testing.T) {
+	t.Parallel()
+	errStore := errors.New("tenant store down")
+	tenantKey := grpclimit.MetadataKey("x-tenant")
+	tests := []struct {
+		name     string
+		key      grpclimit.KeyFunc
+		tenant   []string // the x-tenant metadata
+		skip     bool
+		down     bool // Redis closed
+		canceled bool // the call's context
+		code     codes.Code
+		msg      string // the status message; "limiter" is "rate limiter" or "concurrency limiter"
+		reported error  // wrapped by the error given to WithOnError; nil: none reported
+	}{
+		{"allowed", tenantKey, []string{"t"}, false, false, false, codes.OK, "", nil},
+		{"skipped, Redis down", tenantKey, nil, true, true, false, codes.OK, "", nil},
+		{"missing metadata", tenantKey, nil, false, false, false, codes.InvalidArgument, `grpclimit: no "x-tenant" metadata: no rate-limit key`, grpclimit.ErrNoKey},
+		{"empty key", func(context.Context, string) (string, error) { return "", nil }, nil, false, false, false, codes.InvalidArgument,
+			"grpclimit: /grpc.health.v1.Health/Check: empty key: no rate-limit key", grpclimit.ErrNoKey},
+		{"KeyFunc error", func(context.Context, string) (string, error) { return "", errStore }, nil, false, false, false, codes.Internal,
+			"grpclimit: cannot find the rate-limit key", errStore},
+		{"KeyFunc status", func(context.Context, string) (string, error) {
+			return "", status.Error(codes.Unauthenticated, "unknown API key")
+		},
+			nil, false, false, false, codes.Unauthenticated, "unknown API key", nil},
+		{"Redis down", tenantKey, []string{"t"}, false, true, false, codes.Unavailable, "grpclimit: limiter unavailable", redlimit.ErrUnavailable},
+		{"canceled", tenantKey, []string{"t"}, false, false, true, codes.Canceled, "context canceled", context.Canceled},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+			t.Cleanup(func() { rdb.Close() })
+			c, err := redlimit.NewConcurrency(rdb, 3, time.Minute, redlimit.WithFallback(redlimit.FallbackError))
+			require.NoError(t, err)
+			t.Cleanup(func() { c.Close() })
+			lim, err := redlimit.NewFixedWindow(rdb, redlimit.PerMinute(10), redlimit.WithFallback(redlimit.FallbackError))
+			require.NoError(t, err)
+			t.Cleanup(func() { lim.Close() })
+			if tt.down {
+				m.Close()
+			}
+			var reported []error
+			opts := []grpclimit.Option{
+				grpclimit.WithKeyFunc(tt.key),
+				grpclimit.WithOnError(func(_ context.Context, _ string, err error) { reported = append(reported, err) }),
+			}
+			if tt.skip {
+				opts = append(opts, grpclimit.WithSkip(func(context.Context, string) bool { return true }))
+			}
+			ctx := t.Context()
+			if tt.tenant != nil {
+				ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("x-tenant", tt.tenant[0]))
+			}
+			if tt.canceled {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				cancel()
+			}
+			const method = healthpb.Health_Check_FullMethodName
+			for _, in := range []struct {
+				name    string
+				limiter string
+				unary   grpc.UnaryServerInterceptor
+				stream  grpc.StreamServerInterceptor
+			}{
+				{"rate", "rate limiter", grpclimit.UnaryServerInterceptor(lim, opts...), grpclimit.StreamServerInterceptor(lim, opts...)},
+				{"concurrency", "concurrency limiter", grpclimit.ConcurrencyUnaryServerInterceptor(c, opts...), grpclimit.ConcurrencyStreamServerInterceptor(c, opts...)},
+			} {
+				for _, kind := range []string{"unary", "stream"} {
+					what := in.name + " " + kind
+					reported = nil
+					handled := 0
+					if kind == "unary" {
+						_, err = in.unary(ctx, nil, &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) {
+							handled++
+							return nil, nil
+						})
+					} else {
+						err = in.stream(struct{}{}, serverStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: method}, func(any, grpc.ServerStream) error {
+							handled++
+							return nil
+						})
+					}
+					st := status.Convert(err)
+					assert.Equal(t, tt.code, st.Code(), "%s: status %v", what, err)
+					assert.Equal(t, strings.Replace(tt.msg, "limiter", in.limiter, 1), st.Message(), "%s: status message", what)
+					if tt.code == codes.OK {
+						assert.Equal(t, 1, handled, "%s: handler calls", what)
+					} else {
+						assert.Zero(t, handled, "%s: handler calls", what)
+					}
+					if tt.reported == nil && tt.code != codes.Unauthenticated {
+						assert.Empty(t, reported, "%s: errors reported", what)
+					} else {
+						require.Len(t, reported, 1, "%s: errors reported", what)
+						if tt.reported != nil {
+							assert.ErrorIs(t, reported[0], tt.reported, "%s: error reported", what)
+						}
+					}
+				}
+			}
+		})
+	}
 }

@@ -361,11 +361,8 @@ func newInterceptor(l redlimit.Limiter, opts []Option) *interceptor {
 // or the status error to fail the call with; with WithCost, the
 // reservation to settle when the handler returns (nil for a skipped call).
 func (in *interceptor) limit(ctx context.Context, fullMethod string, registered bool, setHeader func(metadata.MD) error) (*reservation, error) {
-	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
-		return nil, nil
-	}
-	key, err := in.key(ctx, fullMethod, registered)
-	if err != nil {
+	key, skip, err := in.key(ctx, fullMethod, registered)
+	if skip || err != nil {
 		return nil, err
 	}
 	callCtx := ctx
@@ -391,11 +388,7 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		res, rules, err = in.policies.Allow(callCtx, in.lim, key)
 	}
 	if err != nil {
-		in.report(ctx, fullMethod, err)
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, status.FromContextError(ctxErr).Err()
-		}
-		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+		return nil, in.limiterError(ctx, fullMethod, err, "grpclimit: rate limiter unavailable")
 	}
 	if in.cfg.headers {
 		// It fails only when headers were already sent, which cannot
@@ -413,15 +406,19 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 }
 
 // key returns the key of a call to fullMethod, or the status error to
-// fail the call with.
-func (in *interceptor) key(ctx context.Context, fullMethod string, registered bool) (string, error) {
-	key, err := in.cfg.keyFunc(ctx, fullMethod)
+// fail the call with; skip is true, with no key looked for, for a call
+// that WithSkip exempts.
+func (in *interceptor) key(ctx context.Context, fullMethod string, registered bool) (key string, skip bool, err error) {
+	if in.cfg.skip != nil && in.cfg.skip(ctx, fullMethod) {
+		return "", true, nil
+	}
+	key, err = in.cfg.keyFunc(ctx, fullMethod)
 	if err == nil && key == "" {
 		err = errprefix.Errorf("grpclimit: ", "%s: empty key: %w", fullMethod, ErrNoKey)
 	}
 	if err != nil {
 		in.report(ctx, fullMethod, err)
-		return "", keyError(ctx, err)
+		return "", false, keyError(ctx, err)
 	}
 	if in.cfg.perMethod {
 		// Only registered names: any other is the client's choice.
@@ -431,13 +428,25 @@ func (in *interceptor) key(ctx context.Context, fullMethod string, registered bo
 		}
 		key = method + " " + key
 	}
-	return key, nil
+	return key, false, nil
 }
 
 func (in *interceptor) report(ctx context.Context, fullMethod string, err error) {
 	if in.cfg.onError != nil {
 		in.cfg.onError(ctx, fullMethod, err)
 	}
+}
+
+// limiterError reports err, a limiter's error on a call to fullMethod,
+// and returns the status error to fail the call with: that of its
+// context if it ended, else codes.Unavailable with msg, which does not
+// reveal the cause.
+func (in *interceptor) limiterError(ctx context.Context, fullMethod string, err error, msg string) error {
+	in.report(ctx, fullMethod, err)
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return status.FromContextError(ctxErr).Err()
+	}
+	return status.Error(codes.Unavailable, msg)
 }
 
 // keyError turns a KeyFunc error into the status error a call fails with.

@@ -55,22 +55,12 @@ func ConcurrencyMiddleware(c *redlimit.Concurrency, opts ...Option) func(http.Ha
 	if c == nil {
 		panic("httplimit: nil Concurrency")
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
-		panic(err.Error())
-	}
+	cfg := newConfig(opts)
 	hint := holdhint.New(cfg.retryHint)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, err := cfg.key(r)
-			if err == nil && key == "" {
-				err = errEmptyKey
-			}
-			if err != nil {
-				cfg.keyError(w, r, err)
+			key, ok := cfg.requestKey(w, r)
+			if !ok {
 				return
 			}
 			ctx := r.Context()

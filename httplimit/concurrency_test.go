@@ -202,3 +202,27 @@ func TestConcurrencyMiddlewareReleasesOnPanicAndCancel(t *testing.T) {
 	httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(rec, request("192.0.2.1:1"))
 	assert.Equal(t, http.StatusOK, rec.Code, "the slot is free again")
 }
+
+// ConcurrencyMiddleware panics on the invalid options that Middleware
+// panics on (TestKeyPanics), and on a Retry-After hint that is not
+// positive.
+func TestConcurrencyMiddlewarePanics(t *testing.T) {
+	t.Parallel()
+	c, _ := miniConcurrency(t, 1, time.Minute)
+	tests := []struct {
+		name string
+		opt  httplimit.Option
+		want string
+	}{
+		{"nil key func", httplimit.WithKeyFunc(nil), "httplimit: nil key function"},
+		{"nil denied", httplimit.WithDeniedHandler(nil), "httplimit: nil denied handler"},
+		{"nil key error", httplimit.WithKeyErrorHandler(nil), "httplimit: nil key error handler"},
+		{"nil error handler", httplimit.WithErrorHandler(nil), "httplimit: nil error handler"},
+		{"zero hint", httplimit.WithRetryAfterHint(0), "httplimit: Retry-After hint 0s is not positive"},
+		{"policy newline", httplimit.WithPolicyName("a\nb"), `httplimit: policy name "a\nb" is not printable ASCII`},
+	}
+	for _, tt := range tests {
+		assert.PanicsWithValue(t, tt.want, func() { httplimit.ConcurrencyMiddleware(c, tt.opt) }, "%s", tt.name)
+	}
+	assert.PanicsWithValue(t, "httplimit: nil Concurrency", func() { httplimit.ConcurrencyMiddleware(nil) }, "nil Concurrency")
+}

@@ -328,6 +328,34 @@ func (c *config) validate() error {
 	return nil
 }
 
+// newConfig returns the config of opts, applied in order over the
+// defaults. It panics if an option is invalid.
+func newConfig(opts []Option) config {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err.Error())
+	}
+	return cfg
+}
+
+// requestKey returns the key of r, found by the key function. When there
+// is none (an error, or an empty key, which counts as one wrapping
+// [ErrNoKey]), it answers r with the key error handler and returns false.
+func (c *config) requestKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	key, err := c.key(r)
+	if err == nil && key == "" {
+		err = errEmptyKey
+	}
+	if err != nil {
+		c.keyError(w, r, err)
+		return "", false
+	}
+	return key, true
+}
+
 // Middleware returns a middleware that limits requests with l, taking one
 // event per request from the key found by the key function (see the package
 // documentation for the outcomes and the header fields). It is safe for
@@ -337,23 +365,13 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 	if l == nil {
 		panic("httplimit: nil limiter")
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
-		panic(err.Error())
-	}
+	cfg := newConfig(opts)
 	reserver := cfg.cost.reserver(l)
 	policies := ratelimitfields.NewSource(l, cfg.policy, cfg.named, DefaultPolicyName)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, err := cfg.key(r)
-			if err == nil && key == "" {
-				err = errEmptyKey
-			}
-			if err != nil {
-				cfg.keyError(w, r, err)
+			key, ok := cfg.requestKey(w, r)
+			if !ok {
 				return
 			}
 			ctx := r.Context()
@@ -371,6 +389,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				rules []redlimit.Rule
 				resv  *redlimit.Reservation // WithCost: the events reserved
 				n     int                   // and how many
+				err   error
 			)
 			if reserver != nil {
 				n = cfg.cost.f(r)

@@ -252,6 +252,8 @@ func TestDeniedHandler(t *testing.T) {
 	assert.Equal(t, "3", rec.Header().Get(httplimit.HeaderRetryAfter), "Retry-After = %q, want %q", rec.Header().Get(httplimit.HeaderRetryAfter), "3")
 }
 
+// A request without a key is answered by the key error handler, before
+// the limiter (or, in ConcurrencyMiddleware, Redis) is asked anything.
 func TestKeyError(t *testing.T) {
 	t.Parallel()
 	errBoom := errors.New("boom")
@@ -270,27 +272,46 @@ func TestKeyError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lim := &fakeLimiter{res: redlimit.Result{Allowed: true, Limit: redlimit.PerSecond(1)}}
-			next := &okHandler{}
-			mw := httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key))
-			rec := serve(mw, next, tt.r)
-			assert.Equal(t, tt.code, rec.Code, "status = %d, want %d", rec.Code, tt.code)
-			assert.Equal(t, http.StatusText(tt.code)+"\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), http.StatusText(tt.code)+"\n")
-			wantHeaders(t, rec.Header(), noHeaders())
-			assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
-			assert.Empty(t, lim.calls(), "limiter called with %q, want no call", lim.calls())
+			c, rdb := miniConcurrency(t, 1, time.Minute)
+			for _, m := range []struct {
+				name      string
+				mw        func(...httplimit.Option) func(http.Handler) http.Handler
+				untouched func(t *testing.T)
+			}{
+				{"Middleware", func(o ...httplimit.Option) func(http.Handler) http.Handler { return httplimit.Middleware(lim, o...) },
+					func(t *testing.T) { assert.Empty(t, lim.calls(), "limiter called with %q, want no call", lim.calls()) }},
+				{"ConcurrencyMiddleware", func(o ...httplimit.Option) func(http.Handler) http.Handler {
+					return httplimit.ConcurrencyMiddleware(c, o...)
+				},
+					func(t *testing.T) {
+						n, err := rdb.DBSize(context.Background()).Result()
+						require.NoError(t, err)
+						assert.Zero(t, n, "%d keys in Redis, want none: no lease asked for", n)
+					}},
+			} {
+				t.Run(m.name, func(t *testing.T) {
+					next := &okHandler{}
+					rec := serve(m.mw(httplimit.WithKeyFunc(tt.key)), next, tt.r)
+					assert.Equal(t, tt.code, rec.Code, "status = %d, want %d", rec.Code, tt.code)
+					assert.Equal(t, http.StatusText(tt.code)+"\n", rec.Body.String(), "body = %q, want %q", rec.Body.String(), http.StatusText(tt.code)+"\n")
+					wantHeaders(t, rec.Header(), noHeaders())
+					assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
+					m.untouched(t)
 
-			// A custom handler gets the key function's error.
-			var gotErr error
-			mw = httplimit.Middleware(lim, httplimit.WithKeyFunc(tt.key),
-				httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
-					gotErr = err
-					http.Error(w, "who are you", http.StatusUnauthorized)
-				}))
-			rec = serve(mw, next, tt.r)
-			assert.Equal(t, http.StatusUnauthorized, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusUnauthorized)
-			assert.Error(t, gotErr, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
-			if tt.is != nil {
-				assert.ErrorIs(t, gotErr, tt.is, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+					// A custom handler gets the key function's error.
+					var gotErr error
+					mw := m.mw(httplimit.WithKeyFunc(tt.key),
+						httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+							gotErr = err
+							http.Error(w, "who are you", http.StatusUnauthorized)
+						}))
+					rec = serve(mw, next, tt.r)
+					assert.Equal(t, http.StatusUnauthorized, rec.Code, "custom handler: status = %d, want %d", rec.Code, http.StatusUnauthorized)
+					assert.Error(t, gotErr, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+					if tt.is != nil {
+						assert.ErrorIs(t, gotErr, tt.is, "custom handler: err = %v, want one wrapping %v", gotErr, tt.is)
+					}
+				})
 			}
 		})
 	}

@@ -107,15 +107,17 @@ func (f *keyFlags) register(fs *flag.FlagSet) {
 }
 
 // check checks the flags and the single KEY argument, and returns the key.
-func (f *keyFlags) check(cmd string, args []string) (string, error) {
+// limiter says whether -strategy and -period name the key (they do unless
+// -rule or -concurrency is given): they are required then.
+func (f *keyFlags) check(cmd string, args []string, limiter bool) (string, error) {
 	switch {
 	case f.timeout <= 0 || f.timeout > maxBenchTimeout:
 		return "", usagef(cmd, "-timeout %v must be positive and at most %v", f.timeout, maxBenchTimeout)
 	case f.addr == "":
 		return "", usagef(cmd, "-redis is required")
-	case f.strategy.s == 0:
+	case limiter && f.strategy.s == 0:
 		return "", usagef(cmd, "-strategy is required")
-	case f.period == 0:
+	case limiter && f.period == 0:
 		return "", usagef(cmd, "-period is required")
 	case len(args) == 0:
 		return "", usagef(cmd, "missing KEY")
@@ -138,19 +140,38 @@ func (f *keyFlags) check(cmd string, args []string) (string, error) {
 // block, and inspect asks for n = 0, which is never denied, and reset
 // decides nothing.
 func (f *keyFlags) connect(ctx context.Context, limit redlimit.Limit) (*redis.Client, *redlimit.RateLimiter, error) {
-	opts := []redlimit.Option{redlimit.WithPrefix(f.prefix), redlimit.WithBlock(time.Second)}
-	if err := checkLimit(f.strategy.s, limit, opts...); err != nil {
-		return nil, nil, err
-	}
+	return connectWith(ctx, f, func(rdb redis.UniversalClient) (*redlimit.RateLimiter, error) {
+		return newLimiter(rdb, f.strategy.s, limit, redlimit.WithPrefix(f.prefix), redlimit.WithBlock(time.Second))
+	})
+}
+
+// dial returns a client for f.addr that answered a ping.
+func (f *keyFlags) dial(ctx context.Context) (*redis.Client, error) {
 	rdb := newClient(f.addr, 2, f.timeout)
 	if err := ping(ctx, rdb); err != nil {
 		rdb.Close()
-		return nil, nil, err
+		return nil, err
 	}
-	lim, err := newLimiter(rdb, f.strategy.s, limit, opts...)
+	return rdb, nil
+}
+
+// connectWith returns a client for f.addr that answered a ping, and the
+// limiter that open makes with it. open is first given a client that is
+// never used (see checkWith), so that a bad limit, rule or prefix fails
+// before any network traffic.
+func connectWith[L io.Closer](ctx context.Context, f *keyFlags, open func(redis.UniversalClient) (L, error)) (*redis.Client, L, error) {
+	var none L
+	if err := checkWith(open); err != nil {
+		return nil, none, err
+	}
+	rdb, err := f.dial(ctx)
+	if err != nil {
+		return nil, none, err
+	}
+	lim, err := open(rdb)
 	if err != nil {
 		rdb.Close()
-		return nil, nil, err
+		return nil, none, err
 	}
 	return rdb, lim, nil
 }
@@ -174,7 +195,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 			if rate != 0 || burst != 0 {
 				return usagef("inspect", "-rate and -burst are one limiter's; a -rule has its own")
 			}
-			key, err := checkKeyArg("inspect", &f, args)
+			key, err := f.check("inspect", args, false)
 			if err != nil {
 				return err
 			}
@@ -189,7 +210,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 		} else {
 			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst}
 		}
-		key, err := f.check("inspect", args)
+		key, err := f.check("inspect", args, true)
 		if err != nil {
 			return err
 		}
@@ -336,13 +357,13 @@ func setupReset(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		if mode != "" {
-			key, err := checkKeyArg("reset", &f, args)
+			key, err := f.check("reset", args, false)
 			if err != nil {
 				return err
 			}
 			return runOther(ctx, "reset", mode, &f, &o, key, stdout)
 		}
-		key, err := f.check("reset", args)
+		key, err := f.check("reset", args, true)
 		if err != nil {
 			return err
 		}
@@ -354,26 +375,7 @@ func setupReset(fs *flag.FlagSet) runFunc {
 		defer rdb.Close()
 		defer lim.Close()
 		keys := stateKeys(f.prefix, f.strategy.s, f.period, key)
-		state := keys[0]
-		var found []string
-		for _, k := range keys {
-			n, err := rdb.Exists(ctx, k).Result()
-			if err != nil {
-				return fmt.Errorf("reset %q: %w", key, err)
-			}
-			if n > 0 {
-				found = append(found, k)
-			}
-		}
-		if err := lim.Reset(ctx, key); err != nil {
-			return err
-		}
-		if len(found) == 0 {
-			fmt.Fprintf(stdout, "reset %q: no state in Redis (%q)\n", key, state)
-		} else {
-			fmt.Fprintf(stdout, "reset %q: deleted %s\n", key, quoteAll(found))
-		}
-		return nil
+		return resetFound(ctx, rdb, key, keys, keys[:1], func() error { return lim.Reset(ctx, key) }, stdout)
 	}
 }
 

@@ -105,48 +105,6 @@ func (o *otherKeyFlags) mode(cmd string, f *keyFlags) (string, error) {
 	return "", nil
 }
 
-// checkKeyArg checks the -redis and -timeout flags and the single KEY
-// argument.
-func checkKeyArg(cmd string, f *keyFlags, args []string) (string, error) {
-	switch {
-	case f.timeout <= 0 || f.timeout > maxBenchTimeout:
-		return "", usagef(cmd, "-timeout %v must be positive and at most %v", f.timeout, maxBenchTimeout)
-	case f.addr == "":
-		return "", usagef(cmd, "-redis is required")
-	case len(args) == 0:
-		return "", usagef(cmd, "missing KEY")
-	case len(args) > 1:
-		return "", usagef(cmd, "want one KEY, got %d arguments", len(args))
-	case args[0] == "":
-		return "", usagef(cmd, "empty KEY")
-	}
-	return args[0], nil
-}
-
-// connectPolicy returns a client that answered a ping and a Policy of
-// rules, checked before any network traffic. It has a penalty block, so
-// that its decision reads the key's block (see connect).
-func connectPolicy(ctx context.Context, addr, prefix string, timeout time.Duration, rules []redlimit.Rule) (*redis.Client, *redlimit.Policy, error) {
-	opts := []redlimit.Option{redlimit.WithPrefix(prefix), redlimit.WithBlock(time.Second), redlimit.WithFallback(redlimit.FallbackError)}
-	check := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
-	p, err := redlimit.NewPolicy(check, rules, opts...)
-	check.Close()
-	if err != nil {
-		return nil, nil, err
-	}
-	p.Close()
-	rdb := newClient(addr, 2, timeout)
-	if err := ping(ctx, rdb); err != nil {
-		rdb.Close()
-		return nil, nil, err
-	}
-	if p, err = redlimit.NewPolicy(rdb, rules, opts...); err != nil {
-		rdb.Close()
-		return nil, nil, err
-	}
-	return rdb, p, nil
-}
-
 // policyKeys returns the Redis keys of key for a Policy of rules: each
 // rule's state and pending reservations, and the policy's penalty block,
 // kept beside the state of the rule whose key sorts first.
@@ -306,8 +264,9 @@ func maxInt(a, b int) int {
 	return b
 }
 
-// resetKeys deletes keys after reset has run, and prints which held state.
-func resetFound(ctx context.Context, rdb *redis.Client, key string, keys []string, reset func() error, w io.Writer) error {
+// resetFound deletes key's state by calling reset, and prints which of
+// keys held state before; named are the keys shown when none did.
+func resetFound(ctx context.Context, rdb *redis.Client, key string, keys, named []string, reset func() error, w io.Writer) error {
 	var found []string
 	for _, k := range keys {
 		n, err := rdb.Exists(ctx, k).Result()
@@ -322,7 +281,7 @@ func resetFound(ctx context.Context, rdb *redis.Client, key string, keys []strin
 		return err
 	}
 	if len(found) == 0 {
-		fmt.Fprintf(w, "reset %q: no state in Redis (%s)\n", key, quoteAll(keys))
+		fmt.Fprintf(w, "reset %q: no state in Redis (%s)\n", key, quoteAll(named))
 	} else {
 		fmt.Fprintf(w, "reset %q: deleted %s\n", key, quoteAll(found))
 	}
@@ -334,7 +293,12 @@ func resetFound(ctx context.Context, rdb *redis.Client, key string, keys []strin
 func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFlags, key string, w io.Writer) error {
 	switch mode {
 	case "policy":
-		rdb, p, err := connectPolicy(ctx, f.addr, f.prefix, f.timeout, o.rules)
+		// The policy has a penalty block, so that its decision reads the
+		// key's block (see keyFlags.connect).
+		opts := []redlimit.Option{redlimit.WithPrefix(f.prefix), redlimit.WithBlock(time.Second), redlimit.WithFallback(redlimit.FallbackError)}
+		rdb, p, err := connectWith(ctx, f, func(rdb redis.UniversalClient) (*redlimit.Policy, error) {
+			return redlimit.NewPolicy(rdb, o.rules, opts...)
+		})
 		if err != nil {
 			return err
 		}
@@ -345,18 +309,18 @@ func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFla
 		}
 		states, block, reservations := policyKeys(f.prefix, o.rules, key)
 		keys := append(append(states, block), reservations...)
-		return resetFound(ctx, rdb, key, keys, func() error { return p.Reset(ctx, key) }, w)
+		return resetFound(ctx, rdb, key, keys, keys, func() error { return p.Reset(ctx, key) }, w)
 	}
-	rdb := newClient(f.addr, 2, f.timeout)
-	defer rdb.Close()
-	if err := ping(ctx, rdb); err != nil {
+	rdb, err := f.dial(ctx)
+	if err != nil {
 		return err
 	}
+	defer rdb.Close()
 	if cmd == "inspect" {
 		return inspectConcurrency(ctx, rdb, f.prefix, key, o.max, w)
 	}
 	k := concurrencyKey(f.prefix, key)
-	return resetFound(ctx, rdb, key, []string{k}, func() error {
+	return resetFound(ctx, rdb, key, []string{k}, []string{k}, func() error {
 		if err := rdb.Del(ctx, k).Err(); err != nil {
 			return fmt.Errorf("reset %q: %w", key, err)
 		}

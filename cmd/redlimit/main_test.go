@@ -50,6 +50,20 @@ func TestUsage(t *testing.T) {
 		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "-rate", "5"}, 2, "", "redlimit: inspect: missing KEY"},
 		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "all", "-period", "1s", "-rate", "5", "k"}, 2, "", `redlimit: inspect: invalid value "all" for flag -strategy: unknown strategy "all" (want fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)`},
 		{[]string{"reset", "-redis", "127.0.0.1:1", "-strategy", "sliding-log", "-period", "1s", "-prefix", "a{b", "k"}, 2, "", `redlimit: reset: prefix "a{b" must not contain '{' or '}' (they would move keys to another cluster slot): invalid argument`},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-period", "1s", "k"}, 2, "", "redlimit: reset: -strategy is required"},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "k"}, 2, "", "redlimit: reset: -period is required"},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-timeout", "0s", "-strategy", "token-bucket", "-period", "1s", "k"}, 2, "", "redlimit: reset: -timeout 0s must be positive and at most 1m0s"},
+		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "-rate", "5", "k", "k2"}, 2, "", "redlimit: inspect: want one KEY, got 2 arguments"},
+		{[]string{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "-rate", "5", ""}, 2, "", "redlimit: inspect: empty KEY"},
+		// -rule and -concurrency: the same checks, without -strategy and
+		// -period; a bad prefix fails before any network traffic.
+		{[]string{"reset", "-rule", "a=token-bucket:1/1s", "k"}, 2, "", "redlimit: reset: -redis is required"},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-timeout", "0s", "-concurrency", "k"}, 2, "", "redlimit: reset: -timeout 0s must be positive and at most 1m0s"},
+		{[]string{"inspect", "-redis", "127.0.0.1:1", "-concurrency", "-max", "3"}, 2, "", "redlimit: inspect: missing KEY"},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-rule", "a=token-bucket:1/1s", "k", "k2"}, 2, "", "redlimit: reset: want one KEY, got 2 arguments"},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-concurrency", ""}, 2, "", "redlimit: reset: empty KEY"},
+		{[]string{"inspect", "-redis", "127.0.0.1:1", "-prefix", "a{b", "-rule", "a=token-bucket:1/1s", "k"}, 2, "", `redlimit: inspect: prefix "a{b" must not contain '{' or '}' (they would move keys to another cluster slot): invalid argument`},
+		{[]string{"reset", "-redis", "127.0.0.1:1", "-prefix", "a{b", "-rule", "a=token-bucket:1/1s", "k"}, 2, "", `redlimit: reset: prefix "a{b" must not contain '{' or '}' (they would move keys to another cluster slot): invalid argument`},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runT(t, tt.args...)
@@ -73,6 +87,10 @@ func TestUnreachableRedis(t *testing.T) {
 		{"inspect", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-rate", "5", "-period", "1s", "k"},
 		{"reset", "-redis", "127.0.0.1:1", "-strategy", "token-bucket", "-period", "1s", "k"},
 		{"bench", "-redis", "127.0.0.1:1", "-duration", "10ms"},
+		{"inspect", "-redis", "127.0.0.1:1", "-rule", "a=token-bucket:1/1s", "k"},
+		{"reset", "-redis", "127.0.0.1:1", "-rule", "a=token-bucket:1/1s", "k"},
+		{"inspect", "-redis", "127.0.0.1:1", "-concurrency", "-max", "3", "k"},
+		{"reset", "-redis", "127.0.0.1:1", "-concurrency", "k"},
 	} {
 		code, _, stderr := runT(t, args...)
 		assert.Equal(t, 1, code, "%q: exit %d, stderr %q; want 1 and one line about Redis", args, code, stderr)

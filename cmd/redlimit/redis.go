@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"strconv"
@@ -89,11 +90,20 @@ func newLimiter(rdb redis.UniversalClient, s redlimit.Strategy, limit redlimit.L
 }
 
 // checkLimit checks limit and opts by the library's own rules, without
-// connecting anywhere: the client it gives the limiter is never used.
+// connecting anywhere (see checkWith).
 func checkLimit(s redlimit.Strategy, limit redlimit.Limit, opts ...redlimit.Option) error {
+	return checkWith(func(rdb redis.UniversalClient) (*redlimit.RateLimiter, error) {
+		return newLimiter(rdb, s, limit, opts...)
+	})
+}
+
+// checkWith checks what open makes of its options by the library's own
+// rules, without connecting anywhere: the client it gives open is never
+// used, and what open returns is closed.
+func checkWith[L io.Closer](open func(redis.UniversalClient) (L, error)) error {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
 	defer rdb.Close()
-	lim, err := newLimiter(rdb, s, limit, opts...)
+	lim, err := open(rdb)
 	if err != nil {
 		return err
 	}
