@@ -2,9 +2,14 @@ package redlimit
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -305,4 +310,52 @@ func TestHostilePriority(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, res.Allowed, "a Critical call after them")
 	assert.Equal(t, 1, res.Remaining)
+}
+
+// FuzzEscapeKey: any user key becomes a Redis key part with no hash-tag
+// character, at most 3×MaxKeyLen bytes, from which a short key comes back
+// whole (so two keys never share a state), and a long one is its SHA-256.
+func FuzzEscapeKey(f *testing.F) {
+	for _, k := range append(oddKeys(), hostileKeys()[:12]...) {
+		f.Add(k)
+	}
+	f.Add(strings.Repeat("{", MaxKeyLen))
+	f.Add(strings.Repeat("%", MaxKeyLen+1))
+	f.Fuzz(func(t *testing.T, key string) {
+		got := escapeKey(key)
+		require.False(t, strings.ContainsAny(got, "{}"), "escapeKey(%q) = %q has a hash-tag character", key, got)
+		require.LessOrEqual(t, len(got), 3*MaxKeyLen, "escapeKey(%.40q): %d bytes", key, len(got))
+		if len(key) > MaxKeyLen {
+			sum := sha256.Sum256([]byte(key))
+			require.Equal(t, "%h"+hex.EncodeToString(sum[:]), got)
+			return
+		}
+		back, err := url.PathUnescape(got)
+		require.NoError(t, err, "escapeKey(%q) = %q", key, got)
+		require.Equal(t, key, back, "escapeKey(%q) = %q does not come back", key, got)
+		require.False(t, strings.HasPrefix(got, "%h"), "a short key escaped as a hashed one: %q", got)
+	})
+}
+
+// FuzzMissedWindow: the server's time comes back from any error text
+// that carries it, and no other text is taken for one.
+func FuzzMissedWindow(f *testing.F) {
+	f.Add("ERR user_script:1: ", int64(1893456000000000), " script: 1a2b")
+	f.Add("", int64(0), "")
+	f.Add("redlimit-window-miss ", int64(math.MaxInt64), "9")
+	f.Add("x", int64(-5), "redlimit-window-miss 12")
+	f.Fuzz(func(t *testing.T, before string, us int64, after string) {
+		var v int64
+		var ok bool
+		require.NotPanics(t, func() { v, ok = missedWindow(errors.New(before + after)) })
+		if ok {
+			require.Contains(t, before+after, windowMiss)
+		}
+		if us < 0 || strings.Contains(before, windowMiss) || (after != "" && after[0] >= '0' && after[0] <= '9') {
+			return
+		}
+		v, ok = missedWindow(errors.New(before + windowMiss + strconv.FormatInt(us, 10) + after))
+		require.True(t, ok, "missedWindow of %q", before+windowMiss+strconv.FormatInt(us, 10)+after)
+		require.Equal(t, us, v)
+	})
 }
