@@ -378,13 +378,19 @@ func (e *engine) Wait(ctx context.Context, key string) error {
 // every rule allows them) and consumes them. It asks Redis about once per
 // RetryAfter, never more often. When ctx has a deadline and the wait needed
 // is longer than the time left, it returns at once an error wrapping
-// context.DeadlineExceeded. A LeakyBucket limiter, or a policy's
+// context.DeadlineExceeded. n = 0 returns at once (ctx's error, if it is
+// done). A LeakyBucket limiter, or a policy's
 // LeakyBucket rule, never takes a slot that it would have to wait for past
 // the deadline.
 func (e *engine) WaitN(ctx context.Context, key string, n int) error {
 	rs, err := e.rulesChecked(ctx, key, n)
 	if err != nil {
 		return err
+	}
+	if n == 0 {
+		// Zero events may always happen: no call, and no sleep until a
+		// leaky bucket's next slot, which AllowN(ctx, key, 0) reports.
+		return ctx.Err()
 	}
 	for {
 		maxDelay := time.Duration(-1)

@@ -126,7 +126,8 @@ func (r *Reservation) Result() Result {
 // and a reservation forgotten for every rule returns ErrSettled.
 //
 // The Result is the key's state after settling, as AllowN(ctx, key, 0)
-// reports it. A reservation taken in shadow mode that the limit denied
+// reports it for a call without a priority share: its Remaining includes
+// the headroom that [WithPriorityShares] keeps for higher priorities. A reservation taken in shadow mode that the limit denied
 // holds nothing: Settle returns its Result and touches nothing.
 //
 // Outages: a reservation taken by the in-process fallback (Result().Degraded)

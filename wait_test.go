@@ -198,3 +198,35 @@ func (h *latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return err
 	}
 }
+
+// WaitN of 0 events returns at once, asking nothing of Redis: a leaky
+// bucket whose next slot is 400 ms away (which AllowN(ctx, key, 0) reports
+// as its Delay) does not make it sleep; a done ctx gives ctx's error.
+func TestWaitZero(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		observe, calls := countCalls()
+		lim := newLimiter(t, bubbleClient(t), LeakyBucket, Limit{Rate: 5, Period: time.Second, Burst: 3}, observe)
+		ctx := t.Context()
+		res, err := lim.AllowN(ctx, "k", 3)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		peek, err := lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 600*time.Millisecond, peek.Delay, "the next slot, after the 3 taken")
+		before := calls.Load()
+
+		start := time.Now()
+		require.NoError(t, lim.WaitN(ctx, "k", 0))
+		assert.Zero(t, time.Since(start), "WaitN(0) slept")
+		assert.Equal(t, before, calls.Load(), "WaitN(0) asked Redis")
+
+		canceled, cancel := context.WithCancel(ctx)
+		cancel()
+		assert.ErrorIs(t, lim.WaitN(canceled, "k", 0), context.Canceled)
+		assert.ErrorIs(t, lim.WaitN(ctx, "k", -1), ErrInvalidArgument, "n is still checked")
+
+		after, err := lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		assert.Equal(t, peek, after, "nothing taken")
+	})
+}
