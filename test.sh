@@ -29,7 +29,10 @@ modules=(. grpclimit cmd/redlimit bench examples/prometheus extra/redlimitotel e
 workspace=$PWD/go.work
 gowork() { if [ "$1" = . ]; then echo off; else echo "$workspace"; fi; }
 
-echo "== gofmt, go vet"
+# phase TITLE: a step's heading, with the time taken so far.
+phase() { echo "== $* (at ${SECONDS}s)"; }
+
+phase "gofmt, go vet"
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
@@ -40,47 +43,111 @@ for m in "${modules[@]}"; do
   (cd "$m" && GOWORK=$(gowork "$m") go vet ./...)
 done
 
-# The release check, in the background: it tags a snapshot of this tree,
-# serves it from a file-based module proxy and checks that go install of
-# cmd/redlimit and go get of grpclimit work. Its output goes to a file,
-# shown (and its exit status checked) after the docs' commands.
-release_log=$(mktemp "${TMPDIR:-/tmp}/redlimit-release-check.XXXXXX")
-.ci/release-check.sh >"$release_log" 2>&1 &
-release_pid=$!
-trap 'kill "$release_pid" 2>/dev/null || true; rm -f "$release_log"' EXIT
+# Jobs in the background: bg NAME COMMAND... starts one, its output in a
+# file; finish NAME [quiet] waits for it, shows the output (with quiet,
+# only on a failure) and fails on a failure.
+bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/redlimit-test.XXXXXX")
+declare -A bg_pid=()
+trap 'for p in "${bg_pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$bg_dir"' EXIT
+bg() {
+  local name=$1
+  shift
+  "$@" >"$bg_dir/$name.log" 2>&1 &
+  bg_pid[$name]=$!
+}
+finish() {
+  local name=$1 status=0
+  wait "${bg_pid[$name]}" || status=$?
+  unset "bg_pid[$name]" # its PID may be reused now
+  if [ "$status" -ne 0 ] || [ "${2:-}" != quiet ]; then cat "$bg_dir/$name.log"; fi
+  [ "$status" -eq 0 ] || { echo "$name failed (exit $status)" >&2; return 1; }
+}
 
-echo "== docs and example commands (the release check runs meanwhile)"
+# While the docs' commands run: the release check (it tags a snapshot of
+# this tree, serves it from a file-based module proxy and checks that go
+# install of cmd/redlimit and go get of grpclimit and the metric modules
+# work) and the micro-benchmarks, once each (to keep them working, not to
+# judge speed). Neither depends on timing.
+bg release .ci/release-check.sh
+bg benchmarks env GOWORK=off go test -run '^$' -bench . -benchtime=1x ./...
+
+phase "docs and example commands (the release check and the micro-benchmarks run meanwhile)"
 # Every command of the docs (README.md, CONTRIBUTING.md, docs/*.md) and of
 # the examples' doc comments, as written
 # (each example at least once); servers with -selftest. See the script.
 .ci/doc-commands.sh
 
-echo "== release check"
-release_status=0
-wait "$release_pid" || release_status=$?
-trap - EXIT # its PID may be reused now
-cat "$release_log"
-rm -f "$release_log"
-[ "$release_status" -eq 0 ] || { echo "release check failed (exit $release_status)" >&2; exit 1; }
-
-echo "== micro-benchmarks, once each"
-bench_out=$(GOWORK=off go test -run '^$' -bench . -benchtime=1x ./... 2>&1) || { echo "$bench_out" >&2; exit 1; }
+phase "release check"
+finish release
+phase "micro-benchmarks, once each"
+finish benchmarks quiet
 
 # The root package's tests that start a redis-server (standalone or a
 # cluster), which test.sh reruns on each engine of REDLIMIT_ENGINES; the
-# others run on miniredis and would only repeat themselves (about 3 of the
-# 5 minutes the package takes). The names say which they are;
-# TestEngineTestsNamed (redis_test.go) checks that every test that starts a
-# server matches.
+# others run on miniredis and would only repeat themselves. The names say
+# which they are; TestEngineTestsNamed (redis_test.go) checks that every
+# test that starts a server matches.
 engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestPrefetchHangNoQueue$'
 
-echo "== tests"
+# The tests run in two lanes at once, each one package at a time (-p 1):
+#  - servers: the root package's engine_tests, then every other package
+#    whose tests start a redis-server (they name redistest.Start,
+#    StartCluster or NewProxy). They mostly wait on the servers, their
+#    faults and their timers, and run at normal priority, so that their
+#    timings are not another lane's;
+#  - cpu: the root package's other tests (miniredis, about one core busy),
+#    then every other package, at a lower priority (nice 10): they use
+#    what the servers lane leaves of the 2 cores.
+# One lane would run them one after the other and leave a core idle.
+# Running the root package as two processes (its test binary built once)
+# also spares the miniredis tests, whose Lua states map and unmap memory,
+# contending for one process's address space.
+server_pkgs=() cpu_pkgs=() # "MODULE IMPORT-PATH"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
-  # -p 1: one package at a time, so that the timing-sensitive fault and
-  # cluster tests do not share the 2 cores with another package's clusters.
-  (cd "$m" && GOWORK=$(gowork "$m") go test -race -count=1 -p 1 -timeout 20m ./...)
+  while read -r path dir; do
+    [ "$path" = github.com/redlimit/redlimit ] && continue # split by test, below
+    if grep -qsE 'redistest\.(Start|StartServer|StartCluster|NewProxy)\(' "$dir"/*_test.go; then
+      server_pkgs+=("$m $path")
+    else
+      cpu_pkgs+=("$m $path")
+    fi
+  done < <(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
 done
+
+# run_tests PRIORITY ENTRY...: go test, module by module, the packages
+# named (PRIORITY low: with nice 10). Every module runs; it fails if one did.
+run_tests() {
+  local runner=() status=0 m e pkgs
+  [ "$1" = low ] && runner=(nice -n 10)
+  shift
+  for m in "${modules[@]}"; do
+    pkgs=()
+    for e in "$@"; do [ "${e%% *}" = "$m" ] && pkgs+=("${e#* }"); done
+    [ ${#pkgs[@]} -gt 0 ] || continue
+    (cd "$m" && GOWORK=$(gowork "$m") "${runner[@]}" go test -race -count=1 -p 1 -timeout 20m "${pkgs[@]}") || status=1
+  done
+  return "$status"
+}
+
+phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
+GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
+cpu_lane() {
+  local status=0
+  echo "-- the root package's miniredis tests"
+  nice -n 10 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.skip "$engine_tests" || status=1
+  run_tests low "${cpu_pkgs[@]}" || status=1
+  return "$status"
+}
+bg cpu cpu_lane
+servers_status=0
+echo "-- the root package's real-Redis tests"
+"$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$engine_tests" || servers_status=1
+run_tests normal "${server_pkgs[@]}" || servers_status=1
+phase "tests: the servers lane ended (exit $servers_status); the cpu lane"
+cpu_status=0
+finish cpu || cpu_status=1
+[ "$servers_status" -eq 0 ] && [ "$cpu_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # The same real-Redis tests once more with every limiter deciding with a
@@ -88,7 +155,7 @@ if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # untested but for its own tests, which run on every engine below). Only
   # with REDLIMIT_ENGINES (CI): without it, each assertion runs once
   # (about 200 s saved), and functions_test.go tests the Functions.
-  echo "== the root package's real-Redis tests with Redis Functions"
+  phase "the root package's real-Redis tests with Redis Functions"
   GOWORK=off REDLIMIT_TEST_FUNCTIONS=1 go test -race -count=1 -p 1 -timeout 20m -run "$engine_tests" .
 
   # On each engine: the root package's real-Redis and cluster tests, and
@@ -101,7 +168,7 @@ if [ -n "${REDLIMIT_ENGINES:-}" ]; then
       failed+=("$server (does not run)")
       continue
     fi
-    echo "== tests on ${version%% sha=*} ($server)"
+    phase "tests on ${version%% sha=*} ($server)"
     start=$SECONDS
     if GOWORK=off REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m -run "$engine_tests" . &&
       GOWORK=off REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m ./internal/redistest/; then
@@ -115,3 +182,4 @@ if [ -n "${REDLIMIT_ENGINES:-}" ]; then
     exit 1
   fi
 fi
+phase "done: every step passed"
