@@ -48,7 +48,14 @@ done
 # only on a failure) and fails on a failure.
 bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/redlimit-test.XXXXXX")
 declare -A bg_pid=()
-trap 'for p in "${bg_pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$bg_dir"' EXIT
+# stop PID: stops a job and what it started (go test, test binaries), which
+# a background job's subshell would otherwise leave running.
+stop() {
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do stop "$c"; done
+  kill "$1" 2>/dev/null || true
+}
+trap 'for p in "${bg_pid[@]}"; do stop "$p"; done; rm -rf "$bg_dir"' EXIT
 bg() {
   local name=$1
   shift
