@@ -3,7 +3,6 @@ package httplimit
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -72,8 +71,7 @@ func ConcurrencyMiddleware(c *redlimit.Concurrency, opts ...Option) func(http.Ha
 			ctx = context.WithValue(ctx, resultKey{}, res)
 			if lease == nil {
 				retry := hint.RetryAfter(res.RetryAfter, res.Limit.Rate)
-				w.Header().Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(retry), 1), 10))
-				cfg.denied.ServeHTTP(w, r.WithContext(ctx))
+				cfg.deny(w, r.WithContext(ctx), retry)
 				return
 			}
 			start := time.Now()

@@ -2,7 +2,6 @@ package httplimit
 
 import (
 	"net/http"
-	"strconv"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
@@ -28,6 +27,6 @@ func SetHeaders(h http.Header, l redlimit.Limiter, res redlimit.Result) {
 	list, deciding := policies.Policies(res, nil)
 	writeHeaders(h, res, list, deciding, false)
 	if !res.Allowed {
-		h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
+		setRetryAfter(h, res.RetryAfter)
 	}
 }

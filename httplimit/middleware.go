@@ -375,15 +375,7 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				return
 			}
 			ctx := r.Context()
-			callCtx := ctx
-			if cfg.priority != nil {
-				callCtx = redlimit.ContextWithPriority(callCtx, cfg.priority(r))
-			}
-			if cfg.maxDelay >= 0 {
-				// A leaky bucket then refuses, taking nothing, a slot
-				// whose Delay is longer than the middleware will wait.
-				callCtx = calldelay.With(callCtx, cfg.maxDelay)
-			}
+			callCtx := cfg.callContext(r)
 			var (
 				res   redlimit.Result
 				rules []redlimit.Rule
@@ -402,31 +394,15 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 				cfg.err(w, r, err)
 				return
 			}
-			h := w.Header()
 			list, deciding := policies.Policies(res, rules)
-			writeHeaders(h, res, list, deciding, cfg.xRateLimit)
+			writeHeaders(w.Header(), res, list, deciding, cfg.xRateLimit)
 			r = r.WithContext(context.WithValue(ctx, resultKey{}, res))
 			if !res.Allowed {
-				h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
-				cfg.denied.ServeHTTP(w, r)
+				cfg.deny(w, r, res.RetryAfter)
 				return
 			}
-			if res.Delay > 0 {
-				if cfg.maxDelay >= 0 && res.Delay > cfg.maxDelay {
-					// A Limiter not of this module took the slot anyway.
-					cfg.cost.settle(r, resv, 0)
-					h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(res.Delay), 1), 10))
-					cfg.denied.ServeHTTP(w, r)
-					return
-				}
-				t := time.NewTimer(res.Delay)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					cfg.cost.settle(r, resv, 0)
-					return
-				}
+			if res.Delay > 0 && !cfg.awaitDelay(w, r, res.Delay, resv) {
+				return
 			}
 			if resv != nil {
 				// Settled when the handler returns, also when it panics.
@@ -436,6 +412,51 @@ func Middleware(l redlimit.Limiter, opts ...Option) func(http.Handler) http.Hand
 			}
 			next.ServeHTTP(w, r)
 		})
+	}
+}
+
+// callContext returns the context of the limiter call for r: r's, with the
+// priority that the priority function gives r, and the longest Delay the
+// middleware waits for.
+func (c *config) callContext(r *http.Request) context.Context {
+	ctx := r.Context()
+	if c.priority != nil {
+		ctx = redlimit.ContextWithPriority(ctx, c.priority(r))
+	}
+	if c.maxDelay >= 0 {
+		// A leaky bucket then refuses, taking nothing, a slot
+		// whose Delay is longer than the middleware will wait.
+		ctx = calldelay.With(ctx, c.maxDelay)
+	}
+	return ctx
+}
+
+// deny answers r as denied: Retry-After, then the denied handler.
+func (c *config) deny(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
+	setRetryAfter(w.Header(), retryAfter)
+	c.denied.ServeHTTP(w, r)
+}
+
+// awaitDelay waits for delay, the Delay of r's admitted Result, and
+// reports whether to go on to the next handler. When delay is longer than
+// the middleware waits (a Limiter not of this module took the slot
+// anyway), it answers r as denied instead; when r's context ends first, it
+// returns without writing anything. Either way it settles resv (WithCost)
+// with nothing used.
+func (c *config) awaitDelay(w http.ResponseWriter, r *http.Request, delay time.Duration, resv *redlimit.Reservation) bool {
+	if c.maxDelay >= 0 && delay > c.maxDelay {
+		c.cost.settle(r, resv, 0)
+		c.deny(w, r, delay)
+		return false
+	}
+	t := time.NewTimer(delay)
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		t.Stop()
+		c.cost.settle(r, resv, 0)
+		return false
 	}
 }
 
@@ -464,6 +485,12 @@ func writeHeaders(h http.Header, res redlimit.Result, list []ratelimitfields.Pol
 		h.Set(HeaderXRateLimitRemaining, strconv.FormatInt(remaining(res), 10))
 		h.Set(HeaderXRateLimitReset, strconv.FormatInt(resetSeconds(res), 10))
 	}
+}
+
+// setRetryAfter sets Retry-After in h to d in whole seconds, rounded up and
+// at least 1.
+func setRetryAfter(h http.Header, d time.Duration) {
+	h.Set(HeaderRetryAfter, strconv.FormatInt(max(ceilSeconds(d), 1), 10))
 }
 
 // ceilSeconds returns d in whole seconds, rounded up; 0 for d <= 0.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
 )
@@ -149,120 +150,178 @@ func (f *simFlags) run(ctx context.Context, args []string, set map[string]bool, 
 	return nil
 }
 
-// simulation checks the flags and builds the simulation they describe.
+// simulation checks the flags and builds the simulation they describe. The
+// steps check in a fixed order, which decides the error of a command line
+// with several mistakes.
 func (f *simFlags) simulation(args []string, set map[string]bool) (*simulation, error) {
-	bad := func(format string, a ...any) (*simulation, error) {
-		return nil, usagef("simulate", format, a...)
-	}
 	if len(args) > 0 {
-		return bad("unexpected argument %q", args[0])
+		return nil, usagef("simulate", "unexpected argument %q", args[0])
 	}
 	if f.file != "" && !set["pattern"] {
 		f.pattern = "file"
 	}
-	switch ext := strings.ToLower(filepath.Ext(f.out)); {
-	case f.out == "", ext == ".png", ext == ".svg":
-	default:
-		return bad("-out %q: the chart must be a .png or .svg file", f.out)
+	if err := checkChartFile(f.out); err != nil {
+		return nil, err
 	}
-	// The limit first, as bench's check does: the defaults below divide by
-	// the period, and the patterns step by it (with -period 0, bursty and
-	// onoff never ended, a file's arrivals were divided by 0, and the
-	// default -offered was +Inf).
-	limit := redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
-	cal, isCal, err := f.cal.limit("simulate", f.rate)
+	limit, cal, err := f.limits(set)
 	if err != nil {
 		return nil, err
 	}
+	f.setDefaults()
+	if err := f.checkTraffic(); err != nil {
+		return nil, err
+	}
+	arrivals, err := f.arrivals(set)
+	if err != nil {
+		return nil, err
+	}
+	shares, err := parseShares(f.shares)
+	if err != nil {
+		return nil, err
+	}
+	if len(arrivals) > maxArrivals {
+		return nil, usagef("simulate", "%d requests, more than the %d a simulation can take", len(arrivals), maxArrivals)
+	}
+	if f.seed != 0 {
+		arrivals = jitter(arrivals, f.seed, f.duration)
+	}
+	if err := f.checkChartPoints(); err != nil {
+		return nil, err
+	}
+	return &simulation{
+		limit:    limit,
+		calendar: cal,
+		pattern:  f.pattern,
+		arrivals: arrivals,
+		duration: f.duration,
+		step:     f.step,
+		shares:   shares,
+	}, nil
+}
+
+// checkChartFile checks that out, the -out flag, names a file the chart
+// can be written as: none, or a .png or .svg file.
+func checkChartFile(out string) error {
+	switch ext := strings.ToLower(filepath.Ext(out)); {
+	case out == "", ext == ".png", ext == ".svg":
+		return nil
+	default:
+		return usagef("simulate", "-out %q: the chart must be a .png or .svg file", out)
+	}
+}
+
+// limits checks and returns the limit of the strategies and, with
+// -calendar, the fixed window's calendar quota (the zero Limit without). It
+// sets f.period to the calendar's nominal period with -calendar.
+//
+// The limit comes first, as bench's check does: the defaults divide by the
+// period, and the patterns step by it (with -period 0, bursty and onoff
+// never ended, a file's arrivals were divided by 0, and the default
+// -offered was +Inf).
+func (f *simFlags) limits(set map[string]bool) (limit, calendar redlimit.Limit, err error) {
+	cal, isCal, err := f.cal.limit("simulate", f.rate)
+	if err != nil {
+		return limit, calendar, err
+	}
 	if isCal {
 		if set["period"] {
-			return bad("-period is the calendar's with -calendar")
+			return limit, calendar, usagef("simulate", "-period is the calendar's with -calendar")
 		}
 		f.period = cal.Period
-		limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
 		if err := checkLimit(redlimit.FixedWindow, cal); err != nil {
-			return nil, err
+			return limit, calendar, err
 		}
+		calendar = cal
 	}
+	limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
 	for _, s := range redlimit.Strategies() {
 		if err := checkLimit(s, limitOf(limit, s)); err != nil {
-			return nil, err // dispatch makes an invalid limit a usage error
+			return limit, calendar, err // dispatch makes an invalid limit a usage error
 		}
 	}
+	return limit, calendar, nil
+}
+
+// setDefaults fills in the flags whose zero value means a default that
+// depends on the limit: -offered and -step.
+func (f *simFlags) setDefaults() {
 	if f.offered == 0 {
 		f.offered = 3 * float64(f.rate) / f.period.Seconds()
 	}
 	if f.step == 0 {
 		f.step = f.period / 10
 	}
+}
+
+// checkTraffic checks the flags that describe the traffic and the chart's
+// step, once their defaults are set.
+func (f *simFlags) checkTraffic() error {
 	switch {
 	case f.offered < 0 || math.IsInf(f.offered, 0) || math.IsNaN(f.offered):
-		return bad("-offered %v must be a positive number", f.offered)
+		return usagef("simulate", "-offered %v must be a positive number", f.offered)
 	case f.duration <= 0:
-		return bad("-duration %v must be positive", f.duration)
+		return usagef("simulate", "-duration %v must be positive", f.duration)
 	case f.duration > redlimit.MaxPeriod:
-		return bad("-duration %v must be at most %v", f.duration, redlimit.MaxPeriod)
+		return usagef("simulate", "-duration %v must be at most %v", f.duration, redlimit.MaxPeriod)
 	case f.step < time.Microsecond:
-		return bad("-step %v must be at least 1µs", f.step)
+		return usagef("simulate", "-step %v must be at least 1µs", f.step)
 	case f.step > redlimit.MaxPeriod:
-		return bad("-step %v must be at most %v", f.step, redlimit.MaxPeriod)
+		return usagef("simulate", "-step %v must be at most %v", f.step, redlimit.MaxPeriod)
 	case f.pattern == "file" && f.file == "":
-		return bad("-pattern file needs -file")
+		return usagef("simulate", "-pattern file needs -file")
 	case f.pattern != "file" && f.file != "":
-		return bad("-file is only for -pattern file, not %s", f.pattern)
+		return usagef("simulate", "-file is only for -pattern file, not %s", f.pattern)
 	}
-	var arrivals []time.Duration
+	return nil
+}
+
+// arrivals returns the arrival times of the traffic pattern: read from
+// -file, keeping those before -duration (which, unless set, runs to the
+// last arrival rounded up to whole periods), or generated at -offered for
+// -duration, refusing more than maxArrivals.
+func (f *simFlags) arrivals(set map[string]bool) ([]time.Duration, error) {
 	if f.pattern == "file" {
-		var err error
-		if arrivals, err = readArrivals(f.file); err != nil {
+		arrivals, err := readArrivals(f.file)
+		if err != nil {
 			return nil, err
 		}
 		if !set["duration"] {
 			f.duration = coverPeriods(arrivals, f.period)
 		}
-		arrivals = before(arrivals, f.duration)
-	} else {
-		gen, ok := patterns[f.pattern]
-		if !ok {
-			return bad("unknown pattern %q (want steady, bursty, ramp, onoff or file)", f.pattern)
-		}
-		if n := f.offered * f.duration.Seconds(); n > maxArrivals {
-			return bad("-offered %v for %v is %.0f requests, more than the %d a simulation can take", f.offered, f.duration, n, maxArrivals)
-		}
-		arrivals = gen(f.offered, f.period, f.duration)
+		return before(arrivals, f.duration), nil
 	}
-	var shares []float64
-	if f.shares != "" {
-		var sh, no float64
-		if n, err := fmt.Sscanf(f.shares, "%g,%g", &sh, &no); err != nil || n != 2 || !(0 < sh && sh <= no && no <= 1) {
-			return bad("-shares %q: want sheddable,normal with 0 < sheddable <= normal <= 1, such as 0.5,0.8", f.shares)
-		}
-		shares = []float64{sh, no}
+	gen, ok := patterns[f.pattern]
+	if !ok {
+		return nil, usagef("simulate", "unknown pattern %q (want steady, bursty, ramp, onoff or file)", f.pattern)
 	}
-	if len(arrivals) > maxArrivals {
-		return bad("%d requests, more than the %d a simulation can take", len(arrivals), maxArrivals)
+	if n := f.offered * f.duration.Seconds(); n > maxArrivals {
+		return nil, usagef("simulate", "-offered %v for %v is %.0f requests, more than the %d a simulation can take", f.offered, f.duration, n, maxArrivals)
 	}
-	if f.seed != 0 {
-		arrivals = jitter(arrivals, f.seed, f.duration)
+	return gen(f.offered, f.period, f.duration), nil
+}
+
+// parseShares parses -shares, "sheddable,normal", into the two shares; it
+// returns nil for "", without priorities.
+func parseShares(s string) ([]float64, error) {
+	if s == "" {
+		return nil, nil
 	}
-	// The chart runs to the end of the traffic, and maybe on for a leaky
-	// bucket's delays (checked again after the run, see chartSteps):
-	// divided before adding, as duration + period can overflow.
+	var sh, no float64
+	if n, err := fmt.Sscanf(s, "%g,%g", &sh, &no); err != nil || n != 2 || !(0 < sh && sh <= no && no <= 1) {
+		return nil, usagef("simulate", "-shares %q: want sheddable,normal with 0 < sheddable <= normal <= 1, such as 0.5,0.8", s)
+	}
+	return []float64{sh, no}, nil
+}
+
+// checkChartPoints checks that the chart has at most maxBuckets points per
+// line. It runs to the end of the traffic, and maybe on for a leaky
+// bucket's delays (checked again after the run, see chartSteps): divided
+// before adding, as duration + period can overflow.
+func (f *simFlags) checkChartPoints() error {
 	if n := f.duration/f.step + f.period/f.step + 2; n > maxBuckets {
-		return bad("-step %v makes %d chart points; use a longer step", f.step, n)
+		return usagef("simulate", "-step %v makes %d chart points; use a longer step", f.step, n)
 	}
-	sim := &simulation{
-		limit:    limit,
-		pattern:  f.pattern,
-		arrivals: arrivals,
-		duration: f.duration,
-		step:     f.step,
-		shares:   shares,
-	}
-	if isCal {
-		sim.calendar = cal
-	}
-	return sim, nil
+	return nil
 }
 
 // limitOf returns the limit strategy s simulates: l, without its WarmUp
@@ -344,57 +403,13 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 	rdb := newPipeClient(m)
 	defer rdb.Close()
 
-	type lane struct {
-		lim *redlimit.RateLimiter
-		key string
-		out *outcome
+	lanes, err := newLanes(rdb, sim)
+	if err != nil {
+		return nil, err
 	}
-	var lanes []lane
-	var opts []redlimit.Option
-	if sim.shares != nil {
-		opts = append(opts, redlimit.WithPriorityShares(sim.shares[0], sim.shares[1]))
-	}
-	ctxs := []context.Context{ctx}
-	if sim.shares != nil {
-		ctxs = ctxs[:0]
-		for _, p := range priorities {
-			ctxs = append(ctxs, redlimit.ContextWithPriority(ctx, p))
-		}
-	}
-	for _, s := range redlimit.Strategies() {
-		l := limitOf(sim.limit, s)
-		if s == redlimit.FixedWindow && sim.calendar.Rate > 0 {
-			l = sim.calendar
-		}
-		lim, err := newLimiter(rdb, s, l, opts...)
-		if err != nil {
-			return nil, err
-		}
-		defer lim.Close()
-		lanes = append(lanes, lane{lim: lim, key: "sim-" + s.String(), out: &outcome{strategy: s}})
-	}
-
-	epoch := simEpoch(sim.limit.Period)
-	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
-		epoch = start
-	}
-	for i, at := range sim.arrivals {
-		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
-		m.SetTime(epoch.Add(at))
-		prio := i % len(ctxs)
-		for _, ln := range lanes {
-			res, err := ln.lim.Allow(ctxs[prio], ln.key)
-			if err != nil {
-				return nil, fmt.Errorf("simulate %v at %v: %w", ln.out.strategy, at, err)
-			}
-			if res.Allowed {
-				ln.out.admitted = append(ln.out.admitted, at+res.Delay)
-				ln.out.delay += res.Delay
-				if sim.shares != nil {
-					ln.out.byPrio[prio] = append(ln.out.byPrio[prio], at+res.Delay)
-				}
-			}
-		}
+	defer closeLanes(lanes)
+	if err := replay(m, sim, priorityContexts(ctx, sim), lanes); err != nil {
+		return nil, err
 	}
 	outs := make([]*outcome, len(lanes))
 	for i, ln := range lanes {
@@ -405,6 +420,94 @@ func runSimulation(ctx context.Context, sim *simulation) ([]*outcome, error) {
 		outs[i] = ln.out
 	}
 	return outs, nil
+}
+
+// lane is one strategy's limiter in a simulation, the key it decides on,
+// and what it admitted.
+type lane struct {
+	lim *redlimit.RateLimiter
+	key string
+	out *outcome
+}
+
+// newLanes returns a lane for each strategy, in the order of
+// redlimit.Strategies, each with sim's limit (the fixed window with the
+// calendar quota with -calendar) and sim's priority shares. The caller
+// closes them with closeLanes.
+func newLanes(rdb redis.UniversalClient, sim *simulation) ([]lane, error) {
+	var opts []redlimit.Option
+	if sim.shares != nil {
+		opts = append(opts, redlimit.WithPriorityShares(sim.shares[0], sim.shares[1]))
+	}
+	var lanes []lane
+	for _, s := range redlimit.Strategies() {
+		l := limitOf(sim.limit, s)
+		if s == redlimit.FixedWindow && sim.calendar.Rate > 0 {
+			l = sim.calendar
+		}
+		lim, err := newLimiter(rdb, s, l, opts...)
+		if err != nil {
+			closeLanes(lanes)
+			return nil, err
+		}
+		lanes = append(lanes, lane{lim: lim, key: "sim-" + s.String(), out: &outcome{strategy: s}})
+	}
+	return lanes, nil
+}
+
+// closeLanes closes the lanes' limiters, the last one first.
+func closeLanes(lanes []lane) {
+	for i := len(lanes) - 1; i >= 0; i-- {
+		lanes[i].lim.Close()
+	}
+}
+
+// priorityContexts returns the contexts that arrivals take in turn: ctx
+// alone, or with -shares one for each of priorities.
+func priorityContexts(ctx context.Context, sim *simulation) []context.Context {
+	if sim.shares == nil {
+		return []context.Context{ctx}
+	}
+	ctxs := make([]context.Context, 0, len(priorities))
+	for _, p := range priorities {
+		ctxs = append(ctxs, redlimit.ContextWithPriority(ctx, p))
+	}
+	return ctxs
+}
+
+// simStart returns when sim's virtual clock starts: at the calendar window
+// that holds 2030-01-01 00:00 UTC with -calendar, else at simEpoch.
+func simStart(sim *simulation) time.Time {
+	if start, _, ok := sim.calendar.Window(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)); ok {
+		return start
+	}
+	return simEpoch(sim.limit.Period)
+}
+
+// replay sets m's clock to each of sim's arrivals in turn and asks every
+// lane to allow it, the i-th arrival with ctxs[i%len(ctxs)], recording in
+// the lane's outcome when the admitted ones happen.
+func replay(m *miniredis.Miniredis, sim *simulation, ctxs []context.Context, lanes []lane) error {
+	epoch := simStart(sim)
+	for i, at := range sim.arrivals {
+		at = at.Truncate(time.Microsecond) // the resolution of Redis TIME
+		m.SetTime(epoch.Add(at))
+		prio := i % len(ctxs)
+		for _, ln := range lanes {
+			res, err := ln.lim.Allow(ctxs[prio], ln.key)
+			if err != nil {
+				return fmt.Errorf("simulate %v at %v: %w", ln.out.strategy, at, err)
+			}
+			if res.Allowed {
+				ln.out.admitted = append(ln.out.admitted, at+res.Delay)
+				ln.out.delay += res.Delay
+				if sim.shares != nil {
+					ln.out.byPrio[prio] = append(ln.out.byPrio[prio], at+res.Delay)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // printTable writes the comparison table.
