@@ -13,9 +13,10 @@
 # after the normal run. Without it each assertion runs once: Redis
 # Functions are then tested by their own tests (functions_test.go).
 #
-# The release check runs in the background while the docs' commands run
-# (it builds and copies; no timing depends on it), its output shown when
-# it ends; the root package's tests run after both, alone.
+# The release check and the micro-benchmarks run in the background while
+# the docs' commands run (no timing depends on them), their output shown
+# when they end; the tests run after them, in two lanes at once (see
+# below).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -45,10 +46,22 @@ done
 
 # Jobs in the background: bg NAME COMMAND... starts one, its output in a
 # file; finish NAME [quiet] waits for it, shows the output (with quiet,
-# only on a failure) and fails on a failure.
+# only on a failure) and fails on a failure. A job still running when the
+# script exits (a failed step, a signal) is ended with every process under
+# it: killing the job's shell alone would leave its go test, test binary
+# and redis-servers running (background jobs also ignore the terminal's
+# Ctrl-C).
 bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/redlimit-test.XXXXXX")
 declare -A bg_pid=()
-trap 'for p in "${bg_pid[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$bg_dir"' EXIT
+# kill_tree PID: ends PID, then the processes it had started, and theirs;
+# the parent first, so that it starts no new one.
+kill_tree() {
+  local kids k
+  kids=$(pgrep -P "$1") || true
+  kill "$1" 2>/dev/null || true
+  for k in $kids; do kill_tree "$k"; done
+}
+trap 'for p in "${bg_pid[@]}"; do kill_tree "$p"; done; rm -rf "$bg_dir"' EXIT
 bg() {
   local name=$1
   shift
@@ -105,6 +118,9 @@ engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestC
 server_pkgs=() cpu_pkgs=() # "MODULE IMPORT-PATH"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
+  # In a variable first: a go list that fails inside <(...) would not fail
+  # the script, and its packages' tests would silently not run.
+  list=$(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
   while read -r path dir; do
     [ "$path" = github.com/redlimit/redlimit ] && continue # split by test, below
     if grep -qsE 'redistest\.(Start|StartServer|StartCluster|NewProxy)\(' "$dir"/*_test.go; then
@@ -112,7 +128,7 @@ for m in "${modules[@]}"; do
     else
       cpu_pkgs+=("$m $path")
     fi
-  done < <(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
+  done <<<"$list"
 done
 
 # run_tests PRIORITY ENTRY...: go test, module by module, the packages
