@@ -105,7 +105,7 @@ engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestC
 # The tests run in two lanes at once, each one package at a time (-p 1):
 #  - servers: the root package's engine_tests, then every other package
 #    whose tests start a redis-server (they name redistest.Start,
-#    StartCluster or NewProxy). They mostly wait on the servers, their
+#    StartServer, StartCluster or NewProxy). They mostly wait on the servers, their
 #    faults and their timers, and run at normal priority, so that their
 #    timings are not another lane's;
 #  - cpu: the root package's other tests (miniredis, about one core busy),
