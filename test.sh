@@ -57,7 +57,7 @@ declare -A bg_pid=()
 # the parent first, so that it starts no new one.
 kill_tree() {
   local kids k
-  kids=$(pgrep -P "$1") || true
+  kids=$(pgrep -P "$1" 2>/dev/null) || true # without pgrep: the job alone
   kill "$1" 2>/dev/null || true
   for k in $kids; do kill_tree "$k"; done
 }
