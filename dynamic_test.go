@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -181,4 +183,41 @@ func TestFallbackLimitsAlternate(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A constructor that refuses an option only after the engine is set up
+// (WithRulesFunc on a RateLimiter, WithLimitFunc on a Policy) leaves
+// nothing behind: no node watch or eviction watch keeps the refused
+// limiter, which would otherwise stay subscribed for the life of the
+// process and be told of the client's outages.
+func TestRefusedFuncLeavesNoWatch(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	watches := func() (nodes, evicts int) {
+		nodeWatches.Lock()
+		for k := range nodeWatches.m {
+			if k.rdb == redis.UniversalClient(rdb) {
+				nodes++
+			}
+		}
+		nodeWatches.Unlock()
+		evictWatches.Lock()
+		for k := range evictWatches.m {
+			if k.rdb == redis.UniversalClient(rdb) {
+				evicts++
+			}
+		}
+		evictWatches.Unlock()
+		return nodes, evicts
+	}
+	rulesFunc := WithRulesFunc(func(context.Context, string) ([]Rule, error) { return nil, nil })
+	_, err := NewTokenBucket(rdb, PerSecond(1), rulesFunc, WithEvictionCheck(time.Hour))
+	require.ErrorIs(t, err, ErrInvalidArgument, "WithRulesFunc is for policies")
+	limitFunc := WithLimitFunc(func(context.Context, string) (Limit, error) { return PerSecond(1), nil })
+	_, err = NewPolicy(rdb, []Rule{{Strategy: FixedWindow, Limit: PerSecond(1)}}, limitFunc, WithEvictionCheck(time.Hour))
+	require.ErrorIs(t, err, ErrInvalidArgument, "WithLimitFunc is for single-strategy limiters")
+	nodes, evicts := watches()
+	assert.Zero(t, nodes, "node watches left for the refused limiters")
+	assert.Zero(t, evicts, "eviction watches left for the refused limiters")
 }

@@ -55,6 +55,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		return nil, err
 	}
 	if p.cfg.limitFunc != nil {
+		p.Close() // it joined the client's watches
 		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
 	bake(p.own, p.cfg.functions)

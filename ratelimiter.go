@@ -32,6 +32,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 		return nil, err
 	}
 	if l.cfg.rulesFunc != nil {
+		l.Close() // it joined the client's watches
 		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
 	bake(l.own, l.cfg.functions)

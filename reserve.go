@@ -126,9 +126,11 @@ func (r *Reservation) Result() Result {
 // and a reservation forgotten for every rule returns ErrSettled.
 //
 // The Result is the key's state after settling, as AllowN(ctx, key, 0)
-// reports it for a call without a priority share: its Remaining includes
-// the headroom that [WithPriorityShares] keeps for higher priorities. A reservation taken in shadow mode that the limit denied
-// holds nothing: Settle returns its Result and touches nothing.
+// reports it for a Critical call, which no share limits, whatever the
+// reservation's priority: with [WithPriorityShares], its Remaining
+// includes the headroom kept for higher priorities (a Normal call, the
+// default, sees less). A reservation taken in shadow mode that the limit
+// denied holds nothing: Settle returns its Result and touches nothing.
 //
 // Outages: a reservation taken by the in-process fallback (Result().Degraded)
 // settles in-process (one that FallbackAllow admitted took nothing: Settle

@@ -13,9 +13,10 @@
 # after the normal run. Without it each assertion runs once: Redis
 # Functions are then tested by their own tests (functions_test.go).
 #
-# The release check runs in the background while the docs' commands run
-# (it builds and copies; no timing depends on it), its output shown when
-# it ends; the root package's tests run after both, alone.
+# The release check and the micro-benchmarks run in the background while
+# the docs' commands run (no timing depends on them), their output shown
+# when they end; the tests run after them, in two lanes at once (see
+# below).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -45,15 +46,21 @@ done
 
 # Jobs in the background: bg NAME COMMAND... starts one, its output in a
 # file; finish NAME [quiet] waits for it, shows the output (with quiet,
-# only on a failure) and fails on a failure.
+# only on a failure) and fails on a failure. A job still running when the
+# script exits (a failed step, a signal) is ended with every process under
+# it: killing the job's shell alone would leave its go test, test binary
+# and redis-servers running (background jobs also ignore the terminal's
+# Ctrl-C).
 bg_dir=$(mktemp -d "${TMPDIR:-/tmp}/redlimit-test.XXXXXX")
 declare -A bg_pid=()
-# stop PID: stops a job and what it started (go test, test binaries), which
-# a background job's subshell would otherwise leave running.
+# stop PID: ends a job, then what it had started (go test, test binaries)
+# and theirs, which a background job's subshell would otherwise leave
+# running; the parent first, so that it starts no new one.
 stop() {
-  local c
-  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do stop "$c"; done
+  local kids c
+  kids=$(cat /proc/"$1"/task/*/children 2>/dev/null) || true
   kill "$1" 2>/dev/null || true
+  for c in $kids; do stop "$c"; done
 }
 trap 'for p in "${bg_pid[@]}"; do stop "$p"; done; rm -rf "$bg_dir"' EXIT
 bg() {
@@ -99,19 +106,24 @@ engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestC
 # The tests run in two lanes at once, each one package at a time (-p 1):
 #  - servers: the root package's engine_tests, then every other package
 #    whose tests start a redis-server (they name redistest.Start,
-#    StartCluster or NewProxy). They mostly wait on the servers, their
+#    StartServer, StartCluster or NewProxy). They mostly wait on the servers, their
 #    faults and their timers, and run at normal priority, so that their
 #    timings are not another lane's;
-#  - cpu: the root package's other tests (miniredis, about one core busy),
-#    then every other package, at a lower priority (nice 10): they use
-#    what the servers lane leaves of the 2 cores.
-# One lane would run them one after the other and leave a core idle.
-# Running the root package as two processes (its test binary built once)
-# also spares the miniredis tests, whose Lua states map and unmap memory,
-# contending for one process's address space.
+#  - cpu: the root package's other tests (miniredis, CPU-bound), as two
+#    processes (the heaviest tests, miniredis_heavy, in one), then every
+#    other package, at the lowest priority (nice 19): they use what the
+#    servers lane leaves of the 2 cores, and a busy servers lane (64
+#    goroutines of load in a fault test) keeps its timings.
+# One lane would run them one after the other and leave a core idle. The
+# root package's test binary is built once; as processes of their own, the
+# miniredis tests, whose Lua states map and unmap memory, do not contend
+# for one process's address space.
 server_pkgs=() cpu_pkgs=() # "MODULE IMPORT-PATH"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
+  # In a variable first: a go list that fails inside <(...) would not fail
+  # the script, and its packages' tests would silently not run.
+  list=$(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
   while read -r path dir; do
     [ "$path" = github.com/redlimit/redlimit ] && continue # split by test, below
     if grep -qsE 'redistest\.(Start|StartServer|StartCluster|NewProxy)\(' "$dir"/*_test.go; then
@@ -119,14 +131,14 @@ for m in "${modules[@]}"; do
     else
       cpu_pkgs+=("$m $path")
     fi
-  done < <(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
+  done <<<"$list"
 done
 
 # run_tests PRIORITY ENTRY...: go test, module by module, the packages
-# named (PRIORITY low: with nice 10). Every module runs; it fails if one did.
+# named (PRIORITY low: with nice 19). Every module runs; it fails if one did.
 run_tests() {
   local runner=() status=0 m e pkgs
-  [ "$1" = low ] && runner=(nice -n 10)
+  [ "$1" = low ] && runner=(nice -n 19)
   shift
   for m in "${modules[@]}"; do
     pkgs=()
@@ -139,10 +151,17 @@ run_tests() {
 
 phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
 GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
+# About half of the miniredis tests' time (under -race, 2 Dec 2026).
+miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|TestWarmUpModel|TestPolicyTighterOfTwo|TestBakedScriptDecidesAsArguments|TestSlidingCounterSmallRates)$'
 cpu_lane() {
-  local status=0
+  local status=0 heavy_pid
+  nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy" >"$bg_dir/heavy.log" 2>&1 &
+  heavy_pid=$!
   echo "-- the root package's miniredis tests"
-  nice -n 10 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.skip "$engine_tests" || status=1
+  nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.skip "$engine_tests|$miniredis_heavy" || status=1
+  wait "$heavy_pid" || status=1
+  echo "-- the root package's heaviest miniredis tests"
+  cat "$bg_dir/heavy.log"
   run_tests low "${cpu_pkgs[@]}" || status=1
   return "$status"
 }

@@ -200,7 +200,7 @@ func (h *latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // WaitN of 0 events returns at once, asking nothing of Redis: a leaky
-// bucket whose next slot is 400 ms away (which AllowN(ctx, key, 0) reports
+// bucket whose next slot is 600 ms away (which AllowN(ctx, key, 0) reports
 // as its Delay) does not make it sleep; a done ctx gives ctx's error.
 func TestWaitZero(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
