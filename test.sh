@@ -103,21 +103,31 @@ finish benchmarks quiet
 # test that starts a server matches.
 engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestPrefetchHangNoQueue$'
 
-# The tests run in two lanes at once, each one package at a time (-p 1):
-#  - servers: the root package's engine_tests, then every other package
-#    whose tests start a redis-server (they name redistest.Start,
-#    StartServer, StartCluster or NewProxy). They mostly wait on the servers, their
-#    faults and their timers, and run at normal priority, so that their
-#    timings are not another lane's;
-#  - cpu: the root package's other tests (miniredis, CPU-bound), as two
-#    processes (the heaviest tests, miniredis_heavy, in one), then every
-#    other package, at the lowest priority (nice 19): they use what the
-#    servers lane leaves of the 2 cores, and a busy servers lane (64
-#    goroutines of load in a fault test) keeps its timings.
+# The root package's fault tests: servers killed, paused and cut, clusters
+# failing over, with bounds on what the fault adds to a call under load.
+# They run first, alone (but for the heavy miniredis tests at the lowest
+# priority, below).
+fault_tests='^TestFault|^TestCluster|Cluster$|^TestCrashEachClient$|^TestScope|^TestConcurrencyLimitHolderKilled$|^TestProbeBackoff$'
+
+# The root package's heaviest miniredis tests (about 100 s under -race,
+# 2 Dec 2026): their clocks are miniredis's exact ones and they have no
+# short timeouts, so they run all along, at the lowest priority (nice 19),
+# on what the others leave of the 2 cores.
+miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|TestWarmUpModel|TestPolicyTighterOfTwo|TestBakedScriptDecidesAsArguments|TestSlidingCounterSmallRates)$'
+
+# After the fault tests, the others run in two lanes at once, at normal
+# priority, each one package at a time (-p 1), as go test -p 2 would run
+# them but for the lanes:
+#  - servers: the root package's other engine_tests, then every other
+#    package whose tests start a redis-server (they name redistest.Start,
+#    StartServer, StartCluster or NewProxy). They mostly wait on servers
+#    and timers;
+#  - cpu: the root package's other tests (miniredis), then every other
+#    package.
 # One lane would run them one after the other and leave a core idle. The
-# root package's test binary is built once; as processes of their own, the
-# miniredis tests, whose Lua states map and unmap memory, do not contend
-# for one process's address space.
+# root package's test binary is built once and runs as a process per lane;
+# as processes of their own, the miniredis tests, whose Lua states map and
+# unmap memory, do not contend for one process's address space.
 server_pkgs=() cpu_pkgs=() # "MODULE IMPORT-PATH"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
@@ -134,46 +144,43 @@ for m in "${modules[@]}"; do
   done <<<"$list"
 done
 
-# run_tests PRIORITY ENTRY...: go test, module by module, the packages
-# named (PRIORITY low: with nice 19). Every module runs; it fails if one did.
+# run_tests ENTRY...: go test, module by module, the packages named. Every
+# module runs; it fails if one did.
 run_tests() {
-  local runner=() status=0 m e pkgs
-  [ "$1" = low ] && runner=(nice -n 19)
-  shift
+  local status=0 m e pkgs
   for m in "${modules[@]}"; do
     pkgs=()
     for e in "$@"; do [ "${e%% *}" = "$m" ] && pkgs+=("${e#* }"); done
     [ ${#pkgs[@]} -gt 0 ] || continue
-    (cd "$m" && GOWORK=$(gowork "$m") "${runner[@]}" go test -race -count=1 -p 1 -timeout 20m "${pkgs[@]}") || status=1
+    (cd "$m" && GOWORK=$(gowork "$m") go test -race -count=1 -p 1 -timeout 20m "${pkgs[@]}") || status=1
   done
   return "$status"
 }
 
-phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
+phase "tests: the root package's fault tests, alone (the heavy miniredis tests at nice 19 meanwhile)"
 GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
-# About half of the miniredis tests' time (under -race, 2 Dec 2026).
-miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|TestWarmUpModel|TestPolicyTighterOfTwo|TestBakedScriptDecidesAsArguments|TestSlidingCounterSmallRates)$'
+root_tests() { "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m "$@"; }
+bg heavy nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy"
+test_status=0
+root_tests -test.run "$fault_tests" || test_status=1
+
+phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
 cpu_lane() {
-  local status=0 heavy_pid
-  nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy" >"$bg_dir/heavy.log" 2>&1 &
-  heavy_pid=$!
+  local status=0
   echo "-- the root package's miniredis tests"
-  nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.skip "$engine_tests|$miniredis_heavy" || status=1
-  wait "$heavy_pid" || status=1
-  echo "-- the root package's heaviest miniredis tests"
-  cat "$bg_dir/heavy.log"
-  run_tests low "${cpu_pkgs[@]}" || status=1
+  root_tests -test.skip "$engine_tests|$fault_tests|$miniredis_heavy" || status=1
+  run_tests "${cpu_pkgs[@]}" || status=1
   return "$status"
 }
 bg cpu cpu_lane
-servers_status=0
-echo "-- the root package's real-Redis tests"
-"$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$engine_tests" || servers_status=1
-run_tests normal "${server_pkgs[@]}" || servers_status=1
-phase "tests: the servers lane ended (exit $servers_status); the cpu lane"
-cpu_status=0
-finish cpu || cpu_status=1
-[ "$servers_status" -eq 0 ] && [ "$cpu_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
+echo "-- the root package's other real-Redis tests"
+root_tests -test.run "$engine_tests" -test.skip "$fault_tests" || test_status=1
+run_tests "${server_pkgs[@]}" || test_status=1
+phase "tests: the servers lane ended; the cpu lane"
+finish cpu || test_status=1
+phase "tests: the heavy miniredis tests"
+finish heavy || test_status=1
+[ "$test_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # The same real-Redis tests once more with every limiter deciding with a
