@@ -103,11 +103,14 @@ finish benchmarks quiet
 # test that starts a server matches.
 engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestPrefetchHangNoQueue$'
 
-# The root package's fault tests: servers killed, paused and cut, clusters
-# failing over, with bounds on what the fault adds to a call under load.
-# They run first, alone (but for the heavy miniredis tests at the lowest
-# priority, below).
-fault_tests='^TestFault|^TestCluster|Cluster$|^TestCrashEachClient$|^TestScope|^TestConcurrencyLimitHolderKilled$|^TestProbeBackoff$'
+# The root package's tests that measure what shares the machine would
+# skew: the fault tests (servers killed, paused and cut, clusters failing
+# over, with bounds on what a fault adds to a call under load) and the
+# idle limiters' CPU (TestPrefetchIdleSweepersRedis, the process's own
+# CPU, which rose past its bound beside the lanes in CI run 2). They run
+# first, alone (but for the heavy miniredis tests at the lowest priority,
+# below).
+alone_tests='^TestFault|^TestCluster|Cluster$|^TestCrashEachClient$|^TestScope|^TestConcurrencyLimitHolderKilled$|^TestProbeBackoff$|^TestPrefetchIdleSweepersRedis$'
 
 # The root package's heaviest miniredis tests (about 100 s under -race,
 # 2 Dec 2026): their clocks are miniredis's exact ones and they have no
@@ -115,7 +118,7 @@ fault_tests='^TestFault|^TestCluster|Cluster$|^TestCrashEachClient$|^TestScope|^
 # on what the others leave of the 2 cores.
 miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|TestWarmUpModel|TestPolicyTighterOfTwo|TestBakedScriptDecidesAsArguments|TestSlidingCounterSmallRates)$'
 
-# After the fault tests, the others run in two lanes at once, at normal
+# After them, the others run in two lanes at once, at normal
 # priority, each one package at a time (-p 1), as go test -p 2 would run
 # them but for the lanes:
 #  - servers: the root package's other engine_tests, then every other
@@ -157,7 +160,7 @@ run_tests() {
   return "$status"
 }
 
-phase "tests: the root package's fault tests, alone (the heavy miniredis tests at nice 19 meanwhile)"
+phase "tests: the root package's fault and idle-CPU tests, alone (the heavy miniredis tests at nice 19 meanwhile)"
 GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
 root_tests() { "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m "$@"; }
 bg heavy nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy"
@@ -176,19 +179,19 @@ prebuild() {
 }
 bg prebuild prebuild
 test_status=0
-root_tests -test.run "$fault_tests" || test_status=1
+root_tests -test.run "$alone_tests" || test_status=1
 
 phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
 cpu_lane() {
   local status=0
   echo "-- the root package's miniredis tests"
-  root_tests -test.skip "$engine_tests|$fault_tests|$miniredis_heavy" || status=1
+  root_tests -test.skip "$engine_tests|$alone_tests|$miniredis_heavy" || status=1
   run_tests "${cpu_pkgs[@]}" || status=1
   return "$status"
 }
 bg cpu cpu_lane
 echo "-- the root package's other real-Redis tests"
-root_tests -test.run "$engine_tests" -test.skip "$fault_tests" || test_status=1
+root_tests -test.run "$engine_tests" -test.skip "$alone_tests" || test_status=1
 run_tests "${server_pkgs[@]}" || test_status=1
 phase "tests: the servers lane ended; the cpu lane"
 finish cpu || test_status=1
