@@ -164,20 +164,6 @@ phase "tests: the root package's fault and idle-CPU tests, alone (the heavy mini
 GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
 root_tests() { "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m "$@"; }
 bg heavy nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy"
-# Meanwhile, also at nice 19, every other package's test binary is built
-# (go test -c), so that the lanes find them compiled (they link them
-# again). It runs nothing; a build error shows in the lanes as well.
-prebuild() {
-  local m e pkgs
-  for m in "${modules[@]}"; do
-    pkgs=()
-    for e in "${server_pkgs[@]}" "${cpu_pkgs[@]}"; do [ "${e%% *}" = "$m" ] && pkgs+=("${e#* }"); done
-    [ ${#pkgs[@]} -gt 0 ] || continue
-    mkdir -p "$bg_dir/prebuild/$m"
-    (cd "$m" && GOWORK=$(gowork "$m") nice -n 19 go test -race -c -o "$bg_dir/prebuild/$m/" "${pkgs[@]}")
-  done
-}
-bg prebuild prebuild
 test_status=0
 root_tests -test.run "$alone_tests" || test_status=1
 
@@ -197,7 +183,6 @@ phase "tests: the servers lane ended; the cpu lane"
 finish cpu || test_status=1
 phase "tests: the heavy miniredis tests"
 finish heavy || test_status=1
-finish prebuild quiet || test_status=1
 [ "$test_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
