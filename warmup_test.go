@@ -39,6 +39,17 @@ func newGuava(l Limit) *guava {
 	return g
 }
 
+// setRate is Guava's setRate for SmoothWarmingUp: resync, then the curve
+// of the new rate (the same warm-up), the stored permits scaled by the new
+// most over the old, so that a key is as cold as it was.
+func (g *guava) setRate(l Limit, now float64) {
+	g.resync(now)
+	stored, old := g.stored, g.maxPermits
+	next := g.nextFree
+	*g = *newGuava(l)
+	g.stored, g.nextFree = stored*g.maxPermits/old, next
+}
+
 func (g *guava) resync(now float64) {
 	if now > g.nextFree {
 		g.stored = min(g.maxPermits, g.stored+(now-g.nextFree)/g.coolDown)
@@ -481,4 +492,90 @@ func TestWarmUpFunctionsRedis(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, libs, 1, "the rules' library is loaded")
 	assert.True(t, strings.Contains(libs[0].Name, "redlimit_"), "library %q", libs[0].Name)
+}
+
+// A change of Rate keeps a key as cold as it was, as Guava's setRate does
+// (it scales the stored permits by the new most over the old): a cold key
+// at 10/s (warm-up 4 s) that admitted one call, raised to 100/s
+// (WithLimitFunc), admits what Guava admits in the next 3 s asked every
+// 5 ms (97, the first 300 ms owed to the call at 10/s; a fresh key at
+// 100/s: 107), not the 271 of a key taken as warm; and a cut, the same (8,
+// not the 7 of a key taken as cold). On Redis's state
+// (miniredis, exact clock) and in the fallback's stand-in (rescue.follow).
+func TestWarmUpRateChange(t *testing.T) {
+	slow := Limit{Rate: 10, Period: time.Second, WarmUp: 4 * time.Second}
+	fast := Limit{Rate: 100, Period: time.Second, WarmUp: 4 * time.Second}
+	// model takes first at from at 0, then asks for 1 every 5 ms for 3 s
+	// at to, and returns how many Guava admits then.
+	model := func(from, to Limit, first float64) int {
+		g := newGuava(from)
+		require.True(t, g.tryAcquire(first, 0))
+		g.setRate(to, 0)
+		admitted := 0
+		for ms := 0; ms < 3000; ms += 5 {
+			admitted += btoi(g.tryAcquire(1, float64(ms*1000)))
+		}
+		return admitted
+	}
+	fresh := 0
+	for g, ms := newGuava(fast), 0; ms < 3000; ms += 5 {
+		fresh += btoi(g.tryAcquire(1, float64(ms*1000)))
+	}
+	t.Logf("a fresh key at %v: %d admitted in 3 s", fast, fresh)
+	require.Less(t, model(slow, fast, 1), fresh, "Guava: the raised key is still cold, and owes 300 ms")
+	for _, tc := range []struct {
+		name     string
+		from, to Limit
+		first    int // the call at from
+	}{
+		{"raise", slow, fast, 1},
+		{"cut", fast, slow, 50}, // an eighth of the most stored taken at 100/s
+	} {
+		want := model(tc.from, tc.to, float64(tc.first))
+		t.Run(tc.name+"/redis", func(t *testing.T) {
+			b, _ := miniBackend(t)
+			var plan atomic.Value
+			plan.Store(tc.from)
+			lim := newLimiter(t, b.rdb, TokenBucket, tc.from,
+				WithLimitFunc(func(context.Context, string) (Limit, error) { return plan.Load().(Limit), nil }))
+			res, err := lim.AllowN(t.Context(), "k", tc.first)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			plan.Store(tc.to)
+			admitted := 0
+			for ms := 0; ms < 3000; ms += 5 {
+				b.setClock(time.Duration(ms) * time.Millisecond)
+				res, err := lim.Allow(t.Context(), "k")
+				require.NoError(t, err)
+				admitted += btoi(res.Allowed)
+			}
+			t.Logf("%v then %v: %d admitted in the 3 s after the change, Guava %d", tc.from, tc.to, admitted, want)
+			assert.Equal(t, want, admitted, "%v then %v: admitted in the 3 s after the change", tc.from, tc.to)
+		})
+		t.Run(tc.name+"/fallback", func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, tc.from, WithPingInterval(time.Hour))
+			ruleSetOf := func(l Limit) *ruleSet {
+				r, err := newRule("", warmTokenBucket, l)
+				require.NoError(t, err)
+				return newRuleSet([]rule{r})
+			}
+			now := time.Now()
+			set := lim.rescue.newLocal(ruleSetOf(tc.from))
+			set.lims[0].warm.next = now
+			require.Zero(t, set.lims[0].warm.take(tc.first, now))
+			lim.rescue.follow(set, ruleSetOf(tc.to), now)
+			c := set.lims[0].warm
+			admitted := 0
+			for ms := 0; ms < 3000; ms += 5 {
+				at := now.Add(time.Duration(ms) * time.Millisecond)
+				if c.wait(at) == 0 {
+					c.take(1, at)
+					admitted++
+				}
+			}
+			t.Logf("%v then %v: %d admitted in the 3 s after the change, Guava %d", tc.from, tc.to, admitted, want)
+			assert.InDelta(t, want, admitted, 1, "%v then %v: admitted in the 3 s after the change", tc.from, tc.to)
+		})
+	}
 }
