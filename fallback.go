@@ -227,6 +227,9 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		switch lr := &set.lims[i]; {
 		case lr.warm != nil:
 			lr.warm.take(lr.count(n), now)
+			if rc != nil {
+				rc.local.paidAt[i] = lr.warm.next // the reservation's time ends
+			}
 		case !lr.queue:
 			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
 		}

@@ -357,7 +357,7 @@ func TestWarmUpColdStart(t *testing.T) {
 
 // A policy with a warming rule beside a fixed window, a policy from
 // WithRulesFunc, and reservations: the same decisions as the model, and a
-// cancelled reservation gives its time back.
+// cancelled reservation gives its whole time back.
 func TestWarmUpPolicyAndReserve(t *testing.T) {
 	b, _ := miniBackend(t)
 	warm := Limit{Rate: 100, Period: time.Second, WarmUp: 300 * time.Millisecond}
@@ -413,12 +413,10 @@ func reserveWarm(t *testing.T, p reserver, warm Limit) {
 	res, err := p.Allow(t.Context(), "r")
 	require.NoError(t, err)
 	require.False(t, res.Allowed, "the reservation's cost is owed")
-	owed := res.RetryAfter
 	require.NoError(t, r.Cancel(t.Context()))
 	res, err = p.Allow(t.Context(), "r")
 	require.NoError(t, err)
-	require.False(t, res.Allowed)
-	assert.Equal(t, owed-warm.interval(), res.RetryAfter, "cancelled: its stable cost given back, not the stored permit's extra")
+	assert.True(t, res.Allowed, "cancelled: its whole cost given back, as if it had not been taken: %+v", res)
 	// A settle of more than reserved pays the extra forward.
 	r, err = p.Reserve(t.Context(), "s", 1)
 	require.NoError(t, err)
@@ -576,6 +574,84 @@ func TestWarmUpRateChange(t *testing.T) {
 			}
 			t.Logf("%v then %v: %d admitted in the 3 s after the change, Guava %d", tc.from, tc.to, admitted, want)
 			assert.InDelta(t, want, admitted, 1, "%v then %v: admitted in the 3 s after the change", tc.from, tc.to)
+		})
+	}
+}
+
+// Cancel gives back every event of a warm-up reservation: the stored
+// permits it took and the time they cost, so that the key is as if the
+// reservation had never been taken: cancelled at once, or after part of
+// its time has passed (the passed time comes back as the stored permits an
+// idle key would have kept: cold again, its key gone); a settle of fewer
+// leaves the key as a call of that many would have. (It gave back only the
+// stable cost: a cold token bucket at 1/s, warm-up 10 s, still owed 1.8 s,
+// a leaky bucket gave the next call a Delay of seconds.)
+func TestWarmUpCancel(t *testing.T) {
+	for _, tc := range []struct {
+		s    Strategy
+		l    Limit
+		n    int
+		used int
+	}{
+		// 1 a second, that can take 3 at once.
+		{TokenBucket, Limit{Rate: 3, Period: 3 * time.Second, WarmUp: 10 * time.Second}, 3, 1},
+		{LeakyBucket, Limit{Rate: 1, Period: time.Second, Burst: 10, WarmUp: 10 * time.Second}, 5, 2},
+	} {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			b, m := miniBackend(t)
+			lim := newLimiter(t, b.rdb, tc.s, tc.l, WithPingInterval(time.Hour))
+			ctx := t.Context()
+			fresh := func(key string, n int) Result {
+				t.Helper()
+				res, err := lim.AllowN(ctx, key, n)
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				return res
+			}
+			// At once: the key is cold again (absent), and the next call is
+			// answered as on a new key.
+			rv, err := lim.Reserve(ctx, "k", tc.n)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			require.NoError(t, rv.Cancel(ctx))
+			assert.False(t, m.Exists(lim.stateKey("k")), "cancelled at once: cold again, as before (%q)", m.Keys())
+			res, err := lim.AllowN(ctx, "k", tc.n)
+			require.NoError(t, err)
+			t.Logf("after Reserve(%d) and Cancel: AllowN(%d) allowed %v, RetryAfter %v, Delay %v", tc.n, tc.n, res.Allowed, res.RetryAfter, res.Delay)
+			assert.Equal(t, fresh("new1", tc.n), res, "after the cancel: as a new key")
+
+			// After part of its time: cold again too (an idle key would be).
+			b.advance(time.Hour)
+			rv, err = lim.Reserve(ctx, "p", tc.n)
+			require.NoError(t, err)
+			b.advance(rv.Result().ResetAfter / 3)
+			require.NoError(t, rv.Cancel(ctx))
+			assert.False(t, m.Exists(lim.stateKey("p")), "cancelled a third of the way: cold again")
+
+			// A settle of fewer: as a call of that many.
+			b.advance(time.Hour)
+			rv, err = lim.Reserve(ctx, "s", tc.n)
+			require.NoError(t, err)
+			_, err = rv.Settle(ctx, tc.used)
+			require.NoError(t, err)
+			fresh("ref", tc.used)
+			got, err := b.rdb.Get(ctx, lim.stateKey("s")).Result()
+			require.NoError(t, err)
+			want, err := b.rdb.Get(ctx, lim.stateKey("ref")).Result()
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "settled with %d of %d: the state of a call of %d", tc.used, tc.n, tc.used)
+
+			// The fallback's stand-in (on the process's clock): the same.
+			m.Close()
+			rv, err = lim.Reserve(ctx, "f", tc.n)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed && rv.Result().Degraded, "%+v", rv.Result())
+			require.NoError(t, rv.Cancel(ctx))
+			res, err = lim.AllowN(ctx, "f", tc.n)
+			require.NoError(t, err)
+			require.True(t, res.Degraded)
+			t.Logf("fallback: after Reserve(%d) and Cancel: AllowN(%d) allowed %v, RetryAfter %v, Delay %v", tc.n, tc.n, res.Allowed, res.RetryAfter, res.Delay)
+			assert.True(t, res.Allowed && res.Delay == 0, "fallback: after the cancel, as a new key: %+v", res)
 		})
 	}
 }

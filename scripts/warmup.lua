@@ -36,7 +36,8 @@
 -- X back at M): absent means cold.
 --
 -- Retry after: until the next free time (the leaky bucket: until the call
--- fits its queue). Reset after: until cold again.
+-- fits its queue). Reset after: until cold again. Tag (for a reservation):
+-- when the time its events cost ends, in µs (see settle.lua's adjust_warm).
 
 -- warm_read returns X at now (capped at mx), F from now (units of this
 -- rate) and the state's lag: how far its time is ahead of now (see
@@ -132,7 +133,10 @@ local function check_wt(key, rate, period, burst, code)
   if k > x then x = 0 else x = x - k end
   local life = ceil_div(f + mx - x, r2)
   write('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(life))
-  return true, avail, wait, reset_now, life, 0
+  if rid == '' then return true, avail, wait, reset_now, life end
+  -- A reservation's tag: when the time its events cost ends (µs, rounded
+  -- up), until which settle.lua can give that time back.
+  return true, avail, wait, reset_now, life, now + ceil_div(f, r2)
 end
 
 local check_wl = check_wt
