@@ -32,7 +32,8 @@
 --
 -- State: a string "<X>:<F>:<t>:<rate>", t the state's time in µs and rate
 -- the writer's (F is in its units: a call at another rate converts it,
--- rounding up, and scales X by its rate over the writer's, see warm_read). The key expires when the bucket is cold again (F paid and
+-- rounding up, and scales X by its rate over the writer's, see
+-- warm_read). The key expires when the bucket is cold again (F paid and
 -- X back at M): absent means cold.
 --
 -- Retry after: until the next free time (the leaky bucket: until the call
