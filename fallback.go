@@ -150,8 +150,11 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 			continue
 		}
 		if ol.warm != nil && nl.warm != nil { // the same state: a warm-up's
+			// As warmup.lua's warm_read: the stored permits scaled by
+			// the new rate over the old (Guava's setRate), so that the
+			// key is as cold as it was, up to the new most.
 			ol.warm.sync(now)
-			nl.warm.stored = min(ol.warm.stored, nl.warm.max)
+			nl.warm.stored = min(ol.warm.stored*ol.warm.stable/nl.warm.stable, nl.warm.max)
 			nl.warm.next = ol.warm.next
 			continue
 		}
@@ -224,6 +227,9 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		switch lr := &set.lims[i]; {
 		case lr.warm != nil:
 			lr.warm.take(lr.count(n), now)
+			if rc != nil {
+				rc.local.paidAt[i] = lr.warm.next // the reservation's time ends
+			}
 		case !lr.queue:
 			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
 		}

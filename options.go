@@ -307,10 +307,12 @@ func WithEvictionCheck(every time.Duration) Option {
 // WithReservationTTL sets how long a reservation can be settled. After it
 // the reservation stands as taken and Settle returns ErrSettled. Redis keeps
 // one sorted-set member per reservation and rule that is neither settled
-// nor lapsed, beside the rule's state, in the key's slot: about 30 bytes
-// each while a key has at most 128 pending, about 110 bytes each past
-// that (10 MB for 100,000; measured on Redis 7.0). The default is one
-// hour; it must be between 1s and MaxPeriod.
+// nor lapsed, in a set beside the rule's state, in the key's slot. Per
+// rule (a Policy pays it for each): the first pending on a key costs the
+// set, about 120 bytes with its key's name; each further one about 26
+// bytes while the key has at most 128 pending, about 104 past that (10 MB
+// for 100,000; measured on Redis 7.0). The default is one hour; it must
+// be between 1s and MaxPeriod.
 func WithReservationTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.reserveTTL = d })
 }

@@ -54,7 +54,8 @@ type localHold struct {
 	states []string
 	// paidAt is, per stand-in, when its refill would have paid back what
 	// was used before the reservation: from then on it pays back the
-	// reservation's events (see settleLocal).
+	// reservation's events (see settleLocal); for a warm-up's stand-in,
+	// when the time the reservation's events cost ends.
 	paidAt []time.Time
 }
 
@@ -124,6 +125,11 @@ func (r *Reservation) Result() Result {
 // forgets the pending reservations on the states it resets, whichever
 // limiter took them: a rule whose state was reset since gets nothing back,
 // and a reservation forgotten for every rule returns ErrSettled.
+//
+// A warm-up's refund (Limit.WarmUp) undoes the take of the unused events:
+// their stored permits and their cost come back, the cost as time only
+// while the reservation's own time lasts, the rest as stored permits (which
+// slow later calls): Cancel at once leaves the key as it was.
 //
 // The Result is the key's state after settling, as AllowN(ctx, key, 0)
 // reports it for a Critical call, which no share limits, whatever the
@@ -366,8 +372,8 @@ func (r *Reservation) settleErr(ctx context.Context, err error) error {
 // refund; what passes the burst is dropped at its next update, so never
 // above full), but only those its refill cannot have paid back yet (after
 // paidAt, it pays back the reservation's events: refill is never given
-// twice); or takes the overspend as a debt (a reservation that need not
-// wait).
+// twice), a warm-up's as settle.lua gives them back (warmCurve.giveBack);
+// or takes the overspend as a debt (a reservation that need not wait).
 func (r *Reservation) settleLocal(used int) Result {
 	h := r.local
 	h.set.mu.Lock()
@@ -380,11 +386,11 @@ func (r *Reservation) settleLocal(used int) Result {
 		}
 		delta := lr.count(used) - lr.count(r.n)
 		if c := lr.warm; c != nil {
-			// As settle.lua does: a refund only from the time still owed,
-			// at most the stable cost of the events; a charge pays forward.
+			// As settle.lua does: a refund undoes the take of the unused
+			// events (its time only until its own ends, at paidAt); a
+			// charge pays forward.
 			if delta < 0 {
-				owed := max(c.next.Sub(now), 0)
-				c.next = c.next.Add(-min(owed, seconds(float64(-delta)*c.stable)))
+				c.giveBack(float64(-delta), h.paidAt[i], now)
 			} else if delta > 0 {
 				c.take(delta, now)
 			}

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -789,8 +790,9 @@ func TestReserveDropsLapsedGradually(t *testing.T) {
 
 // Memory per pending reservation, measured with MEMORY USAGE of the
 // reservations' key on a real redis-server, at 1 to 100,000 pending: each
-// must stay within what WithReservationTTL and the README say (about 30
-// bytes up to 128 pending on a key, about 110 past that).
+// must stay within what WithReservationTTL and docs/reservations.md say
+// (the set, about 120 bytes, with the first; about 26 bytes each up to 128
+// pending on a key, about 104 past that).
 func TestReservationMemoryRedis(t *testing.T) {
 	opts := redistest.TunedOptions(realServer(t).Addr)
 	opts.PoolSize = 32
@@ -832,6 +834,62 @@ func TestReservationMemoryRedis(t *testing.T) {
 		t.Logf("%d pending: %d bytes, %.1f each", tc.pending, usage, per)
 		assert.LessOrEqual(t, per, tc.most, "%d pending", tc.pending)
 	}
+}
+
+// What pending reservations cost per rule, by MEMORY USAGE on a real
+// redis-server, for key names as short as the docs' example
+// (redlimit:{user:10001}:tb60000000:r): a 3-rule Policy's first pending
+// reservation makes a sorted set beside each rule's state, at most
+// reservationSetMost bytes per rule (the key and its name: 120 B on Redis
+// 7.0.15, so 264 B of states become 624 B), and each further one is a
+// member of each rule's set, at most reservationMemberMost bytes per
+// rule while a key has at most 128 pending (26.6 B on Redis 7.0.15), the
+// figures that WithReservationTTL and docs/reservations.md state.
+func TestReservationMemoryPerRuleRedis(t *testing.T) {
+	const (
+		reservationSetMost    = 128
+		reservationMemberMost = 30
+	)
+	rdb := redis.NewClient(redistest.TunedOptions(realServer(t).Addr))
+	t.Cleanup(func() { rdb.Close() })
+	ctx := t.Context()
+	rules := []Rule{
+		{Name: "rps", Strategy: TokenBucket, Limit: PerSecond(1000)},
+		{Name: "rpm", Strategy: FixedWindow, Limit: PerMinute(100_000)},
+		{Name: "rpd", Strategy: FixedWindow, Limit: Limit{Rate: 1_000_000, Period: 24 * time.Hour}},
+	}
+	// The library's default prefix, and a key as long as user:10001 that
+	// no other test writes.
+	p := newPolicy(t, rdb, rules, WithPrefix("redlimit"), WithFallback(FallbackError))
+	key := fmt.Sprintf("mem%07d", testRun.Add(1)%10_000_000)
+	first := p.stateKey(key, &p.own.rules[0])
+	usage := func(suffix string) (total int64) {
+		t.Helper()
+		for i := range p.own.rules {
+			n, err := rdb.MemoryUsage(ctx, ruleKey(first, p.own, i)+suffix, 0).Result()
+			require.NoError(t, err)
+			total += n
+		}
+		return total
+	}
+	res, err := p.Allow(ctx, key)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	states := usage("")
+	rv, err := p.Reserve(ctx, key, 1)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	one := usage(reserveSuffix)
+	t.Logf("3 rules: states %d B, with one pending reservation %d B (%.1f B per rule for the sets)", states, states+one, float64(one)/3)
+	assert.LessOrEqual(t, float64(one)/3, float64(reservationSetMost), "the first pending reservation, per rule")
+	for range 99 {
+		_, err := p.Reserve(ctx, key, 1)
+		require.NoError(t, err)
+	}
+	hundred := usage(reserveSuffix)
+	per := float64(hundred-one) / 99 / 3
+	t.Logf("100 pending: %d B for the sets, %.1f B per further reservation and rule", hundred, per)
+	assert.LessOrEqual(t, per, float64(reservationMemberMost), "each further pending reservation, per rule")
 }
 
 // A settle past the capacity is charged whole: 12 used of a reservation of

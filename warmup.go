@@ -114,10 +114,13 @@ func (c *warmCurve) sync(now time.Time) {
 
 // cost is the time that taking n permits costs: stored ones above the
 // threshold along the line from stable to 3·stable, the others stable.
-func (c *warmCurve) cost(n float64) float64 {
-	spend := math.Min(n, c.stored)
+func (c *warmCurve) cost(n float64) float64 { return c.costFrom(c.stored, n) }
+
+// costFrom is the cost of taking n permits from stored ones.
+func (c *warmCurve) costFrom(stored, n float64) float64 {
+	spend := math.Min(n, stored)
 	t := (n - spend) * c.stable
-	if above := c.stored - c.threshold; above > 0 {
+	if above := stored - c.threshold; above > 0 {
 		take := math.Min(above, spend)
 		slope := 2 * c.stable / (c.max - c.threshold)
 		t += take * (2*c.stable + (2*above-take)*slope) / 2
@@ -139,6 +142,19 @@ func (c *warmCurve) take(n int, now time.Time) time.Duration {
 	c.next = c.next.Add(seconds(c.cost(float64(n))))
 	c.stored = math.Max(c.stored-float64(n), 0)
 	return w
+}
+
+// giveBack undoes a take of n permits at now, as settle.lua's adjust_warm
+// does (a refund): the permits come back, and what they cost at what is
+// stored now comes back as time owed until end (the reservation's own
+// time: none passed, none that later calls owe), the rest as the permits
+// an idle key would have stored meanwhile.
+func (c *warmCurve) giveBack(n float64, end, now time.Time) {
+	c.sync(now)
+	cost := c.costFrom(math.Min(c.stored+n, c.max), n)
+	back := min(cost, max(end.Sub(now).Seconds(), 0), c.next.Sub(now).Seconds())
+	c.next = c.next.Add(-seconds(back))
+	c.stored = math.Min(c.stored+n+(cost-back)/c.stable, c.max)
 }
 
 // untilCold is how long, with no more calls, until the curve is cold again.

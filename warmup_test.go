@@ -39,6 +39,17 @@ func newGuava(l Limit) *guava {
 	return g
 }
 
+// setRate is Guava's setRate for SmoothWarmingUp: resync, then the curve
+// of the new rate (the same warm-up), the stored permits scaled by the new
+// most over the old, so that a key is as cold as it was.
+func (g *guava) setRate(l Limit, now float64) {
+	g.resync(now)
+	stored, old := g.stored, g.maxPermits
+	next := g.nextFree
+	*g = *newGuava(l)
+	g.stored, g.nextFree = stored*g.maxPermits/old, next
+}
+
 func (g *guava) resync(now float64) {
 	if now > g.nextFree {
 		g.stored = min(g.maxPermits, g.stored+(now-g.nextFree)/g.coolDown)
@@ -346,7 +357,7 @@ func TestWarmUpColdStart(t *testing.T) {
 
 // A policy with a warming rule beside a fixed window, a policy from
 // WithRulesFunc, and reservations: the same decisions as the model, and a
-// cancelled reservation gives its time back.
+// cancelled reservation gives its whole time back.
 func TestWarmUpPolicyAndReserve(t *testing.T) {
 	b, _ := miniBackend(t)
 	warm := Limit{Rate: 100, Period: time.Second, WarmUp: 300 * time.Millisecond}
@@ -402,12 +413,10 @@ func reserveWarm(t *testing.T, p reserver, warm Limit) {
 	res, err := p.Allow(t.Context(), "r")
 	require.NoError(t, err)
 	require.False(t, res.Allowed, "the reservation's cost is owed")
-	owed := res.RetryAfter
 	require.NoError(t, r.Cancel(t.Context()))
 	res, err = p.Allow(t.Context(), "r")
 	require.NoError(t, err)
-	require.False(t, res.Allowed)
-	assert.Equal(t, owed-warm.interval(), res.RetryAfter, "cancelled: its stable cost given back, not the stored permit's extra")
+	assert.True(t, res.Allowed, "cancelled: its whole cost given back, as if it had not been taken: %+v", res)
 	// A settle of more than reserved pays the extra forward.
 	r, err = p.Reserve(t.Context(), "s", 1)
 	require.NoError(t, err)
@@ -481,4 +490,168 @@ func TestWarmUpFunctionsRedis(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, libs, 1, "the rules' library is loaded")
 	assert.True(t, strings.Contains(libs[0].Name, "redlimit_"), "library %q", libs[0].Name)
+}
+
+// A change of Rate keeps a key as cold as it was, as Guava's setRate does
+// (it scales the stored permits by the new most over the old): a cold key
+// at 10/s (warm-up 4 s) that admitted one call, raised to 100/s
+// (WithLimitFunc), admits what Guava admits in the next 3 s asked every
+// 5 ms (97, the first 300 ms owed to the call at 10/s; a fresh key at
+// 100/s: 107), not the 271 of a key taken as warm; and a cut, the same (8,
+// not the 7 of a key taken as cold). On Redis's state
+// (miniredis, exact clock) and in the fallback's stand-in (rescue.follow).
+func TestWarmUpRateChange(t *testing.T) {
+	slow := Limit{Rate: 10, Period: time.Second, WarmUp: 4 * time.Second}
+	fast := Limit{Rate: 100, Period: time.Second, WarmUp: 4 * time.Second}
+	// model takes first at from at 0, then asks for 1 every 5 ms for 3 s
+	// at to, and returns how many Guava admits then.
+	model := func(from, to Limit, first float64) int {
+		g := newGuava(from)
+		require.True(t, g.tryAcquire(first, 0))
+		g.setRate(to, 0)
+		admitted := 0
+		for ms := 0; ms < 3000; ms += 5 {
+			admitted += btoi(g.tryAcquire(1, float64(ms*1000)))
+		}
+		return admitted
+	}
+	fresh := 0
+	for g, ms := newGuava(fast), 0; ms < 3000; ms += 5 {
+		fresh += btoi(g.tryAcquire(1, float64(ms*1000)))
+	}
+	t.Logf("a fresh key at %v: %d admitted in 3 s", fast, fresh)
+	require.Less(t, model(slow, fast, 1), fresh, "Guava: the raised key is still cold, and owes 300 ms")
+	for _, tc := range []struct {
+		name     string
+		from, to Limit
+		first    int // the call at from
+	}{
+		{"raise", slow, fast, 1},
+		{"cut", fast, slow, 50}, // an eighth of the most stored taken at 100/s
+	} {
+		want := model(tc.from, tc.to, float64(tc.first))
+		t.Run(tc.name+"/redis", func(t *testing.T) {
+			b, _ := miniBackend(t)
+			var plan atomic.Value
+			plan.Store(tc.from)
+			lim := newLimiter(t, b.rdb, TokenBucket, tc.from,
+				WithLimitFunc(func(context.Context, string) (Limit, error) { return plan.Load().(Limit), nil }))
+			res, err := lim.AllowN(t.Context(), "k", tc.first)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			plan.Store(tc.to)
+			admitted := 0
+			for ms := 0; ms < 3000; ms += 5 {
+				b.setClock(time.Duration(ms) * time.Millisecond)
+				res, err := lim.Allow(t.Context(), "k")
+				require.NoError(t, err)
+				admitted += btoi(res.Allowed)
+			}
+			t.Logf("%v then %v: %d admitted in the 3 s after the change, Guava %d", tc.from, tc.to, admitted, want)
+			assert.Equal(t, want, admitted, "%v then %v: admitted in the 3 s after the change", tc.from, tc.to)
+		})
+		t.Run(tc.name+"/fallback", func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, tc.from, WithPingInterval(time.Hour))
+			ruleSetOf := func(l Limit) *ruleSet {
+				r, err := newRule("", warmTokenBucket, l)
+				require.NoError(t, err)
+				return newRuleSet([]rule{r})
+			}
+			now := time.Now()
+			set := lim.rescue.newLocal(ruleSetOf(tc.from))
+			set.lims[0].warm.next = now
+			require.Zero(t, set.lims[0].warm.take(tc.first, now))
+			lim.rescue.follow(set, ruleSetOf(tc.to), now)
+			c := set.lims[0].warm
+			admitted := 0
+			for ms := 0; ms < 3000; ms += 5 {
+				at := now.Add(time.Duration(ms) * time.Millisecond)
+				if c.wait(at) == 0 {
+					c.take(1, at)
+					admitted++
+				}
+			}
+			t.Logf("%v then %v: %d admitted in the 3 s after the change, Guava %d", tc.from, tc.to, admitted, want)
+			assert.InDelta(t, want, admitted, 1, "%v then %v: admitted in the 3 s after the change", tc.from, tc.to)
+		})
+	}
+}
+
+// Cancel gives back every event of a warm-up reservation: the stored
+// permits it took and the time they cost, so that the key is as if the
+// reservation had never been taken: cancelled at once, or after part of
+// its time has passed (the passed time comes back as the stored permits an
+// idle key would have kept: cold again, its key gone); a settle of fewer
+// leaves the key as a call of that many would have. (It gave back only the
+// stable cost: a cold token bucket at 1/s, warm-up 10 s, still owed 1.8 s,
+// a leaky bucket gave the next call a Delay of seconds.)
+func TestWarmUpCancel(t *testing.T) {
+	for _, tc := range []struct {
+		s    Strategy
+		l    Limit
+		n    int
+		used int
+	}{
+		// 1 a second, that can take 3 at once.
+		{TokenBucket, Limit{Rate: 3, Period: 3 * time.Second, WarmUp: 10 * time.Second}, 3, 1},
+		{LeakyBucket, Limit{Rate: 1, Period: time.Second, Burst: 10, WarmUp: 10 * time.Second}, 5, 2},
+	} {
+		t.Run(tc.s.String(), func(t *testing.T) {
+			b, m := miniBackend(t)
+			lim := newLimiter(t, b.rdb, tc.s, tc.l, WithPingInterval(time.Hour))
+			ctx := t.Context()
+			fresh := func(key string, n int) Result {
+				t.Helper()
+				res, err := lim.AllowN(ctx, key, n)
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				return res
+			}
+			// At once: the key is cold again (absent), and the next call is
+			// answered as on a new key.
+			rv, err := lim.Reserve(ctx, "k", tc.n)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			require.NoError(t, rv.Cancel(ctx))
+			assert.False(t, m.Exists(lim.stateKey("k")), "cancelled at once: cold again, as before (%q)", m.Keys())
+			res, err := lim.AllowN(ctx, "k", tc.n)
+			require.NoError(t, err)
+			t.Logf("after Reserve(%d) and Cancel: AllowN(%d) allowed %v, RetryAfter %v, Delay %v", tc.n, tc.n, res.Allowed, res.RetryAfter, res.Delay)
+			assert.Equal(t, fresh("new1", tc.n), res, "after the cancel: as a new key")
+
+			// After part of its time: cold again too (an idle key would be).
+			b.advance(time.Hour)
+			rv, err = lim.Reserve(ctx, "p", tc.n)
+			require.NoError(t, err)
+			b.advance(rv.Result().ResetAfter / 3)
+			require.NoError(t, rv.Cancel(ctx))
+			assert.False(t, m.Exists(lim.stateKey("p")), "cancelled a third of the way: cold again")
+
+			// A settle of fewer: as a call of that many.
+			b.advance(time.Hour)
+			rv, err = lim.Reserve(ctx, "s", tc.n)
+			require.NoError(t, err)
+			_, err = rv.Settle(ctx, tc.used)
+			require.NoError(t, err)
+			fresh("ref", tc.used)
+			got, err := b.rdb.Get(ctx, lim.stateKey("s")).Result()
+			require.NoError(t, err)
+			want, err := b.rdb.Get(ctx, lim.stateKey("ref")).Result()
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "settled with %d of %d: the state of a call of %d", tc.used, tc.n, tc.used)
+
+			// The fallback's stand-in (on the process's clock): the same.
+			m.Close()
+			rv, err = lim.Reserve(ctx, "f", tc.n)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed && rv.Result().Degraded, "%+v", rv.Result())
+			require.NoError(t, rv.Cancel(ctx))
+			res, err = lim.AllowN(ctx, "f", tc.n)
+			require.NoError(t, err)
+			require.True(t, res.Degraded)
+			t.Logf("fallback: after Reserve(%d) and Cancel: AllowN(%d) allowed %v, RetryAfter %v, Delay %v", tc.n, tc.n, res.Allowed, res.RetryAfter, res.Delay)
+			assert.True(t, res.Allowed && res.Delay == 0, "fallback: after the cancel, as a new key: %+v", res)
+		})
+	}
 }

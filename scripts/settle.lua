@@ -12,8 +12,10 @@
 -- the sliding log only the reservation's own entries still in the log, a
 -- bucket only the reservation's tokens that the refill cannot have paid
 -- back yet (see adjust.tb: never refill that already happened, never above
--- full). used > reserved charges the difference even past the limit:
--- the key owes it, and later calls are denied until it is paid back: a
+-- full), a warming bucket its stored permits and their cost, as time only
+-- from its own time still to come (see adjust_warm). used > reserved
+-- charges the difference even past the limit: the key owes it, and later
+-- calls are denied until it is paid back: a
 -- bucket's debt beyond burst by the refill, a fixed window's count beyond
 -- rate by the window's end (it goes with the window), a sliding counter's
 -- by the next window as its weight falls, a sliding log's by its entries
@@ -149,19 +151,34 @@ adjust.tb = function(key, rate, period, tag, taken)
 end
 adjust.lb = adjust.tb
 -- A warming bucket (warmup.lua, its code 'wt' or 'wl' and its warm-up): a
--- charge pays forward the cost of the events at what is stored now; a
--- refund takes back at most their stable cost, and only from the time
--- still owed (none of the time already passed, and no stored permits: no
--- refill is credited again).
-local function adjust_warm(key, rate, period, _, _, code)
+-- charge pays forward the cost of the events at what is stored now. A
+-- refund of k (in X's units) undoes a take of k at what is stored now:
+-- the stored permits come back, and their cost, c = warm_cost(x + k, k)
+-- (exactly what the reservation paid for them when nothing came between),
+-- comes back as time owed, but only from the reservation's own time still
+-- to come (until its tag: never time already passed, nor time other calls
+-- owe after it); the rest of c, time that has passed, comes back as the
+-- stored permits an idle key would have kept meanwhile (one per stable
+-- interval, as warm_read refills). So a Cancel at once leaves the key as
+-- it was, one after the reservation's time as an idle key would be, and
+-- stored permits only make later calls slower: no capacity is given twice.
+-- (A tag of 0, from before tags were kept, gives back no time.)
+local function adjust_warm(key, rate, period, tag, _, code)
   local tx = string.sub(code, 3) * rate
-  local mx, p2 = 2 * tx, 2 * period
+  local mx, p2, r2 = 2 * tx, 2 * period, 2 * rate
   local x, f = warm_read(key, rate, mx)
   if delta < 0 then
-    local back = -delta * p2
+    local k = -delta * p2
+    local top = x + k
+    if top > mx then top = mx end
+    local c = warm_cost(top, k, tx)
+    local back = (tag - now) * r2
+    if back > c then back = c end
     if back > f then back = f end
-    if back <= 0 then return end
+    if back < 0 then back = 0 end
     f = f - back
+    x = x + k + (c - back)
+    if x > mx then x = mx end
   else
     local k = delta * p2
     f = f + warm_cost(x, k, tx)
@@ -171,7 +188,7 @@ local function adjust_warm(key, rate, period, _, _, code)
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(ceil_div(f + mx - x, 2 * rate)))
+  redis.call('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(ceil_div(f + mx - x, r2)))
 end
 adjust.cw = function(key, rate, period, tag, taken, _, burst)
   adjust_cw(key, period, burst, tag, delta)

@@ -32,11 +32,13 @@
 --
 -- State: a string "<X>:<F>:<t>:<rate>", t the state's time in µs and rate
 -- the writer's (F is in its units: a call at another rate converts it,
--- rounding up). The key expires when the bucket is cold again (F paid and
+-- rounding up, and scales X by its rate over the writer's, see
+-- warm_read). The key expires when the bucket is cold again (F paid and
 -- X back at M): absent means cold.
 --
 -- Retry after: until the next free time (the leaky bucket: until the call
--- fits its queue). Reset after: until cold again.
+-- fits its queue). Reset after: until cold again. Tag (for a reservation):
+-- when the time its events cost ends, in µs (see settle.lua's adjust_warm).
 
 -- warm_read returns X at now (capped at mx), F from now (units of this
 -- rate) and the state's lag: how far its time is ahead of now (see
@@ -51,7 +53,16 @@ local function warm_read(key, rate, mx)
   local f = string.sub(v, a + 1, b - 1) + 0
   local elapsed = now - string.sub(v, b + 1, c - 1)
   local wrate = string.sub(v, c + 1) + 0
-  if wrate ~= rate then f = ceil_div(f * rate, wrate) end
+  if wrate ~= rate then
+    -- Another rate wrote it (WithLimitFunc): F is converted to this
+    -- rate's units, and X scaled by the new most over the old (this rate
+    -- over the writer's, the warm-up being the same), as Guava's setRate
+    -- does, so that the key is as cold as it was: kept as it is, a cold
+    -- key's X is below the threshold of a raised rate, and counted warm.
+    -- Both rounded up: no time, no warmth given.
+    f = ceil_div(f * rate, wrate)
+    x = ceil_div(x * rate, wrate)
+  end
   if x > mx then x = mx end
   if elapsed < 0 then -- the state is ahead: no refill
     if skew then
@@ -123,7 +134,10 @@ local function check_wt(key, rate, period, burst, code)
   if k > x then x = 0 else x = x - k end
   local life = ceil_div(f + mx - x, r2)
   write('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(life))
-  return true, avail, wait, reset_now, life, 0
+  if rid == '' then return true, avail, wait, reset_now, life end
+  -- A reservation's tag: when the time its events cost ends (µs, rounded
+  -- up), until which settle.lua can give that time back.
+  return true, avail, wait, reset_now, life, now + ceil_div(f, r2)
 end
 
 local check_wl = check_wt
