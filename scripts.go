@@ -244,13 +244,16 @@ func strategyFilesOf(rules []rule) []string {
 
 // usualPX returns " = '<ms>'" to set pxs (see common.lua), the PX of one
 // period of rule r as a string, where r's check takes one: a bucket, and a
-// sliding log whose period is at least 2 ms (a shorter one computes its PX,
-// which slidinglog.lua keeps at 2 ms or more); else "". The ms are
-// common.lua's ms(period): rounded up.
+// sliding log, whose PX is a ms more (see slidinglog.lua); else "". The ms
+// are common.lua's ms(period): rounded up.
 func usualPX(r *rule) string {
 	period := r.args[2].(int64) // µs, as the script's period
-	if !r.alg.bucket && (r.alg.strategy != SlidingLog || period < 2000) {
+	px := (period + 999) / 1000
+	switch {
+	case r.alg.strategy == SlidingLog:
+		px++
+	case !r.alg.bucket:
 		return ""
 	}
-	return " = '" + strconv.FormatInt((period+999)/1000, 10) + "'"
+	return " = '" + strconv.FormatInt(px, 10) + "'"
 }

@@ -52,7 +52,7 @@ func TestSlidingLogMembersSameMicrosecond(t *testing.T) {
 }
 
 // An event in the same ms as the newest keeps the expiry that the newest set
-// (the same, to the ms); one in a later ms moves it.
+// (the same, to the ms: a period and a ms); one in a later ms moves it.
 func TestSlidingLogExpiryFollowsNewest(t *testing.T) {
 	b, _ := miniBackend(t)
 	lim := newLimiter(t, b.rdb, SlidingLog, Limit{Rate: 100, Period: time.Second})
@@ -70,10 +70,10 @@ func TestSlidingLogExpiryFollowsNewest(t *testing.T) {
 		advance time.Duration
 		want    time.Duration // PTTL after the call
 	}{
-		{0, time.Second},
-		{300 * time.Microsecond, time.Second}, // same ms: expiry kept, PTTL rounds to 1s
-		{2 * time.Millisecond, time.Second},   // later ms: moved
-		{500 * time.Millisecond, time.Second},
+		{0, time.Second + time.Millisecond},
+		{300 * time.Microsecond, time.Second + time.Millisecond}, // same ms: expiry kept, PTTL rounds to 1.001s
+		{2 * time.Millisecond, time.Second + time.Millisecond},   // later ms: moved
+		{500 * time.Millisecond, time.Second + time.Millisecond},
 	} {
 		b.advance(step.advance)
 		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {

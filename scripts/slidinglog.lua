@@ -18,9 +18,11 @@
 -- window's events the set holds fewer than 64 expired ones, or those of
 -- less than period / 8 before the window, or a backlog left by events
 -- that left the window together, which each admission shrinks by at least
--- n + 64. The key expires when its newest event
+-- n + 64. The key expires a ms after its newest event
 -- leaves the window (at least 2 ms after the write); an event admitted in
--- the same ms as the newest, which set that expiry, leaves it as it is.
+-- the same ms as the newest, which set that expiry, leaves it as it is:
+-- the ms more keeps it counted where a key expires at exactly its write
+-- time plus PX (miniredis; Redis expires it at the end of that ms).
 -- Burst is ignored. Tag (for a reservation): the admission time.
 
 -- member returns the member of the event of index i admitted at nowstr.
@@ -134,16 +136,16 @@ local function check_sl(key, rate, period, burst, code, pxs)
     local last = now
     if newest ~= nil and newest > now then last = newest end
     if newest == nil or newest > now or newest - newest % 1000 ~= now - now % 1000 then
-      -- At least 2 ms: Redis 7.0's PEXPIRE deletes the key at once when
-      -- the expiry is not after its clock, which it reads twice, so
-      -- PEXPIRE 1 can delete the log when a ms ticks in between (SET PX
-      -- has no such check). Only a 1 ms Period asks for 1. pxs (see
-      -- common.lua) is the usual one, one period, as a string; it is
-      -- given only for periods of 2 ms or more (usualPX in scripts.go).
+      -- One period from the newest event, and the rest of its ms (see
+      -- above): a ms more. So at least 2 ms, as it must be: Redis 7.0's
+      -- PEXPIRE deletes the key at once when the expiry is not after its
+      -- clock, which it reads twice, so PEXPIRE 1 can delete the log when
+      -- a ms ticks in between (SET PX has no such check). pxs (see
+      -- common.lua) is the usual one, one period and a ms, as a string
+      -- (usualPX in scripts.go).
       local px = pxs
       if not px or last > now then
-        px = ms(last + period - now)
-        if px < 2 then px = 2 end
+        px = ms(last + period - now) + 1
       end
       write('PEXPIRE', key, px)
     end
