@@ -49,11 +49,12 @@ func newRequeue(r *rescue, every time.Duration, max int) *requeue {
 
 // add queues c, to be made at once if now is set, else at the next pass
 // (its node is down: a try would be skipped). It reports false, and
-// queues nothing, after close or when max calls are pending.
+// queues nothing, after close or when max calls are pending (those of a
+// pass in flight included: they are still to be made).
 func (q *requeue) add(c requeued, now bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || len(q.pending) >= q.max {
+	if q.closed || len(q.pending)+q.passing >= q.max {
 		return false
 	}
 	q.pending = append(q.pending, c)

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +130,34 @@ func TestSettleCancelledThenClose(t *testing.T) {
 	require.NoError(t, lim.Close())
 	check := newLimiter(t, b.rdb, TokenBucket, limit)
 	assert.Equal(t, 100, remaining(t, check, "k"), "given back by Close at the latest")
+}
+
+// The settle queue holds at most maxPendingSettles calls, the one being
+// made included: a settle taken off the queue by a pass in flight (a
+// Redis that hangs holds it up to requeueTimeout) still waits, and must
+// not make room for another.
+func TestSettleQueueBoundExact(t *testing.T) {
+	verifyNoLeak(t)
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, PerHour(100), WithPingInterval(time.Hour))
+	q := lim.settles
+	far := time.Now().Add(time.Hour)
+	started, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once // Close may make it again: its pass ended with the queue
+	require.True(t, q.add(requeued{state: "s", until: far, do: func(context.Context) bool {
+		once.Do(func() { close(started) })
+		<-unblock
+		return false
+	}}, true))
+	<-started // the pass has taken it off the queue, and makes it
+	accepted := 1
+	for range maxPendingSettles + 10 {
+		if q.add(requeued{state: "s", until: far, do: func(context.Context) bool { return false }}, false) {
+			accepted++
+		}
+	}
+	assert.Equal(t, maxPendingSettles, q.len(), "pending, the one in flight included")
+	close(unblock)
+	assert.Equal(t, maxPendingSettles, accepted, "settles accepted")
+	require.NoError(t, lim.Close())
 }
