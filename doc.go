@@ -249,9 +249,10 @@
 // limiter key has a TTL).
 //
 // Sampling is shared by the limiters of one client with the same
-// interval, and lazy: the first sample is taken one interval after their
+// interval, and lazy: the baseline is read when the first of them starts,
+// the first sample compared with it is taken one interval after their
 // first decision, and later ones by a decision that Redis answered once
-// the interval has passed since the last (one goroutine, bounded by a
+// the interval has passed since the last (each one goroutine, bounded by a
 // second; Close does not wait for it). A decision costs one atomic load,
 // and idle limiters run nothing. A server that refuses INFO memory is not
 // sampled again.

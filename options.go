@@ -295,8 +295,9 @@ func WithRedisFunctions() Option {
 // notice that they evict keys. The first rise of evicted_keys is reported
 // once, as a [Transition] with Evicted set (to the hook of
 // [WithOnTransition]) and as one line of the standard library's log
-// package. Sampling is lazy and shared by a client's limiters: a decision
-// costs one atomic load, and idle limiters run nothing. The default is
+// package. Sampling is lazy and shared by a client's limiters: the first
+// of them to start reads the baseline, a decision costs one atomic load,
+// and idle limiters run nothing after that. The default is
 // 10s; 0 turns sampling off. See "Eviction" in the package documentation.
 func WithEvictionCheck(every time.Duration) Option {
 	return optionFunc(func(c *config) { c.evictEvery = every })
