@@ -219,8 +219,9 @@ func WithFallback(p FallbackPolicy) Option {
 // succeed before calls go back to the node. While the node cannot be
 // reached at all, the interval doubles after each failed probe, up to
 // three times the ping interval; see "Outages" in the package
-// documentation. Limiters on one client with the same ping interval share
-// one monitor per node (see [FallbackPolicy]).
+// documentation. Limiters on one client share one monitor per node,
+// which probes at the shortest of their ping intervals (see
+// [FallbackPolicy]).
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
