@@ -226,8 +226,11 @@
 // CLOCK approximation of least recently used; they are split over 16
 // shards, each of which holds at least one key whatever its rules. A
 // Concurrency's semaphore that holds a lease is never dropped: when every
-// one a shard keeps holds one, a new key is denied (RetryAfter the ping
-// interval) until one is free. The default of 100,000 stand-ins costs
+// one a shard keeps holds one, a new key is denied at once (it looks at 32
+// of them at most; RetryAfter the ping interval) until one is free. A
+// semaphore costs about 215 bytes, and the outage's go once Redis answers
+// again: the idle ones at once, the others with their last lease. The
+// default of 100,000 stand-ins costs
 // about 210 bytes a key plus 145 a rule (keys of about 25 bytes), so at
 // most about 36 MB, reached by single-rule keys (3 rules: 20 MB; 16 rules:
 // 16 MB), plus the length of longer keys.
