@@ -240,9 +240,10 @@
 // A Redis server that evicts keys when full may evict a limiter's state,
 // which then starts over. [WithEvictionCheck] notices it: evicted_keys
 // rising between two samples of INFO on a server whose maxmemory-policy
-// can evict. The first rise is reported once, as a [Transition] with
-// Evicted set (to the hook of [WithOnTransition]; a hook that tells
-// switches apart by Down should skip it) and as one line of the standard
+// can evict. The first rise is reported once, as a [Transition] of Kind
+// TransitionEvicted with Evicted set (to the hook of [WithOnTransition];
+// its Down is false: a hook should switch on Kind, or log the Transition's
+// String, which says what it is) and as one line of the standard
 // library's log package (go-redis does not export its own logger); a
 // server is reported again only after a sample found it not evicting and
 // at least 10 minutes passed since its last rise. evicted_keys counts

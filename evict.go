@@ -287,7 +287,7 @@ func serverName(addr string) string {
 func transition(e *engine, si serverInfo) Transition {
 	err := errorf("%s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
 		e.kind, serverName(si.addr), si.rise, si.maxmem, si.policy, ErrEvictionPolicy)
-	return Transition{Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
+	return Transition{Kind: TransitionEvicted, Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
 }
 
 // readInfo reads maxmemory and maxmemory_policy from INFO memory of the

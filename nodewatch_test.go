@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -215,4 +216,32 @@ func TestNodeWatchRefCounted(t *testing.T) {
 	w.mu.Lock()
 	assert.True(t, w.closed, "the last Close stops the watch")
 	w.mu.Unlock()
+}
+
+// A Transition says what it reports in Kind and in its String, so that a
+// hook that logs it cannot take an eviction notice for a switch back.
+func TestTransitionKindAndString(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	var tr transitions
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(100), WithPingInterval(10*time.Millisecond), WithOnTransition(tr.record))
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	_, err := lim.Allow(context.Background(), "k")
+	require.NoError(t, err)
+	m.SetError("")
+	got := waitTransitions(t, &tr, 2, 5*time.Second)
+	require.Len(t, got, 2)
+	assert.Equal(t, TransitionDown, got[0].Kind)
+	assert.Equal(t, "redlimit: Redis unavailable, the fallback decides: LOADING Redis is loading the dataset in memory", got[0].String())
+	assert.Equal(t, TransitionBack, got[1].Kind)
+	assert.Regexp(t, `^redlimit: Redis back after \S+ unavailable$`, got[1].String())
+
+	notice := transition(&lim.engine, serverInfo{addr: "10.0.0.1:6379", rise: 5035, maxmem: 1 << 20, policy: "allkeys-lru"})
+	assert.Equal(t, TransitionEvicted, notice.Kind)
+	assert.False(t, notice.Down)
+	assert.Equal(t, "evicted", notice.Kind.String())
+	assert.True(t, strings.HasPrefix(notice.String(), "redlimit: token-bucket: Redis 10.0.0.1:6379 evicted 5035 keys since the last sample"), notice.String())
+	assert.Equal(t, "redlimit: Redis node 10.0.0.2:6379 evicted 7 keys", Transition{Kind: TransitionEvicted, Node: "10.0.0.2:6379", Evicted: 7}.String())
+	assert.Equal(t, "TransitionKind(0)", TransitionKind(0).String())
 }

@@ -106,15 +106,21 @@ func (p FallbackPolicy) String() string {
 }
 
 // Transition tells that a limiter switched one Redis node to its fallback
-// (Down) or back to Redis. See [WithOnTransition].
+// (Down) or back to Redis, or, Kind TransitionEvicted, that a server
+// evicted keys. See [WithOnTransition]. Its String method says which, for
+// a log line.
 type Transition struct {
+	// Kind says what the Transition reports: TransitionDown,
+	// TransitionBack or TransitionEvicted. Switch on it rather than on
+	// Down, which an eviction notice has false too.
+	Kind     TransitionKind
 	Strategy Strategy
 	// Node is the address of the node (a cluster master or a ring shard)
 	// whose keys switched, or "" when the switch concerns the whole client
 	// (a *redis.Client, an AutoPipeliner, or a cluster or ring that could
 	// not route the key).
 	Node   string
-	Down   bool          // true: the node marked unavailable; false: back on Redis
+	Down   bool          // true: the node marked unavailable; false: back on Redis, or a notice
 	Err    error         // Down: the error that marked it unavailable
 	Outage time.Duration // back on Redis: how long it was marked unavailable
 	// Evicted, when above 0, makes this a notice, not a switch: the node
@@ -122,6 +128,54 @@ type Transition struct {
 	// between two samples (see [WithEvictionCheck]); Down is false and
 	// Err wraps ErrEvictionPolicy.
 	Evicted int64
+}
+
+// TransitionKind is what a [Transition] reports.
+type TransitionKind int
+
+// The kinds of Transition.
+const (
+	// TransitionDown: a node switched to the fallback (Down is true).
+	TransitionDown TransitionKind = iota + 1
+	// TransitionBack: a node switched back to Redis (Outage is set).
+	TransitionBack
+	// TransitionEvicted: a notice, not a switch: a server evicted keys
+	// (Evicted is set; see [WithEvictionCheck]).
+	TransitionEvicted
+)
+
+// String returns "down", "back" or "evicted".
+func (k TransitionKind) String() string {
+	switch k {
+	case TransitionDown:
+		return "down"
+	case TransitionBack:
+		return "back"
+	case TransitionEvicted:
+		return "evicted"
+	}
+	return fmt.Sprintf("TransitionKind(%d)", int(k))
+}
+
+// String describes t in one line: "redlimit: Redis node 10.0.0.1:6379
+// unavailable, the fallback decides: …", "… back after 1.2s unavailable",
+// or an eviction notice's Err ("… evicted 5035 keys since the last
+// sample …"). A Node of "" is the client's one server ("Redis").
+func (t Transition) String() string {
+	node := "Redis node " + t.Node
+	if t.Node == "" {
+		node = "Redis"
+	}
+	switch {
+	case t.Kind == TransitionEvicted || t.Evicted > 0:
+		if t.Err != nil {
+			return t.Err.Error()
+		}
+		return fmt.Sprintf("redlimit: %s evicted %d keys", node, t.Evicted)
+	case t.Down:
+		return fmt.Sprintf("redlimit: %s unavailable, the fallback decides: %v", node, t.Err)
+	}
+	return fmt.Sprintf("redlimit: %s back after %v unavailable", node, t.Outage)
 }
 
 // rescue holds a limiter's fallback state: its share of the watch of its
@@ -262,7 +316,7 @@ func joinNodeWatch(r *rescue) *nodeWatch {
 	w.setIntervalLocked()
 	for _, n := range w.nodes {
 		if n.down {
-			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
+			r.queue = append(r.queue, Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
 		}
 	}
 	return w
@@ -483,7 +537,7 @@ func (w *nodeWatch) setDownLocked(n *node, err error) {
 	n.down, n.cause, n.since = true, err, time.Now()
 	w.publishLocked()
 	for r := range w.subs {
-		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
+		r.enqueue(Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
 	}
 }
 
@@ -647,7 +701,7 @@ func (w *nodeWatch) back(n *node) {
 		if c := r.e.clock; c != nil {
 			c.stale() // the server may have come back on another machine
 		}
-		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Outage: outage})
+		r.enqueue(Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: n.id, Outage: outage})
 	}
 }
 
