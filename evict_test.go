@@ -92,7 +92,8 @@ func TestCheckRedisPolicyRedis(t *testing.T) {
 }
 
 // TestCheckRedisCluster: on a 3+3 cluster where one master alone is given
-// an evicting policy, the check fails naming that master and no other.
+// an evicting policy, the check fails naming that master and no other;
+// then where one replica alone is (it evicts once promoted), naming it.
 func TestCheckRedisCluster(t *testing.T) {
 	ctx := context.Background()
 	c := realCluster(t)
@@ -118,6 +119,22 @@ func TestCheckRedisCluster(t *testing.T) {
 	require.ErrorIs(t, err, ErrEvictionPolicy)
 	assert.Contains(t, err.Error(), "Redis "+m.Addr+" has maxmemory 1073741824 and maxmemory-policy allkeys-lfu")
 	assert.Equal(t, 1, strings.Count(err.Error(), "maxmemory-policy"), "one master named: %v", err)
+
+	require.NoError(t, mc.ConfigSet(ctx, "maxmemory", "0").Err())
+	require.NoError(t, mc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	r, err := c.ReplicaOf(m)
+	require.NoError(t, err)
+	rc := r.Client(t)
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "1gb").Err())
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
+	t.Cleanup(func() {
+		assert.NoError(t, rc.ConfigSet(ctx, "maxmemory", "0").Err())
+		assert.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	})
+	err = CheckRedis(ctx, rdb)
+	require.ErrorIs(t, err, ErrEvictionPolicy, "a replica that would evict once promoted")
+	assert.Contains(t, err.Error(), "Redis "+r.Addr+" has maxmemory 1073741824 and maxmemory-policy volatile-lru")
+	assert.Equal(t, 1, strings.Count(err.Error(), "maxmemory-policy"), "one replica named: %v", err)
 }
 
 // TestEvictionNoticedRedis fills a 2 MB allkeys-lru Redis behind a limiter
