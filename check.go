@@ -14,11 +14,14 @@ import (
 // CheckRedis reads maxmemory and maxmemory-policy (CONFIG GET) on every
 // master behind rdb (each master of a *redis.ClusterClient, each live
 // shard of a *redis.Ring, the server of a *redis.Client or a failover
-// client) and returns an error wrapping [ErrEvictionPolicy], naming the
-// server and its policy, for each one that may evict limiter keys: one
-// with maxmemory above 0 and a policy other than noeviction. maxmemory 0
-// means no limit on a 64-bit server, which is safe. Replicas are not read:
-// they take their keys, and their deletions, from their master.
+// client) and on each replica of a cluster, and returns an error wrapping
+// [ErrEvictionPolicy], naming the server and its policy, for each one that
+// may evict limiter keys: one with maxmemory above 0 and a policy other
+// than noeviction. maxmemory 0 means no limit on a 64-bit server, which is
+// safe. A replica does not evict while it is one (it takes its master's
+// deletions), but it evicts by its own policy once promoted; the replicas
+// of a *redis.Client's or a failover client's server are not known to the
+// client: check each with a client of its own.
 //
 // A server that refuses CONFIG GET (managed services rename or deny it:
 // an unknown-command or NOPERM reply) is skipped, so nil means that no
@@ -41,13 +44,22 @@ func CheckRedis(ctx context.Context, rdb redis.UniversalClient) error {
 		mu   sync.Mutex
 		errs []error
 	)
-	err := forEachMaster(ctx, rdb, func(ctx context.Context, c redis.Cmdable, addr string) {
+	check := func(ctx context.Context, c redis.Cmdable, addr string) {
 		if err := checkServer(ctx, c, addr); err != nil {
 			mu.Lock()
 			errs = append(errs, err)
 			mu.Unlock()
 		}
-	})
+	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			check(ctx, n, n.Options().Addr)
+			return nil
+		})
+	} else {
+		err = forEachMaster(ctx, rdb, check)
+	}
 	if err != nil {
 		errs = append(errs, errorf("check redis: %w", err))
 	}

@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"encoding/binary"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +98,12 @@ type Concurrency struct {
 
 	local *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
 	held  *heldLeases           // FallbackLocal: the Redis leases held here; else nil
+	// sweepAt says when to drop the semaphores that hold no live lease, at
+	// a call Redis answers (see sweepIdle): sweepNone, sweepNow, sweeping,
+	// or the time (ns, cfg.now's clock) when the leases left expire.
+	sweepAt atomic.Int64
+	sweepMu sync.Mutex     // orders a sweep's start before Close's wait
+	sweepWG sync.WaitGroup // the sweeps in progress
 
 	poll    time.Duration // Acquire's longest wait between tries
 	waitMu  sync.Mutex
@@ -286,6 +294,7 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 		}
 		return c.fallback(key, state, limit, share)
 	}
+	c.sweepIdle()
 	if code != leaseDone {
 		return nil, res, nil
 	}
@@ -342,7 +351,11 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 func (c *Concurrency) Close() error {
 	c.once.Do(func() { close(c.done) })
 	c.releases.close(false)
-	return c.e.Close()
+	err := c.e.Close()
+	c.sweepMu.Lock() // a sweep starting now sees done closed
+	c.sweepMu.Unlock()
+	c.sweepWG.Wait()
+	return err
 }
 
 // limitFor returns the limit of key: the Concurrency's own, or the one
@@ -442,21 +455,80 @@ func (c *Concurrency) fallback(key, state string, limit Limit, share int64) (*Le
 	}
 	// A semaphore that holds leases is never dropped for another key's:
 	// its key would start again with every slot free. With every one
-	// held, a new key is denied until one empties. The Redis leases this
-	// instance holds on the key take slots too (heldLeases).
+	// held, a new key is denied until one empties (an add looks at a few
+	// semaphores only, so that a full map answers at once). The Redis
+	// leases this instance holds on the key take slots too (heldLeases).
 	now := cfg.now()
 	capacity := fallbackCapacity(limit.Rate, cfg.share)
-	sem, ok := c.local.GetOrAddKeep(state, func() *localSem { return newLocalSem(capacity) },
-		func(s *localSem) bool { return s.busy(now) })
-	if !ok {
-		return nil, denied, nil
+	held := c.held.at(state, now)
+	kept := capacity - int(shareOf(int64(capacity), share))
+	for {
+		sem, ok := c.local.GetOrAddKeep(state, func() *localSem {
+			c.sweepAt.Store(sweepNow) // made by the outage: dropped once Redis answers
+			return newLocalSem(capacity)
+		}, func(s *localSem) bool { dead, _ := s.retire(now); return !dead })
+		if !ok {
+			return nil, denied, nil
+		}
+		id, res, ok := sem.acquire(now, c.limit.Period, held, capacity, kept)
+		if !ok {
+			continue // dropped meanwhile: the key's next one
+		}
+		res.Limit, res.Degraded = limit, true
+		if !res.Allowed {
+			return nil, res, nil
+		}
+		return &Lease{c: c, key: key, state: state, sem: sem, local: id, limit: limit}, res, nil
 	}
-	id, res := sem.acquire(now, c.limit.Period, c.held.at(state, now), capacity, capacity-int(shareOf(int64(capacity), share)))
-	res.Limit, res.Degraded = limit, true
-	if !res.Allowed {
-		return nil, res, nil
+}
+
+// sweepNow is sweepAt when the in-process semaphores are to be swept at
+// the next call Redis answers; sweeping is a sweep in progress.
+const (
+	sweepNow  = 1
+	sweeping  = -1
+	sweepNone = 0
+)
+
+// sweepIdle drops, once Redis answers again, the in-process semaphores
+// that the outage made and that hold no live lease (see sweepAt): one
+// goroutine, which Close waits for. A call that Redis answered calls it:
+// one atomic load while there is nothing to sweep.
+func (c *Concurrency) sweepIdle() {
+	at := c.sweepAt.Load()
+	if at == sweepNone || at == sweeping || (at != sweepNow && c.e.cfg.now().UnixNano() < at) {
+		return
 	}
-	return &Lease{c: c, key: key, state: state, sem: sem, local: id, limit: limit}, res, nil
+	if !c.sweepAt.CompareAndSwap(at, sweeping) {
+		return
+	}
+	c.sweepMu.Lock()
+	defer c.sweepMu.Unlock()
+	select {
+	case <-c.done:
+		return // closed: nothing is swept any more
+	default:
+	}
+	c.sweepWG.Add(1)
+	go func() {
+		defer c.sweepWG.Done()
+		now := c.e.cfg.now()
+		var last time.Time // the latest expiry of a lease left
+		left := c.local.Sweep(func(s *localSem) bool {
+			dead, exp := s.retire(now)
+			if exp.After(last) {
+				last = exp
+			}
+			return dead
+		})
+		next := int64(sweepNone)
+		if left > 0 {
+			// Leases still held: released ones drop their semaphore (see
+			// Lease.Release); sweep again once every lease left has expired.
+			next = max(last.UnixNano(), sweepNow+1)
+		}
+		c.sweepAt.CompareAndSwap(sweeping, next) // a semaphore made meanwhile set sweepNow
+	}()
 }
 
 // cause returns the error that marked the node of state unavailable.
@@ -522,7 +594,7 @@ type Lease struct {
 	state string
 	id    string    // the member in Redis; empty for a lease taken in process
 	sem   *localSem // FallbackLocal: the semaphore that holds it
-	local uint64    // its id in sem
+	local uint64    // its id in sem, under sem.mu (Extend changes it)
 	free  bool      // FallbackAllow: a lease that holds nothing
 	limit Limit     // the key's limit when the lease was taken (Rate = max)
 	done  atomic.Bool
@@ -564,7 +636,18 @@ func (l *Lease) Release(ctx context.Context) error {
 	defer c.wake(l.key)
 	switch {
 	case l.sem != nil:
-		l.sem.release(l.local)
+		if l.sem.release(l) && !c.e.rescue.isDown(l.state) {
+			// Redis answers again: what the outage made goes as it
+			// empties (while it lasts, an idle semaphore is kept for
+			// the key's next lease, and dropped when room is needed).
+			c.local.RemoveIf(l.state, func(s *localSem) bool {
+				if s != l.sem {
+					return false // dropped already, and made again
+				}
+				dead, _ := s.retire(c.e.cfg.now())
+				return dead
+			})
+		}
 		return nil
 	case l.free:
 		return nil
@@ -653,7 +736,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	switch {
 	case l.sem != nil:
-		if !l.sem.extend(l.local, c.e.cfg.now(), c.limit.Period) {
+		if !l.sem.extend(l, c.e.cfg.now(), c.limit.Period) {
 			l.done.Store(true)
 			return errorf("extend lease of %q: %w", l.key, ErrLeaseExpired)
 		}
@@ -682,37 +765,90 @@ func (l *Lease) Extend(ctx context.Context) error {
 	return nil
 }
 
-// localSem is FallbackLocal's semaphore for one key: its live leases in
-// order of expiry. Every lease lives ttl from its acquire or last extend,
-// on the monotonic clock, so a new or extended lease always goes last and
-// the expired ones are at the front.
+// localSem is FallbackLocal's semaphore for one key: its leases in order of
+// expiry, which is the order of their ids. Every lease lives ttl from its
+// acquire or last extend, on the monotonic clock, so a new or extended
+// lease (given a new id) always goes last and the expired ones are at the
+// front. A released lease stays in place, marked, until it reaches the
+// front or the marked ones are as many as the others; so a lease costs 32
+// bytes, and a semaphore of one lease about 100.
 type localSem struct {
-	mu    sync.Mutex
-	cap   int
-	next  uint64
-	order list.List                // *localLease, earliest expiry first
-	byID  map[uint64]*list.Element // live leases
+	mu     sync.Mutex
+	cap    int
+	next   uint64
+	leases []localLease // earliest expiry first; released ones marked
+	live   int          // leases not released (those expired included, until pruned)
+	// dead: dropped from the Concurrency's map (it held no live lease);
+	// it takes no lease any more, another semaphore serves its key.
+	dead bool
 }
 
+// localLease is one lease of a localSem; a zero exp marks it released.
 type localLease struct {
 	id  uint64
 	exp time.Time
 }
 
 func newLocalSem(capacity int) *localSem {
-	return &localSem{cap: capacity, byID: make(map[uint64]*list.Element)}
+	return &localSem{cap: capacity}
 }
 
-// pruneLocked drops the leases that expired by now.
+// pruneLocked drops the leases that expired by now, and the released ones
+// before them.
 func (s *localSem) pruneLocked(now time.Time) {
-	for e := s.order.Front(); e != nil; e = s.order.Front() {
-		ll := e.Value.(*localLease)
-		if now.Before(ll.exp) {
-			return
+	i := 0
+	for ; i < len(s.leases); i++ {
+		ll := &s.leases[i]
+		if !ll.exp.IsZero() {
+			if now.Before(ll.exp) {
+				break
+			}
+			s.live--
 		}
-		s.order.Remove(e)
-		delete(s.byID, ll.id)
 	}
+	if i > 0 {
+		clear(s.leases[:i])
+		s.leases = s.leases[i:]
+	}
+}
+
+// findLocked returns the index of the lease id in s.leases, or -1.
+func (s *localSem) findLocked(id uint64) int {
+	i, ok := slices.BinarySearchFunc(s.leases, id, func(ll localLease, id uint64) int { return cmp.Compare(ll.id, id) })
+	if !ok || s.leases[i].exp.IsZero() {
+		return -1
+	}
+	return i
+}
+
+// dropLocked marks the lease at i released, drops the released ones at
+// the back, and compacts the leases once the marked ones are as many as
+// the others.
+func (s *localSem) dropLocked(i int) {
+	s.leases[i].exp = time.Time{}
+	s.live--
+	n := len(s.leases)
+	for n > 0 && s.leases[n-1].exp.IsZero() {
+		n--
+	}
+	clear(s.leases[n:])
+	s.leases = s.leases[:n]
+	if len(s.leases) > 2*s.live+8 {
+		kept := s.leases[:0]
+		for _, ll := range s.leases {
+			if !ll.exp.IsZero() {
+				kept = append(kept, ll)
+			}
+		}
+		clear(s.leases[len(kept):])
+		s.leases = kept
+	}
+}
+
+// boundsLocked returns the first and last expiry of the live leases;
+// s.leases is pruned and holds a live one.
+func (s *localSem) boundsLocked() (first, last time.Time) {
+	return s.leases[0].exp, s.leases[len(s.leases)-1].exp
 }
 
 // acquire takes a lease of ttl if one is free, and returns its id. The
@@ -720,59 +856,76 @@ func (s *localSem) pruneLocked(now time.Time) {
 // (WithLimitFunc may change it; leases beyond it stay until released).
 // kept slots are left out for the call's priority share (see callShare); a
 // denial that only they make has ByPriority set (its RetryAfter is still
-// the first expiry: a hint).
-func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity, kept int) (uint64, Result) {
+// the first expiry: a hint). ok is false, and nothing is done, when s was
+// dropped from the map meanwhile: the caller takes the key's new one.
+func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity, kept int) (id uint64, res Result, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return 0, Result{}, false
+	}
 	s.cap = capacity
 	s.pruneLocked(now)
-	if used := s.order.Len() + held.n; used >= s.cap-kept {
+	if used := s.live + held.n; used >= s.cap-kept {
 		first, last := held.first, held.last
-		if f := s.order.Front(); f != nil {
-			exp := f.Value.(*localLease).exp
-			if held.n == 0 || exp.Before(first) {
-				first = exp
+		if s.live > 0 {
+			f, b := s.boundsLocked()
+			if held.n == 0 || f.Before(first) {
+				first = f
 			}
-			exp = s.order.Back().Value.(*localLease).exp
-			if held.n == 0 || exp.After(last) {
-				last = exp
+			if held.n == 0 || b.After(last) {
+				last = b
 			}
 		}
-		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now), ByPriority: used < s.cap}
+		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now), ByPriority: used < s.cap}, true
 	}
 	s.next++
-	s.byID[s.next] = s.order.PushBack(&localLease{id: s.next, exp: now.Add(ttl)})
-	return s.next, Result{Allowed: true, Remaining: s.cap - kept - s.order.Len() - held.n, ResetAfter: ttl}
+	s.leases = append(s.leases, localLease{id: s.next, exp: now.Add(ttl)})
+	s.live++
+	return s.next, Result{Allowed: true, Remaining: s.cap - kept - s.live - held.n, ResetAfter: ttl}, true
 }
 
-// busy reports whether a lease is live at now.
-func (s *localSem) busy(now time.Time) bool {
+// retire marks s dead if it holds no live lease at now, and reports
+// whether it did; else it returns the last expiry of its leases. The map
+// calls it, its shard locked, to drop s.
+func (s *localSem) retire(now time.Time) (dead bool, last time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
-	return s.order.Len() > 0
-}
-
-func (s *localSem) release(id uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, ok := s.byID[id]; ok {
-		s.order.Remove(e)
-		delete(s.byID, id)
+	if s.live == 0 {
+		s.dead = true
+		return true, time.Time{}
 	}
+	_, last = s.boundsLocked()
+	return false, last
 }
 
-// extend renews lease id for ttl from now; false when it is not live.
-func (s *localSem) extend(id uint64, now time.Time, ttl time.Duration) bool {
+// release gives back l's lease, if it is still held; it reports whether s
+// holds no lease left.
+func (s *localSem) release(l *Lease) (empty bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i := s.findLocked(l.local); i >= 0 {
+		s.dropLocked(i)
+	}
+	return s.live == 0
+}
+
+// extend renews l's lease for ttl from now, under a new id; false when it
+// is not live.
+func (s *localSem) extend(l *Lease, now time.Time, ttl time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
-	e, ok := s.byID[id]
-	if !ok {
+	i := s.findLocked(l.local)
+	if i < 0 {
 		return false
 	}
-	e.Value.(*localLease).exp = now.Add(ttl)
-	s.order.MoveToBack(e)
+	s.dropLocked(i)
+	s.next++
+	s.leases = append(s.leases, localLease{id: s.next, exp: now.Add(ttl)})
+	s.live++
+	l.local = s.next
 	return true
 }
 

@@ -428,13 +428,17 @@ func TestConcurrencyLimitFallbackLocal(t *testing.T) {
 	require.True(t, onRedis2.onRedis())
 	require.Equal(t, 9, res.Remaining, "the slot of the release made during the outage is free")
 
-	// In-process leases release in process after Redis is back.
+	// In-process leases release in process after Redis is back, and the
+	// semaphore that held them goes with the last.
 	sem := l2.sem
 	require.NoError(t, l2.Release(ctx))
+	assert.Equal(t, 1, c.local.Len(), "a lease left on the semaphore")
 	require.NoError(t, l3.Release(ctx))
 	sem.mu.Lock()
-	require.Zero(t, sem.order.Len())
+	require.Zero(t, sem.live)
+	require.True(t, sem.dead)
 	sem.mu.Unlock()
+	assert.Zero(t, c.local.Len(), "the semaphore dropped with its last lease")
 	require.NoError(t, onRedis2.Release(ctx))
 }
 

@@ -226,8 +226,11 @@
 // CLOCK approximation of least recently used; they are split over 16
 // shards, each of which holds at least one key whatever its rules. A
 // Concurrency's semaphore that holds a lease is never dropped: when every
-// one a shard keeps holds one, a new key is denied (RetryAfter the ping
-// interval) until one is free. The default of 100,000 stand-ins costs
+// one a shard keeps holds one, a new key is denied at once (it looks at 32
+// of them at most; RetryAfter the ping interval) until one is free. A
+// semaphore costs about 215 bytes, and the outage's go once Redis answers
+// again: the idle ones at once, the others with their last lease. The
+// default of 100,000 stand-ins costs
 // about 210 bytes a key plus 145 a rule (keys of about 25 bytes), so at
 // most about 36 MB, reached by single-rule keys (3 rules: 20 MB; 16 rules:
 // 16 MB), plus the length of longer keys.
@@ -237,9 +240,10 @@
 // A Redis server that evicts keys when full may evict a limiter's state,
 // which then starts over. [WithEvictionCheck] notices it: evicted_keys
 // rising between two samples of INFO on a server whose maxmemory-policy
-// can evict. The first rise is reported once, as a [Transition] with
-// Evicted set (to the hook of [WithOnTransition]; a hook that tells
-// switches apart by Down should skip it) and as one line of the standard
+// can evict. The first rise is reported once, as a [Transition] of Kind
+// TransitionEvicted with Evicted set (to the hook of [WithOnTransition];
+// its Down is false: a hook should switch on Kind, or log the Transition's
+// String, which says what it is) and as one line of the standard
 // library's log package (go-redis does not export its own logger); a
 // server is reported again only after a sample found it not evicting and
 // at least 10 minutes passed since its last rise. evicted_keys counts
@@ -249,9 +253,10 @@
 // limiter key has a TTL).
 //
 // Sampling is shared by the limiters of one client with the same
-// interval, and lazy: the first sample is taken one interval after their
+// interval, and lazy: the baseline is read when the first of them starts,
+// the first sample compared with it is taken one interval after their
 // first decision, and later ones by a decision that Redis answered once
-// the interval has passed since the last (one goroutine, bounded by a
+// the interval has passed since the last (each one goroutine, bounded by a
 // second; Close does not wait for it). A decision costs one atomic load,
 // and idle limiters run nothing. A server that refuses INFO memory is not
 // sampled again.

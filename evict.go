@@ -72,7 +72,8 @@ type evictNode struct {
 
 // joinEvictWatch returns the watch of e's client and interval, with e
 // among the limiters it reports to; nil when every is 0 (a nil watch's
-// methods do nothing).
+// methods do nothing). A new watch reads its baseline at once, in the
+// background (see baseline).
 func joinEvictWatch(e *engine, every time.Duration) *evictWatch {
 	if every <= 0 {
 		return nil
@@ -95,11 +96,24 @@ func joinEvictWatch(e *engine, every time.Duration) *evictWatch {
 			}
 			evictWatches.m[k] = w
 		}
+		w.wg.Add(1)
+		go w.baseline()
 	}
 	w.mu.Lock()
 	w.subs[e] = struct{}{}
 	w.mu.Unlock()
 	return w
+}
+
+// baseline takes a new watch's first sample, when its first limiter
+// starts: the evicted_keys of each master that later samples are compared
+// with, so that what a server evicts from the start is reported (taken at
+// the first sample instead, one interval after the first decision, it
+// would hide what the server evicted until then). It reports nothing, and
+// leaves the timer to the first decision.
+func (w *evictWatch) baseline() {
+	defer w.wg.Done()
+	w.sample()
 }
 
 // poke starts a sample if one is due, or arms the first. Decisions that
@@ -273,7 +287,7 @@ func serverName(addr string) string {
 func transition(e *engine, si serverInfo) Transition {
 	err := errorf("%s: Redis %s evicted %d keys since the last sample (maxmemory %d, maxmemory-policy %s): limiter keys it evicts come back with a full allowance: %w",
 		e.kind, serverName(si.addr), si.rise, si.maxmem, si.policy, ErrEvictionPolicy)
-	return Transition{Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
+	return Transition{Kind: TransitionEvicted, Strategy: e.rescue.strategy(), Node: si.addr, Err: err, Evicted: si.rise}
 }
 
 // readInfo reads maxmemory and maxmemory_policy from INFO memory of the

@@ -92,7 +92,8 @@ func TestCheckRedisPolicyRedis(t *testing.T) {
 }
 
 // TestCheckRedisCluster: on a 3+3 cluster where one master alone is given
-// an evicting policy, the check fails naming that master and no other.
+// an evicting policy, the check fails naming that master and no other;
+// then where one replica alone is (it evicts once promoted), naming it.
 func TestCheckRedisCluster(t *testing.T) {
 	ctx := context.Background()
 	c := realCluster(t)
@@ -118,6 +119,22 @@ func TestCheckRedisCluster(t *testing.T) {
 	require.ErrorIs(t, err, ErrEvictionPolicy)
 	assert.Contains(t, err.Error(), "Redis "+m.Addr+" has maxmemory 1073741824 and maxmemory-policy allkeys-lfu")
 	assert.Equal(t, 1, strings.Count(err.Error(), "maxmemory-policy"), "one master named: %v", err)
+
+	require.NoError(t, mc.ConfigSet(ctx, "maxmemory", "0").Err())
+	require.NoError(t, mc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	r, err := c.ReplicaOf(m)
+	require.NoError(t, err)
+	rc := r.Client(t)
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "1gb").Err())
+	require.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
+	t.Cleanup(func() {
+		assert.NoError(t, rc.ConfigSet(ctx, "maxmemory", "0").Err())
+		assert.NoError(t, rc.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	})
+	err = CheckRedis(ctx, rdb)
+	require.ErrorIs(t, err, ErrEvictionPolicy, "a replica that would evict once promoted")
+	assert.Contains(t, err.Error(), "Redis "+r.Addr+" has maxmemory 1073741824 and maxmemory-policy volatile-lru")
+	assert.Equal(t, 1, strings.Count(err.Error(), "maxmemory-policy"), "one replica named: %v", err)
 }
 
 // TestEvictionNoticedRedis fills a 2 MB allkeys-lru Redis behind a limiter
@@ -369,17 +386,26 @@ func TestEvictionOverAdmitsRedis(t *testing.T) {
 
 var evictionAll = os.Getenv("REDLIMIT_EVICTION_POLICIES") == "all"
 
-// A limiter samples one interval after its first decision, not at it
-// (tests that count commands would count INFO); on miniredis it samples
-// once and never again: miniredis answers INFO memory with an error, and
-// must never be sent INFO stats, whose handler reads its server unlocked
-// and crashed the test program when a test closed the miniredis during a
-// sample.
+// A limiter reads the baseline when it starts, and samples one interval
+// after its first decision, not at it; on miniredis it sends INFO once,
+// at the start, and never again: miniredis answers INFO memory with an
+// error, and must never be sent INFO stats, whose handler reads its server
+// unlocked and crashed the test program when a test closed the miniredis
+// during a sample.
 func TestEvictionSkipsMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := tunedClient(t, m.Addr())
+	start := m.CommandCount()
 	lim := newLimiter(t, rdb, FixedWindow, PerHour(1000), WithEvictionCheck(time.Hour))
 	w := lim.evict
+	w.wg.Wait()
+	assert.Equal(t, evictIdle, w.state.Load(), "no sample armed before a decision")
+	w.mu.Lock()
+	n := w.nodes[m.Addr()]
+	w.mu.Unlock()
+	require.NotNil(t, n, "the baseline at start")
+	assert.True(t, n.refused, "miniredis refuses INFO memory: not sampled again")
+	assert.Positive(t, m.CommandCount()-start, "the baseline's INFO memory (and the connection's handshake)")
 	ctx := context.Background()
 	commands := func() int { // what a decision sends, and a sample if one starts
 		before := m.CommandCount()
@@ -388,17 +414,10 @@ func TestEvictionSkipsMiniredis(t *testing.T) {
 		w.wg.Wait()
 		return m.CommandCount() - before
 	}
-	first := commands() // with the connection's handshake and the script's loading
+	first := commands() // with the script's loading
 	assert.Equal(t, evictArmed, w.state.Load(), "the first decision arms the first sample")
 	alone := commands()
 	assert.Less(t, alone, first)
-	w.state.Store(evictDue)
-	assert.Equal(t, alone+1, commands(), "the due sample: INFO memory")
-	w.mu.Lock()
-	n := w.nodes[m.Addr()]
-	w.mu.Unlock()
-	require.NotNil(t, n)
-	assert.True(t, n.refused, "miniredis refuses INFO memory: not sampled again")
 	w.state.Store(evictDue)
 	assert.Equal(t, alone, commands(), "a due sample sends no INFO to miniredis")
 }
@@ -427,4 +446,48 @@ func TestEvictionWatchShared(t *testing.T) {
 	w.mu.Unlock()
 	e := newLimiter(t, rdb, FixedWindow, PerHour(1000))
 	assert.NotSame(t, w, e.evict, "a new limiter gets a new watch")
+}
+
+// Evictions right after a limiter starts, before its first sample, are
+// reported: the baseline is taken when the limiter starts, not by the
+// first sample, one interval after the first decision (which found them
+// all in its baseline, and reported nothing).
+func TestEvictionAtStartRedis(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := redistest.Start(t, evictingArgs("allkeys-lru")...)
+	rdb := redis.NewClient(steadyOptions(s.Addr))
+	t.Cleanup(func() { rdb.Close() })
+	var tr transitions
+	lim := newLimiter(t, rdb, FixedWindow, PerHour(1000), WithEvictionCheck(50*time.Millisecond), WithOnTransition(tr.record))
+	w := lim.evict
+	w.wg.Wait() // a sample in flight: the baseline at start
+	fillRedis(t, rdb, "start", 4000)
+	evicted := func() int64 {
+		text, err := rdb.Info(ctx, "stats").Result()
+		require.NoError(t, err)
+		var n int64
+		infoFields(text, func(name, value string) {
+			if name == "evicted_keys" {
+				_, err := fmt.Sscan(value, &n)
+				require.NoError(t, err)
+			}
+		})
+		return n
+	}
+	atStart := evicted()
+	require.Positive(t, atStart, "the fill evicted keys")
+	// The limiter's first decisions, over several intervals.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) && len(tr.list()) == 0 {
+		_, err := lim.Allow(ctx, "user")
+		require.NoError(t, err)
+		w.wg.Wait()
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := tr.list()
+	t.Logf("%d keys evicted right after the start; notices: %+v", atStart, got)
+	require.Len(t, got, 1, "the evictions at start reported")
+	assert.GreaterOrEqual(t, got[0].Evicted, atStart, "the evictions at start counted (the decisions' writes may evict more)")
+	assert.ErrorIs(t, got[0].Err, ErrEvictionPolicy)
 }

@@ -2,6 +2,8 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,17 +24,36 @@ import (
 func TestNodeWatchSharedRedis(t *testing.T) {
 	verifyNoLeak(t)
 	srv := redistest.Start(t)
-	one := outageDials(t, srv.Addr, 1)
-	ten := outageDials(t, srv.Addr, 10)
+	one := outageDials(t, srv.Addr, 1, nil)
+	ten := outageDials(t, srv.Addr, 10, nil)
 	t.Logf("dials during a 3 s outage: %d with 1 limiter, %d with 10 on the same client", one, ten)
 	assert.LessOrEqual(t, ten, one, "dials with 10 limiters")
+}
+
+// Limiters on one client share the watch of its node whatever their
+// prefixes and ping intervals: 10 limiters with 10 prefixes, some probing
+// twice as often as asked by the others, dial no more than 1 alone.
+func TestNodeWatchPrefixesRedis(t *testing.T) {
+	verifyNoLeak(t)
+	srv := redistest.Start(t)
+	one := outageDials(t, srv.Addr, 1, nil)
+	ten := outageDials(t, srv.Addr, 10, func(i int) []Option {
+		every := defaultConfig().pingInterval
+		if i%2 == 1 {
+			every *= 2
+		}
+		return []Option{WithPrefix(fmt.Sprintf("tenant%d", i)), WithPingInterval(every)}
+	})
+	t.Logf("dials during a 3 s outage: %d with 1 limiter, %d with 10 prefixes on the same client", one, ten)
+	assert.LessOrEqual(t, ten, one, "dials with 10 prefixes")
 }
 
 // outageDials runs n limiters on one client through a proxy, under load,
 // cuts the proxy for 3 s once every limiter is on its fallback, and returns
 // how many connections the client dialled meanwhile. It checks that no
-// call failed and that each hook saw one Down and one switch back.
-func outageDials(t *testing.T, addr string, n int) int64 {
+// call failed and that each hook saw one Down and one switch back. opts,
+// if not nil, gives limiter i its options.
+func outageDials(t *testing.T, addr string, n int, opts func(i int) []Option) int64 {
 	t.Helper()
 	proxy := redistest.NewProxy(t, addr)
 	var dials dialCounter
@@ -50,10 +71,13 @@ func outageDials(t *testing.T, addr string, n int) int64 {
 	for i := range n {
 		tr := &transitions{}
 		trs[i] = tr
-		hook := WithOnTransition(tr.record)
+		hook := []Option{WithOnTransition(tr.record)}
+		if opts != nil {
+			hook = append(hook, opts(i)...)
+		}
 		switch i % 3 {
 		case 0:
-			lim, err := NewTokenBucket(rdb, PerSecond(100_000), hook)
+			lim, err := NewTokenBucket(rdb, PerSecond(100_000), hook...)
 			require.NoError(t, err)
 			closers = append(closers, lim.Close)
 			calls[i] = func(ctx context.Context) error { _, err := lim.Allow(ctx, "k"); return err }
@@ -61,12 +85,12 @@ func outageDials(t *testing.T, addr string, n int) int64 {
 			p, err := NewPolicy(rdb, []Rule{
 				{Strategy: FixedWindow, Limit: PerSecond(100_000)},
 				{Strategy: SlidingCounter, Limit: PerMinute(1_000_000)},
-			}, hook)
+			}, hook...)
 			require.NoError(t, err)
 			closers = append(closers, p.Close)
 			calls[i] = func(ctx context.Context) error { _, err := p.Allow(ctx, "k"); return err }
 		case 2:
-			c, err := NewConcurrency(rdb, 100, time.Second, hook)
+			c, err := NewConcurrency(rdb, 100, time.Second, hook...)
 			require.NoError(t, err)
 			closers = append(closers, c.Close)
 			calls[i] = func(ctx context.Context) error {
@@ -153,11 +177,17 @@ func TestNodeWatchRefCounted(t *testing.T) {
 	require.NoError(t, err)
 	b, err := NewPolicy(rdb, []Rule{{Strategy: FixedWindow, Limit: PerSecond(100)}}, every, WithOnTransition(trB.record))
 	require.NoError(t, err)
-	other, err := NewTokenBucket(rdb, PerSecond(100), WithPingInterval(20*time.Millisecond))
+	other, err := NewTokenBucket(rdb, PerSecond(100), WithPingInterval(5*time.Millisecond), WithPrefix("other"))
 	require.NoError(t, err)
-	defer other.Close()
-	require.Same(t, a.rescue.w, b.rescue.w, "one watch for the same client and ping interval")
-	require.NotSame(t, a.rescue.w, other.rescue.w, "another ping interval, another watch")
+	clientClock, err := NewTokenBucket(rdb, PerSecond(100), every, WithClientClock())
+	require.NoError(t, err)
+	defer clientClock.Close()
+	require.Same(t, a.rescue.w, b.rescue.w, "one watch for the same client")
+	require.Same(t, a.rescue.w, other.rescue.w, "one watch whatever the ping interval and prefix")
+	require.NotSame(t, a.rescue.w, clientClock.rescue.w, "another clock, another watch")
+	assert.Equal(t, 5*time.Millisecond, a.rescue.w.interval(), "the shortest ping interval")
+	require.NoError(t, other.Close())
+	assert.Equal(t, 10*time.Millisecond, a.rescue.w.interval(), "the shortest ping interval of those left")
 
 	m.SetError("LOADING Redis is loading the dataset in memory")
 	res, err := a.Allow(ctx, "k")
@@ -186,4 +216,32 @@ func TestNodeWatchRefCounted(t *testing.T) {
 	w.mu.Lock()
 	assert.True(t, w.closed, "the last Close stops the watch")
 	w.mu.Unlock()
+}
+
+// A Transition says what it reports in Kind and in its String, so that a
+// hook that logs it cannot take an eviction notice for a switch back.
+func TestTransitionKindAndString(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	var tr transitions
+	lim := newLimiter(t, rdb, TokenBucket, PerSecond(100), WithPingInterval(10*time.Millisecond), WithOnTransition(tr.record))
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	_, err := lim.Allow(context.Background(), "k")
+	require.NoError(t, err)
+	m.SetError("")
+	got := waitTransitions(t, &tr, 2, 5*time.Second)
+	require.Len(t, got, 2)
+	assert.Equal(t, TransitionDown, got[0].Kind)
+	assert.Equal(t, "redlimit: Redis unavailable, the fallback decides: LOADING Redis is loading the dataset in memory", got[0].String())
+	assert.Equal(t, TransitionBack, got[1].Kind)
+	assert.Regexp(t, `^redlimit: Redis back after \S+ unavailable$`, got[1].String())
+
+	notice := transition(&lim.engine, serverInfo{addr: "10.0.0.1:6379", rise: 5035, maxmem: 1 << 20, policy: "allkeys-lru"})
+	assert.Equal(t, TransitionEvicted, notice.Kind)
+	assert.False(t, notice.Down)
+	assert.Equal(t, "evicted", notice.Kind.String())
+	assert.True(t, strings.HasPrefix(notice.String(), "redlimit: token-bucket: Redis 10.0.0.1:6379 evicted 5035 keys since the last sample"), notice.String())
+	assert.Equal(t, "redlimit: Redis node 10.0.0.2:6379 evicted 7 keys", Transition{Kind: TransitionEvicted, Node: "10.0.0.2:6379", Evicted: 7}.String())
+	assert.Equal(t, "TransitionKind(0)", TransitionKind(0).String())
 }

@@ -219,8 +219,9 @@ func WithFallback(p FallbackPolicy) Option {
 // succeed before calls go back to the node. While the node cannot be
 // reached at all, the interval doubles after each failed probe, up to
 // three times the ping interval; see "Outages" in the package
-// documentation. Limiters on one client with the same ping interval share
-// one monitor per node (see [FallbackPolicy]).
+// documentation. Limiters on one client share one monitor per node,
+// which probes at the shortest of their ping intervals (see
+// [FallbackPolicy]).
 func WithPingInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.pingInterval = d })
 }
@@ -255,7 +256,9 @@ func WithFallbackKeys(max int) Option {
 // noticed; a switch made while an earlier one is being reported is
 // reported right after it, from the goroutine reporting). It must not
 // block; it may call the limiter, Close included. A panic in it is
-// recovered and dropped. Use it to log or count outages. Limiters that
+// recovered and dropped. Use it to log or count outages. It also gets the
+// eviction notices of [WithEvictionCheck], which are not switches: tell
+// them apart by Transition.Kind (their Down is false). Limiters that
 // share a node's monitor (see [FallbackPolicy]) each get every switch
 // through their own hook; a limiter made while a node is marked down is
 // told so from its constructor.
@@ -293,10 +296,11 @@ func WithRedisFunctions() Option {
 // WithEvictionCheck sets how often, at most, the limiters of a Redis
 // client sample INFO on its masters (as [CheckRedis] finds them) to
 // notice that they evict keys. The first rise of evicted_keys is reported
-// once, as a [Transition] with Evicted set (to the hook of
+// once, as a [Transition] of Kind TransitionEvicted (to the hook of
 // [WithOnTransition]) and as one line of the standard library's log
-// package. Sampling is lazy and shared by a client's limiters: a decision
-// costs one atomic load, and idle limiters run nothing. The default is
+// package. Sampling is lazy and shared by a client's limiters: the first
+// of them to start reads the baseline, a decision costs one atomic load,
+// and idle limiters run nothing after that. The default is
 // 10s; 0 turns sampling off. See "Eviction" in the package documentation.
 func WithEvictionCheck(every time.Duration) Option {
 	return optionFunc(func(c *config) { c.evictEvery = every })

@@ -49,11 +49,12 @@ func newRequeue(r *rescue, every time.Duration, max int) *requeue {
 
 // add queues c, to be made at once if now is set, else at the next pass
 // (its node is down: a try would be skipped). It reports false, and
-// queues nothing, after close or when max calls are pending.
+// queues nothing, after close or when max calls are pending (those of a
+// pass in flight included: they are still to be made).
 func (q *requeue) add(c requeued, now bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || len(q.pending) >= q.max {
+	if q.closed || len(q.pending)+q.passing >= q.max {
 		return false
 	}
 	q.pending = append(q.pending, c)
@@ -137,9 +138,9 @@ func (q *requeue) pass(ctx context.Context, batch []requeued) []requeued {
 }
 
 // close stops the queue: the call in flight ends, and the calls pending
-// are dropped; with flush they are made once more first, those of nodes
-// not marked down, within requeueTimeout in all. It returns how many were
-// dropped. It is safe to call more than once.
+// are dropped; with flush each is tried once more first, within
+// requeueTimeout in all (see flush). It returns how many were dropped. It
+// is safe to call more than once.
 func (q *requeue) close(flush bool) (dropped int) {
 	q.mu.Lock()
 	if q.closed {
@@ -159,9 +160,29 @@ func (q *requeue) close(flush bool) (dropped int) {
 	q.pending = nil
 	q.mu.Unlock()
 	if flush && len(batch) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), requeueTimeout)
-		batch = q.pass(ctx, batch)
-		cancel()
+		batch = q.flush(batch)
 	}
 	return len(batch)
+}
+
+// flush tries each call of batch once, within requeueTimeout in all, and
+// returns those not made. Unlike a pass, it tries those of a node marked
+// down too: the node may answer again before its probes have brought it
+// back (a hang that just ended), and there is no later pass. A call that
+// Redis does not answer does not stop the others: those of other nodes,
+// or the same node answering again, are made while time is left.
+func (q *requeue) flush(batch []requeued) []requeued {
+	ctx, cancel := context.WithTimeout(context.Background(), requeueTimeout)
+	defer cancel()
+	var keep []requeued
+	for _, c := range batch {
+		switch {
+		case !time.Now().Before(c.until):
+		case ctx.Err() != nil:
+			keep = append(keep, c)
+		case c.do(ctx):
+			keep = append(keep, c)
+		}
+	}
+	return keep
 }

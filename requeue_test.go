@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +130,85 @@ func TestSettleCancelledThenClose(t *testing.T) {
 	require.NoError(t, lim.Close())
 	check := newLimiter(t, b.rdb, TokenBucket, limit)
 	assert.Equal(t, 100, remaining(t, check, "k"), "given back by Close at the latest")
+}
+
+// The settle queue holds at most maxPendingSettles calls, the one being
+// made included: a settle taken off the queue by a pass in flight (a
+// Redis that hangs holds it up to requeueTimeout) still waits, and must
+// not make room for another.
+func TestSettleQueueBoundExact(t *testing.T) {
+	verifyNoLeak(t)
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, PerHour(100), WithPingInterval(time.Hour))
+	q := lim.settles
+	far := time.Now().Add(time.Hour)
+	started, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once // Close may make it again: its pass ended with the queue
+	require.True(t, q.add(requeued{state: "s", until: far, do: func(context.Context) bool {
+		once.Do(func() { close(started) })
+		<-unblock
+		return false
+	}}, true))
+	<-started // the pass has taken it off the queue, and makes it
+	accepted := 1
+	for range maxPendingSettles + 10 {
+		if q.add(requeued{state: "s", until: far, do: func(context.Context) bool { return false }}, false) {
+			accepted++
+		}
+	}
+	assert.Equal(t, maxPendingSettles, q.len(), "pending, the one in flight included")
+	close(unblock)
+	assert.Equal(t, maxPendingSettles, accepted, "settles accepted")
+	require.NoError(t, lim.Close())
+}
+
+// Close makes each queued settle once, also of a node still marked down:
+// Redis answers again (the hang is over) before the monitor's probes have
+// brought the node back, and no settle may be dropped untried.
+func TestCloseTriesQueuedSettlesRedis(t *testing.T) {
+	verifyNoLeak(t)
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(redistest.TunedOptions(srv.Addr))
+	defer rdb.Close()
+	tr := &transitions{}
+	limit := Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	// An hour between probes: the node stays marked down until Close.
+	lim, err := NewTokenBucket(rdb, limit, WithPingInterval(time.Hour), WithOnTransition(tr.record))
+	require.NoError(t, err)
+	const n = 20
+	rvs := make([]*Reservation, n)
+	for i := range rvs {
+		rvs[i], err = lim.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, rvs[i].Result().Allowed)
+	}
+	require.NoError(t, srv.Pause())
+	resumed := false
+	defer func() {
+		if !resumed {
+			assert.NoError(t, srv.Resume())
+		}
+	}()
+	for i, rv := range rvs {
+		_, err := rv.Settle(ctx, 3) // 2 more than reserved
+		require.ErrorIs(t, err, ErrUnavailable, "settle %d", i)
+		if i == 0 {
+			require.Eventually(t, func() bool { return lim.rescue.anyDown() }, 5*time.Second, 5*time.Millisecond, "marked down")
+		}
+	}
+	require.Equal(t, n, lim.settles.len(), "queued")
+	require.NoError(t, srv.Resume())
+	resumed = true
+	direct := tunedClient(t, srv.Addr)
+	require.NoError(t, direct.Ping(ctx).Err(), "Redis answers again")
+	require.True(t, lim.rescue.anyDown(), "still marked down")
+	err = lim.Close()
+	check, cerr := NewTokenBucket(direct, limit)
+	require.NoError(t, cerr)
+	defer check.Close()
+	left := remaining(t, check, "k")
+	t.Logf("Close: %v; Remaining %d (1000 - %d reserved - %d settled over)", err, left, n, 2*n)
+	require.NoError(t, err, "every queued settle made")
+	assert.Equal(t, 1000-3*n, left, "every settle charged once")
 }

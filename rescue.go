@@ -49,10 +49,12 @@ import (
 // failing key's slot (never the caller's key; and a read-only replica, a
 // full memory or a down cluster slot does not count as back). After two
 // probes in a row succeed, calls go to the node again. The limiters,
-// Policies and Concurrency limits built on the same client, with the same
-// ping interval, prefix and clock (WithClientClock), share each node's
-// down-state and its one monitor: a node that one marks down is down for
-// all, and an outage costs the same probes however many they are.
+// Policies and Concurrency limits built on the same client with the same
+// clock (WithClientClock or not) share each node's down-state and its one
+// monitor, whatever their prefixes and ping intervals: a node that one
+// marks down is down for all, and an outage costs the same probes however
+// many they are. Its probes go every shortest ping interval of them, with
+// a key of the prefix of the limiter that marked it down.
 //
 // What is not an outage never switches to the fallback: a denial is an
 // answer, the caller's own context ending returns its error, a Redis client
@@ -104,15 +106,21 @@ func (p FallbackPolicy) String() string {
 }
 
 // Transition tells that a limiter switched one Redis node to its fallback
-// (Down) or back to Redis. See [WithOnTransition].
+// (Down) or back to Redis, or, Kind TransitionEvicted, that a server
+// evicted keys. See [WithOnTransition]. Its String method says which, for
+// a log line.
 type Transition struct {
+	// Kind says what the Transition reports: TransitionDown,
+	// TransitionBack or TransitionEvicted. Switch on it rather than on
+	// Down, which an eviction notice has false too.
+	Kind     TransitionKind
 	Strategy Strategy
 	// Node is the address of the node (a cluster master or a ring shard)
 	// whose keys switched, or "" when the switch concerns the whole client
 	// (a *redis.Client, an AutoPipeliner, or a cluster or ring that could
 	// not route the key).
 	Node   string
-	Down   bool          // true: the node marked unavailable; false: back on Redis
+	Down   bool          // true: the node marked unavailable; false: back on Redis, or a notice
 	Err    error         // Down: the error that marked it unavailable
 	Outage time.Duration // back on Redis: how long it was marked unavailable
 	// Evicted, when above 0, makes this a notice, not a switch: the node
@@ -120,6 +128,54 @@ type Transition struct {
 	// between two samples (see [WithEvictionCheck]); Down is false and
 	// Err wraps ErrEvictionPolicy.
 	Evicted int64
+}
+
+// TransitionKind is what a [Transition] reports.
+type TransitionKind int
+
+// The kinds of Transition.
+const (
+	// TransitionDown: a node switched to the fallback (Down is true).
+	TransitionDown TransitionKind = iota + 1
+	// TransitionBack: a node switched back to Redis (Outage is set).
+	TransitionBack
+	// TransitionEvicted: a notice, not a switch: a server evicted keys
+	// (Evicted is set; see [WithEvictionCheck]).
+	TransitionEvicted
+)
+
+// String returns "down", "back" or "evicted".
+func (k TransitionKind) String() string {
+	switch k {
+	case TransitionDown:
+		return "down"
+	case TransitionBack:
+		return "back"
+	case TransitionEvicted:
+		return "evicted"
+	}
+	return fmt.Sprintf("TransitionKind(%d)", int(k))
+}
+
+// String describes t in one line: "redlimit: Redis node 10.0.0.1:6379
+// unavailable, the fallback decides: …", "… back after 1.2s unavailable",
+// or an eviction notice's Err ("… evicted 5035 keys since the last
+// sample …"). A Node of "" is the client's one server ("Redis").
+func (t Transition) String() string {
+	node := "Redis node " + t.Node
+	if t.Node == "" {
+		node = "Redis"
+	}
+	switch {
+	case t.Kind == TransitionEvicted || t.Evicted > 0:
+		if t.Err != nil {
+			return t.Err.Error()
+		}
+		return fmt.Sprintf("redlimit: %s evicted %d keys", node, t.Evicted)
+	case t.Down:
+		return fmt.Sprintf("redlimit: %s unavailable, the fallback decides: %v", node, t.Err)
+	}
+	return fmt.Sprintf("redlimit: %s back after %v unavailable", node, t.Outage)
 }
 
 // rescue holds a limiter's fallback state: its share of the watch of its
@@ -147,12 +203,16 @@ type rescue struct {
 
 // nodeWatch is the down-state of one Redis client's nodes and the
 // goroutines that probe them, shared by the limiters built on that client
-// with the same ping interval, key prefix and clock (a probe's key and
-// script depend on them), so that an outage costs one probe per node and
-// ping interval however many limiters share the client. Each limiter
-// reports the switches to its own hook. The last limiter to close stops it.
+// with the same clock (the probe's script depends on it), so that an
+// outage costs one probe per node and ping interval however many limiters
+// share the client. A node's probe key has the prefix of the limiter that
+// marked it down (any of theirs will do: they share the client's
+// credentials), and the probes go every shortest ping interval of the
+// limiters sharing the watch. Each limiter reports the switches to its own
+// hook. The last limiter to close stops it.
 type nodeWatch struct {
 	key    watchKey
+	every  atomic.Int64    // ns: the shortest WithPingInterval of subs
 	ctx    context.Context // cancelled when the last limiter leaves: ends probes in flight
 	cancel context.CancelFunc
 
@@ -168,12 +228,13 @@ type nodeWatch struct {
 	wg     sync.WaitGroup // the goroutines that probe
 }
 
-// watchKey tells which limiters share a nodeWatch.
+// watchKey tells which limiters share a nodeWatch. The clock kind is part
+// of it: a probe that calls TIME fails on the servers that WithClientClock
+// is for, and one that does not cannot tell a server-clock limiter that
+// TIME works.
 type watchKey struct {
 	rdb         redis.UniversalClient
-	every       time.Duration // WithPingInterval
-	prefix      string        // WithPrefix: the probe keys'
-	clientClock bool          // WithClientClock: probes do not call TIME
+	clientClock bool // WithClientClock: probes do not call TIME
 }
 
 // nodeWatches holds the watch of each watchKey whose client is comparable
@@ -230,7 +291,7 @@ func newRescue(e *engine) *rescue {
 // the limiters sharing it, and queues for r a Down switch of each node it
 // has marked down.
 func joinNodeWatch(r *rescue) *nodeWatch {
-	k := watchKey{rdb: r.e.rdb, every: r.e.cfg.pingInterval, prefix: r.e.cfg.prefix, clientClock: r.e.cfg.clientClock}
+	k := watchKey{rdb: r.e.rdb, clientClock: r.e.cfg.clientClock}
 	shared := reflect.TypeOf(k.rdb).Comparable()
 	nodeWatches.Lock()
 	defer nodeWatches.Unlock()
@@ -252,13 +313,32 @@ func joinNodeWatch(r *rescue) *nodeWatch {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.subs[r] = struct{}{}
+	w.setIntervalLocked()
 	for _, n := range w.nodes {
 		if n.down {
-			r.queue = append(r.queue, Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
+			r.queue = append(r.queue, Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
 		}
 	}
 	return w
 }
+
+// setIntervalLocked sets the interval between probes: the shortest ping
+// interval of the limiters sharing w, so that each is probed for as often
+// as it asked. w.mu is held.
+func (w *nodeWatch) setIntervalLocked() {
+	var every time.Duration
+	for r := range w.subs {
+		if d := r.e.cfg.pingInterval; every == 0 || d < every {
+			every = d
+		}
+	}
+	if every > 0 {
+		w.every.Store(int64(every))
+	}
+}
+
+// interval returns the interval between probes.
+func (w *nodeWatch) interval() time.Duration { return time.Duration(w.every.Load()) }
 
 // anyDown reports whether any node is marked down.
 func (r *rescue) anyDown() bool { return r.w.down.Load() != nil }
@@ -370,6 +450,7 @@ func (w *nodeWatch) leave(r *rescue) {
 	nodeWatches.Lock()
 	w.mu.Lock()
 	delete(w.subs, r)
+	w.setIntervalLocked()
 	last := len(w.subs) == 0 && !w.closed
 	if last {
 		w.closed = true
@@ -456,7 +537,7 @@ func (w *nodeWatch) setDownLocked(n *node, err error) {
 	n.down, n.cause, n.since = true, err, time.Now()
 	w.publishLocked()
 	for r := range w.subs {
-		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
+		r.enqueue(Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
 	}
 }
 
@@ -532,9 +613,10 @@ func (w *nodeWatch) checkNode(n *node) bool {
 
 // waitBack probes a node marked down, at the first tick after the wait
 // since the last probe, until two probes in a row succeed (true), or the
-// last limiter or the client is closed (false).
+// last limiter or the client is closed (false). The ticks follow the
+// watch's interval, which limiters joining or leaving may change.
 func (w *nodeWatch) waitBack(n *node) bool {
-	every := w.key.every
+	every := w.interval()
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	wait := every      // between probes; longer while the node cannot be reached
@@ -545,6 +627,10 @@ func (w *nodeWatch) waitBack(n *node) bool {
 		case <-w.stop:
 			return false
 		case <-tick.C:
+		}
+		if d := w.interval(); d != every {
+			every, wait = d, d
+			tick.Reset(every)
 		}
 		if closedNow(w.key.rdb) {
 			w.setGone()
@@ -584,7 +670,7 @@ func (w *nodeWatch) waitBack(n *node) bool {
 // intervals, while the node cannot be reached at all, else one interval.
 // Through a cluster it also asks the client for a new view of the cluster.
 func (w *nodeWatch) failed(err error, wait time.Duration) time.Duration {
-	every := w.key.every
+	every := w.interval()
 	if outage.Unreachable(err) {
 		wait = min(2*wait, maxBackoff*every)
 	} else {
@@ -615,7 +701,7 @@ func (w *nodeWatch) back(n *node) {
 		if c := r.e.clock; c != nil {
 			c.stale() // the server may have come back on another machine
 		}
-		r.enqueue(Transition{Strategy: r.strategy(), Node: n.id, Outage: outage})
+		r.enqueue(Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: n.id, Outage: outage})
 	}
 }
 
@@ -627,7 +713,7 @@ const probeTimeout = time.Second
 
 // probe runs the probe script once on the node n.
 func (w *nodeWatch) probe(n *node) error {
-	ctx, cancel := context.WithTimeout(w.ctx, max(w.key.every, probeTimeout))
+	ctx, cancel := context.WithTimeout(w.ctx, max(w.interval(), probeTimeout))
 	defer cancel()
 	if w.key.clientClock {
 		return clientClockProbe.Run(ctx, n.probe, []string{n.key}).Err()

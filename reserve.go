@@ -150,9 +150,9 @@ func (r *Reservation) Result() Result {
 // the call (the error wraps ctx's error). At most 10,000 settles per
 // limiter wait: past that, the error says the settle was not queued, and
 // the reservation stays unsettled, for the caller to settle again. Close
-// makes the queued settles once more (within 1s), and those it cannot make
-// stand as taken until the reservation lifetime ends (its error counts
-// them).
+// tries each queued settle once more (within 1s in all, also while its
+// node is still marked down), and those it cannot make stand as taken
+// until the reservation lifetime ends (its error counts them).
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	if r == nil || r.e == nil {
 		return Result{}, errorf("settle a reservation that Reserve did not return: %w", ErrInvalidArgument)

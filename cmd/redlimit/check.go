@@ -20,8 +20,9 @@ var checkCmd = &command{
 	short: "tell whether a Redis may evict limiter keys",
 	long: `
 Check reads maxmemory and maxmemory-policy (CONFIG GET) on the Redis
-server at -redis, or on every master of the cluster that -redis belongs to
-with -cluster, as redlimit.CheckRedis does, and prints one line per server
+server at -redis, or on every master and replica of the cluster that -redis
+belongs to with -cluster (a replica evicts once promoted), as
+redlimit.CheckRedis does, and prints one line per server
 that may evict limiter keys: one with maxmemory above 0 and a policy other
 than noeviction. An evicted key comes back with a full allowance, so such a
 server admits more than the limits once it is full.
@@ -37,7 +38,7 @@ func setupCheck(fs *flag.FlagSet) runFunc {
 	var addr string
 	var cluster bool
 	fs.StringVar(&addr, "redis", "", "`address` of the Redis server, host:port (required)")
-	fs.BoolVar(&cluster, "cluster", false, "-redis is a node of a Redis Cluster: check every master")
+	fs.BoolVar(&cluster, "cluster", false, "-redis is a node of a Redis Cluster: check every master and replica")
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		switch {
 		case addr == "":

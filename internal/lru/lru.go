@@ -44,6 +44,7 @@ type lruEntry[V any] struct {
 	value  V
 	used   atomic.Bool
 	weight int32
+	at     int // its slot in ring
 }
 
 // New returns a Cache that holds at most about max entries (at least one
@@ -80,10 +81,18 @@ func (c *Cache[V]) GetOrAdd(key string, make func() V) V {
 	return v
 }
 
+// KeepScan is how many entries an add into a full shard looks at, at
+// most, for one that GetOrAddKeep's keep lets go.
+const KeepScan = 32
+
 // GetOrAddKeep is GetOrAdd that never drops an entry whose value keep
-// reports true (keep runs with the shard locked; nil keeps none): when
-// the entries keep keeps leave no room in a full shard, key is not added,
-// and ok is false.
+// reports true (keep runs with the shard locked; nil keeps none). In a
+// full shard, an add looks at up to KeepScan entries from the clock hand
+// on, and drops the first that keep lets go, whether used lately or not
+// (what keep lets go is worth nothing kept); when keep keeps all of them,
+// key is not added, and ok is false. So an add into a shard full of kept
+// entries costs KeepScan calls of keep, not one per entry, and the hand
+// goes on from there: the next adds look at the next ones.
 func (c *Cache[V]) GetOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
 	s := c.shard(key)
 	s.mu.RLock()
@@ -105,19 +114,55 @@ func (c *Cache[V]) GetOrAddKeep(key string, make func() V, keep func(V) bool) (v
 		e.weight = int32(max(c.weigh(e.value), 1))
 	}
 	for s.weight > 0 && s.weight+int(e.weight) > s.max {
-		if !s.evictLocked(keep, nil) {
+		if keep != nil {
+			if !s.evictKeepLocked(keep) {
+				return v, false
+			}
+		} else if !s.evictLocked(nil, nil) {
 			return v, false
 		}
 	}
 	if n := len(s.free); n > 0 {
-		s.ring[s.free[n-1]] = e
+		e.at = s.free[n-1]
+		s.ring[e.at] = e
 		s.free = s.free[:n-1]
 	} else {
+		e.at = len(s.ring)
 		s.ring = append(s.ring, e)
 	}
 	s.weight += int(e.weight)
 	s.items[key] = e
 	return e.value, true
+}
+
+// evictKeepLocked drops the first of the next KeepScan entries under the
+// clock hand that keep does not keep, and reports whether it dropped one.
+func (s *lruShard[V]) evictKeepLocked(keep func(V) bool) bool {
+	n := len(s.ring)
+	for range min(n, KeepScan) {
+		at := s.hand
+		s.hand = (s.hand + 1) % n
+		old := s.ring[at]
+		if old == nil {
+			continue
+		}
+		old.used.Store(false)
+		if keep(old.value) {
+			continue
+		}
+		s.dropLocked(old)
+		return true
+	}
+	return false
+}
+
+// dropLocked forgets the entry e. Its ring slot is left empty, to be
+// reused first.
+func (s *lruShard[V]) dropLocked(e *lruEntry[V]) {
+	delete(s.items, e.key)
+	s.ring[e.at] = nil
+	s.free = append(s.free, e.at)
+	s.weight -= int(e.weight)
 }
 
 // evictLocked drops the entry under the clock hand that was not used since
@@ -134,10 +179,7 @@ func (s *lruShard[V]) evictLocked(keep func(V) bool, spare *lruEntry[V]) bool {
 		if old == nil || old == spare || (i < 2*n && old.used.Swap(false)) || (keep != nil && keep(old.value)) {
 			continue
 		}
-		delete(s.items, old.key)
-		s.ring[at] = nil
-		s.free = append(s.free, at)
-		s.weight -= int(old.weight)
+		s.dropLocked(old)
 		return true
 	}
 	return false
@@ -169,22 +211,61 @@ func (c *Cache[V]) Reweigh(key string) {
 
 // Remove forgets key. Its ring slot is left empty, to be reused first.
 func (c *Cache[V]) Remove(key string) {
+	c.RemoveIf(key, nil)
+}
+
+// RemoveIf forgets key if drop, called with the shard locked, reports
+// true of its value (a nil drop: always), and reports whether it did.
+func (c *Cache[V]) RemoveIf(key string, drop func(V) bool) bool {
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.items[key]
-	if !ok {
-		return
+	if !ok || (drop != nil && !drop(e.value)) {
+		return false
 	}
-	delete(s.items, key)
-	s.weight -= int(e.weight)
-	for i, r := range s.ring {
-		if r == e {
-			s.ring[i] = nil
-			s.free = append(s.free, i)
-			return
+	s.dropLocked(e)
+	return true
+}
+
+// Sweep forgets every entry whose value drop reports true, one shard at a
+// time (drop runs with the shard locked), and returns how many are left. A
+// shard left with fewer than a quarter of the entries it had room for is
+// made again at its size, so that the memory of what it forgot is freed.
+func (c *Cache[V]) Sweep(drop func(V) bool) (left int) {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		for _, e := range s.ring {
+			if e != nil && drop(e.value) {
+				s.dropLocked(e)
+			}
+		}
+		if 4*len(s.items) < len(s.ring) {
+			s.compactLocked()
+		}
+		left += len(s.items)
+		s.mu.Unlock()
+	}
+	return left
+}
+
+// compactLocked makes the shard's map and ring again, holding its entries
+// only, in the ring's order.
+func (s *lruShard[V]) compactLocked() {
+	items := make(map[string]*lruEntry[V], len(s.items))
+	var ring []*lruEntry[V]
+	if len(s.items) > 0 {
+		ring = make([]*lruEntry[V], 0, len(s.items))
+	}
+	for _, e := range s.ring {
+		if e != nil {
+			e.at = len(ring)
+			ring = append(ring, e)
+			items[e.key] = e
 		}
 	}
+	s.items, s.ring, s.free, s.hand = items, ring, nil, 0
 }
 
 // Len returns the number of keys held.

@@ -50,7 +50,7 @@ func TestLRUConcurrent(t *testing.T) {
 // not (after two, getOrAdd returned no value: a nil deref in its callers).
 func TestLRUEvictionGoesOn(t *testing.T) {
 	kept := &lruEntry[int]{key: "kept", value: 1, weight: 1}
-	other := &lruEntry[int]{key: "other", value: 2, weight: 1}
+	other := &lruEntry[int]{key: "other", value: 2, weight: 1, at: 1}
 	s := &lruShard[int]{max: 2, weight: 2, items: map[string]*lruEntry[int]{"kept": kept, "other": other}, ring: []*lruEntry[int]{kept, other}}
 	keep := func(v int) bool {
 		other.used.Store(true) // a reader, between the hand's steps
@@ -115,4 +115,87 @@ func TestLRUWeighed(t *testing.T) {
 	d.Remove(keys[0])
 	assert.Equal(t, 0, d.Held(), "weight after remove")
 	assert.Equal(t, 0, d.Len())
+}
+
+// An add into a shard full of entries keep keeps looks at KeepScan of them,
+// not at every one, and is refused; the hand goes on, so that an entry keep
+// lets go is found by a later add, and dropped whether used lately or not.
+func TestLRUKeepScanBounded(t *testing.T) {
+	c := New[int](Shards * 100) // 100 a shard
+	// keys returns n keys of shard 0.
+	keys := func(n int) []string {
+		var ks []string
+		for i := 0; len(ks) < n; i++ {
+			if k := "k" + strconv.Itoa(i); c.shard(k) == &c.shards[0] {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
+	ks := keys(101)
+	for i, k := range ks[:100] {
+		c.GetOrAdd(k, func() int { return i })
+	}
+	calls := 0
+	free := -1 // the value keep lets go
+	keep := func(v int) bool { calls++; return v != free }
+	_, ok := c.GetOrAddKeep(ks[100], func() int { return 100 }, keep)
+	assert.False(t, ok, "every entry kept")
+	assert.Equal(t, KeepScan, calls, "entries looked at")
+
+	// The last of the ring, 99 - 32 entries past the hand, used lately.
+	free = 99
+	c.GetOrAdd(ks[99], func() int { return 0 })
+	added := 0
+	for range 100 / KeepScan {
+		if _, ok := c.GetOrAddKeep(ks[100], func() int { return 100 }, keep); ok {
+			added++
+		}
+	}
+	assert.Equal(t, 1, added, "the entry let go was found, used lately or not")
+	_, held := c.shards[0].items[ks[99]]
+	assert.False(t, held, "the entry let go was dropped")
+	assert.Equal(t, 100, len(c.shards[0].items))
+}
+
+// RemoveIf forgets a key only if its value says so, Remove always, in O(1)
+// (the entry knows its ring slot, which later adds reuse); Sweep forgets
+// what drop says, and makes a shard it emptied small again.
+func TestLRURemoveIfSweep(t *testing.T) {
+	c := New[int](Shards * 1000)
+	for i := range 5000 {
+		c.GetOrAdd("k"+strconv.Itoa(i), func() int { return i })
+	}
+	assert.False(t, c.RemoveIf("k1", func(v int) bool { return v != 1 }))
+	assert.True(t, c.RemoveIf("k1", func(v int) bool { return v == 1 }))
+	assert.False(t, c.RemoveIf("k1", nil), "already gone")
+	c.Remove("k2")
+	assert.Equal(t, 4998, c.Len())
+	for i := range 5000 { // every entry sits in the ring slot it knows
+		s := c.shard("k" + strconv.Itoa(i))
+		s.mu.RLock()
+		if e, ok := s.items["k"+strconv.Itoa(i)]; ok {
+			assert.Same(t, e, s.ring[e.at], "k%d", i)
+		}
+		s.mu.RUnlock()
+	}
+	c.GetOrAdd("k1", func() int { return -1 }) // into a freed slot
+	assert.Equal(t, -1, c.GetOrAdd("k1", func() int { return 0 }))
+
+	left := c.Sweep(func(v int) bool { return v%100 != 0 })
+	assert.Equal(t, 50, left, "the multiples of 100 kept") // k0 … k4900
+	assert.Equal(t, 50, c.Len())
+	for i := range c.shards {
+		s := &c.shards[i]
+		assert.Equal(t, len(s.items), len(s.ring), "shard %d made small again", i)
+		assert.Empty(t, s.free)
+		for _, e := range s.ring {
+			assert.Same(t, e, s.ring[e.at])
+			assert.Zero(t, e.value%100)
+		}
+	}
+	c.Remove("k4900")
+	assert.Equal(t, 49, c.Len())
+	assert.Zero(t, c.Sweep(func(int) bool { return true }))
+	assert.Zero(t, c.Held())
 }

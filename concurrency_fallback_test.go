@@ -1,0 +1,246 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of a Concurrency's in-process semaphores (FallbackLocal) at their
+// default bound of 100,000 keys: how fast a full fallback answers, and
+// what the semaphores cost and when they go.
+
+// downConc returns a Concurrency of max 10 and ttl an hour on a miniredis
+// that answers LOADING (a node marked down by the first call), and the
+// miniredis.
+func downConc(t *testing.T, opts ...Option) (*Concurrency, *miniredis.Miniredis) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rdb := tunedClient(t, m.Addr())
+	c := newConc(t, rdb, 10, time.Hour, opts...)
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	l, res, err := c.TryAcquire(context.Background(), "first")
+	require.NoError(t, err)
+	require.True(t, res.Degraded, "the fallback answers: %+v", res)
+	require.True(t, c.e.rescue.anyDown())
+	require.NoError(t, l.Release(context.Background()))
+	return c, m
+}
+
+// percentiles returns the median and the 99th percentile of ds.
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2], s[len(s)*99/100]
+}
+
+// A full fallback answers at once: with every semaphore of the default
+// 100,000 holding a lease, a new key is denied in microseconds (it looks at
+// a few semaphores, not at its whole shard of 6,250 under the shard's
+// lock), and the calls for keys that hold a lease, made meanwhile, are not
+// held up.
+func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
+	c, _ := downConc(t, WithPingInterval(time.Hour))
+	ctx := context.Background()
+	bound := defaultConfig().localKeys
+	var held []string
+	for i := 0; c.local.Len() < bound && i < 2*bound; i++ {
+		key := fmt.Sprintf("held-%d", i)
+		l, res, err := c.TryAcquire(ctx, key)
+		require.NoError(t, err)
+		require.True(t, res.Degraded)
+		if l != nil {
+			held = append(held, key)
+		}
+	}
+	require.Equal(t, bound, c.local.Len(), "every semaphore holds a lease")
+
+	const calls = 2000
+	var (
+		newKeys = make([]time.Duration, 0, calls)
+		heldOps []time.Duration
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	wg.Go(func() { // the calls for keys that hold a lease, meanwhile
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now()
+			l, res, err := c.TryAcquire(ctx, held[(i*7919)%len(held)])
+			d := time.Since(start)
+			if !assert.NoError(t, err) || !assert.True(t, res.Allowed, "a second lease of 10: %+v", res) {
+				return
+			}
+			heldOps = append(heldOps, d)
+			assert.NoError(t, l.Release(ctx))
+		}
+	})
+	for i := range calls {
+		start := time.Now()
+		l, res, err := c.TryAcquire(ctx, fmt.Sprintf("new-%d", i))
+		newKeys = append(newKeys, time.Since(start))
+		require.NoError(t, err)
+		require.Nil(t, l, "a new key while every semaphore holds a lease: %+v", res)
+		require.True(t, res.Degraded)
+	}
+	close(stop)
+	wg.Wait()
+	require.NotEmpty(t, heldOps)
+	n50, n99 := percentiles(newKeys)
+	h50, h99 := percentiles(heldOps)
+	t.Logf("full fallback (%d semaphores): a new key %v median, %v p99; meanwhile %d calls for keys holding a lease: %v median, %v p99",
+		c.local.Len(), n50, n99, len(heldOps), h50, h99)
+	assert.Less(t, n50, 500*time.Microsecond, "a new key's median call")
+	assert.Less(t, h50, 500*time.Microsecond, "a held key's median call")
+}
+
+// heapAfterGC returns the heap's live bytes and in-use bytes after a
+// collection.
+func heapAfterGC() (alloc, inuse int64) {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc), int64(ms.HeapInuse)
+}
+
+// The in-process semaphores cost about 250 bytes a key (the caller's Lease
+// apart), and what the outage made is freed once Redis answers again: the
+// semaphores left idle at once, the ones holding a lease as each lease is
+// released.
+func TestConcurrencyLimitFallbackMemory(t *testing.T) {
+	ctx := context.Background()
+	for _, n := range []int{10, 5000, 100_000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			alloc0, inuse0 := heapAfterGC()
+			c, m := downConc(t, WithPingInterval(10*time.Millisecond))
+			var leases []*Lease
+			for i := range n {
+				l, res, err := c.TryAcquire(ctx, fmt.Sprintf("user-%d", i))
+				require.NoError(t, err)
+				require.True(t, res.Degraded, "%+v", res)
+				if l != nil {
+					leases = append(leases, l)
+				}
+			}
+			// 100,000 keys: a shard that more than its 6,250 fall into
+			// denies the rest (each holds a lease).
+			require.GreaterOrEqual(t, len(leases), n*99/100, "keys granted")
+			keys := int64(len(leases))
+			allocHeld, inuseHeld := heapAfterGC()
+			for _, l := range leases[1:] {
+				require.NoError(t, l.Release(ctx))
+			}
+			kept := leases[0] // held across the outage's end
+			leases = nil
+			allocIdle, inuseIdle := heapAfterGC()
+
+			m.SetError("")
+			require.Eventually(t, func() bool { return !c.e.rescue.anyDown() }, 5*time.Second, 5*time.Millisecond, "back on Redis")
+			l, res, err := c.TryAcquire(ctx, "on-redis") // Redis answers
+			require.NoError(t, err)
+			require.False(t, res.Degraded)
+			require.NoError(t, l.Release(ctx))
+			idleGone := within(time.Second, func() bool { return c.local.Len() <= 1 })
+			left := c.local.Len()
+			allocBack, inuseBack := heapAfterGC()
+			require.NoError(t, kept.Release(ctx))
+			allGone := within(time.Second, func() bool { return c.local.Len() == 0 })
+			runtime.KeepAlive(c)
+
+			per := func(b int64) int64 { return b / keys }
+			t.Logf("%d keys: %d B a key with its lease held (HeapAlloc +%.2f MB, HeapInuse +%.2f MB); %d B a key idle (+%.2f MB, +%.2f MB); a second after Redis answers, %d semaphores left, +%.2f MB, +%.2f MB",
+				keys, per(allocHeld-alloc0), mb(allocHeld-alloc0), mb(inuseHeld-inuse0), per(allocIdle-alloc0), mb(allocIdle-alloc0), mb(inuseIdle-inuse0),
+				left, mb(allocBack-alloc0), mb(inuseBack-inuse0))
+			assert.True(t, idleGone, "the idle semaphores dropped once Redis answers: %d left", left)
+			assert.True(t, allGone, "the last semaphore dropped with its lease: %d left", c.local.Len())
+			if n == 100_000 {
+				assert.LessOrEqual(t, per(allocIdle-alloc0), int64(300), "bytes a semaphore")
+				assert.Less(t, allocBack-alloc0, (allocIdle-alloc0)/10, "left once Redis answered")
+			}
+		})
+	}
+}
+
+// within reports whether f becomes true within d, asked every 5 ms.
+func within(d time.Duration, f func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if f() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+// A semaphore's leases, released, extended and expiring in any order,
+// against a model: a map of each live lease's expiry.
+func TestConcurrencyLimitLocalSemModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const capacity, ttl = 50, time.Minute
+	s := newLocalSem(capacity)
+	now := t0
+	model := map[*Lease]time.Time{}
+	var leases []*Lease
+	liveAt := func() int {
+		n := 0
+		for _, exp := range model {
+			if now.Before(exp) {
+				n++
+			}
+		}
+		return n
+	}
+	for step := range 20_000 {
+		switch op := rng.IntN(10); {
+		case op < 4:
+			id, res, ok := s.acquire(now, ttl, heldCount{}, capacity, 0)
+			require.True(t, ok)
+			want := liveAt() < capacity
+			require.Equal(t, want, res.Allowed, "step %d: acquire with %d live", step, liveAt())
+			if res.Allowed {
+				l := &Lease{sem: s, local: id}
+				model[l] = now.Add(ttl)
+				leases = append(leases, l)
+				require.Equal(t, capacity-liveAt(), res.Remaining, "step %d", step)
+			}
+		case op < 7 && len(leases) > 0:
+			i := rng.IntN(len(leases))
+			l := leases[i]
+			leases = slices.Delete(leases, i, i+1)
+			s.release(l)
+			delete(model, l)
+		case op < 8 && len(leases) > 0:
+			l := leases[rng.IntN(len(leases))]
+			want := now.Before(model[l])
+			require.Equal(t, want, s.extend(l, now, ttl), "step %d: extend", step)
+			if want {
+				model[l] = now.Add(ttl)
+			}
+		default:
+			now = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
+		}
+		s.mu.Lock()
+		s.pruneLocked(now)
+		live, n := s.live, len(s.leases)
+		s.mu.Unlock()
+		require.Equal(t, liveAt(), live, "step %d: live leases", step)
+		require.LessOrEqual(t, n, 2*live+8, "step %d: leases kept, released ones included", step)
+	}
+}
