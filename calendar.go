@@ -41,8 +41,8 @@ const (
 // Daily returns a calendar limit for FixedWindow: rate events per calendar
 // day in loc (nil means UTC). A day starts at local midnight (where a
 // daylight-saving change skips midnight, when the clocks jump to 01:00),
-// so a day of a daylight-saving change lasts 23 or 25 hours. Its Period is 24h, the
-// nominal length; the windows follow the calendar.
+// so a day of a daylight-saving change lasts 23 or 25 hours. Its Period
+// is 24h, the nominal length; the windows follow the calendar.
 func Daily(rate int, loc *time.Location) Limit {
 	return Limit{Rate: rate, Period: dayPeriod, cal: calendar{kind: calendarDay, loc: orUTC(loc)}}
 }
