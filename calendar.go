@@ -39,9 +39,10 @@ const (
 )
 
 // Daily returns a calendar limit for FixedWindow: rate events per calendar
-// day in loc (nil means UTC). A day starts at local midnight, so a day of
-// a daylight-saving change lasts 23 or 25 hours. Its Period is 24h, the
-// nominal length; the windows follow the calendar.
+// day in loc (nil means UTC). A day starts at local midnight (where a
+// daylight-saving change skips midnight, when the clocks jump to 01:00),
+// so a day of a daylight-saving change lasts 23 or 25 hours. Its Period
+// is 24h, the nominal length; the windows follow the calendar.
 func Daily(rate int, loc *time.Location) Limit {
 	return Limit{Rate: rate, Period: dayPeriod, cal: calendar{kind: calendarDay, loc: orUTC(loc)}}
 }
@@ -138,46 +139,95 @@ func (c calendar) name() string {
 }
 
 // window returns the window of c that holds t, [start, end), and its
-// index: a number that grows by one from each window to the next (the
-// local day's, the week's or the month's number), whose last digit the
-// script keeps with the count (see scripts/calendar.lua). The boundaries
-// are the time package's: time.Date of the local date at 00:00, which
-// normalises days past a month's end and resolves a midnight that a
-// daylight-saving change skips or repeats.
+// index: a number that grows from each window to the next (the local
+// day's, the week's or the month's number; by two after a date that the
+// zone skips whole), whose last digit the script keeps with the count (see
+// scripts/calendar.lua). A window holds the instants whose local dates are
+// its dates: it starts at the first instant of its first date (see
+// dateStart) and ends at the first instant of the next window's.
 func (c calendar) window(t time.Time) (start, end time.Time, index int64) {
 	t = t.In(c.loc)
 	y, m, d := t.Date()
-	at := func(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, c.loc) }
 	switch c.kind {
 	case calendarDay:
-		start, end = at(y, m, d), at(y, m, d+1)
-		// A midnight that the zone skips resolves to an instant that can
-		// follow t (t is then in the day before, by the local date).
-		if t.Before(start) {
-			start, end, d = at(y, m, d-1), start, d-1
+		start, end, index = c.dateStart(y, m, d), c.dateStart(y, m, d+1), civilDay(y, m, d)
+		if !t.Before(end) { // a local date that repeats after the next one began (see dateStart)
+			start, end, index = end, c.dateStart(y, m, d+2), index+1
 		}
-		return start, end, civilDay(y, m, d)
+		return start, end, index
 	case calendarWeek:
-		back := (int(t.Weekday()) - c.day + 7) % 7
-		start, end = at(y, m, d-back), at(y, m, d-back+7)
-		if t.Before(start) {
-			back += 7
-			start, end = at(y, m, d-back), start
+		d -= (int(t.Weekday()) - c.day + 7) % 7
+		start, end = c.dateStart(y, m, d), c.dateStart(y, m, d+7)
+		if !t.Before(end) {
+			start, end, d = end, c.dateStart(y, m, d+14), d+7
 		}
-		return start, end, floorDiv(civilDay(y, m, d-back), 7)
+		return start, end, floorDiv(civilDay(y, m, d), 7)
 	}
-	first := func(y int, m time.Month) time.Time {
-		// time.Date normalises the month (13 is next year's January), and
-		// day 0 of the next month is this month's last day.
-		last := time.Date(y, m+1, 0, 0, 0, 0, 0, time.UTC).Day()
-		return at(y, m, min(c.day, last))
+	// first returns the month's first date, normalised as time.Date does
+	// (13 is next year's January); day 0 of the next month is this month's
+	// last day.
+	first := func(y int, m time.Month) (time.Month, int) {
+		return m, min(c.day, time.Date(y, m+1, 0, 0, 0, 0, 0, time.UTC).Day())
 	}
-	start, end = first(y, m), first(y, m+1)
-	if t.Before(start) {
+	if _, fd := first(y, m); d < fd {
 		m--
-		start, end = first(y, m), start
+	}
+	m0, d0 := first(y, m)
+	m1, d1 := first(y, m+1)
+	start, end = c.dateStart(y, m0, d0), c.dateStart(y, m1, d1)
+	if !t.Before(end) {
+		m++
+		m2, d2 := first(y, m+1)
+		start, end = end, c.dateStart(y, m2, d2)
 	}
 	return start, end, int64(y)*12 + int64(m) - 1
+}
+
+// dateStart returns the first instant of the local date y-m-d (normalised
+// as time.Date does) in c's zone: its midnight; where a change of offset
+// skips that midnight, the change (the clocks go from 00:00 to 01:00, or
+// from the day before to the day after when a date is skipped whole);
+// where the date starts twice (a change back over midnight), its first
+// start. time.Date resolves a skipped or repeated midnight in either zone
+// of the change (an hour early, in the day before, or the second time), so
+// near a change the zone's periods are walked instead.
+func (c calendar) dateStart(y int, m time.Month, d int) time.Time {
+	day := civilDay(y, m, d)
+	mid := day * 86400 // the date's midnight at offset 0, in s
+	// Zones' offsets stay within ±26 h: no instant before mid-27h is on
+	// the date or later, and within one period of the zone the local time
+	// grows with time.
+	const span = 27 * 3600
+	t := time.Date(y, m, d, 0, 0, 0, 0, c.loc)
+	if c.localDay(t) >= day {
+		if s, _ := t.ZoneBounds(); s.IsZero() || s.Unix() <= mid-span {
+			return t
+		}
+	}
+	// The first instant on the date or later: in the first period of the
+	// zone from mid-span that has one, its midnight in the period's offset
+	// or the period's start. Changes are whole seconds.
+	p := time.Unix(mid-span, 0).In(c.loc)
+	for range 8 {
+		_, offset := p.Zone()
+		_, end := p.ZoneBounds()
+		x := time.Unix(max(p.Unix(), mid-int64(offset)), 0).In(c.loc)
+		if end.IsZero() || x.Before(end) {
+			return x
+		}
+		if !end.After(p) {
+			break // ZoneBounds' end of a leap year's last period, a day early (2040): no change
+		}
+		p = end
+	}
+	return t
+}
+
+// localDay returns the number of t's local date in c's zone (see
+// civilDay).
+func (c calendar) localDay(t time.Time) int64 {
+	y, m, d := t.In(c.loc).Date()
+	return civilDay(y, m, d)
 }
 
 // civilDay returns the number of the date y-m-d (normalised as time.Date

@@ -329,6 +329,9 @@ func (e *engine) rulesChecked(ctx context.Context, key string, n int) (*ruleSet,
 		return nil, err
 	}
 	if err := e.check(key, n, rs); err != nil {
+		if e.cfg.observer != nil && errors.Is(err, ErrExceedsLimit) {
+			e.observeExceeds(ctx, key, n, rs, err)
+		}
 		return nil, err
 	}
 	return rs, nil

@@ -53,7 +53,7 @@ type Decision struct {
 	Degraded bool          // decided without Redis
 	Shadowed bool          // shadow mode allowed what the limit denied
 	Latency  time.Duration // time spent deciding
-	Err      error         // the error returned to the caller, if any
+	Err      error         // the error returned to the caller, if any (wrapping ErrExceedsLimit: n can never fit, the caller's error)
 	Priority Priority      // the priority the call was decided at (ContextWithPriority); Normal without WithPriorityShares
 }
 
@@ -71,6 +71,25 @@ func deniedBy(why reason) DeniedBy {
 		return DeniedByPriority
 	}
 	return NotDenied
+}
+
+// observeExceeds tells the observer of a call that fails with err, which
+// wraps ErrExceedsLimit: n is more than a rule of rs can ever hold. No
+// decision is made, but the call is the caller's error and is counted
+// (see [WithObserver]); the rule named is the first of the smallest
+// capacity among those that count events (a per-call rule counts one).
+func (e *engine) observeExceeds(ctx context.Context, key string, n int, rs *ruleSet, err error) {
+	var r *rule
+	for i := range rs.rules {
+		if c := &rs.rules[i]; !c.perCall && (r == nil || c.capacity() < r.capacity()) {
+			r = c
+		}
+	}
+	if r == nil { // only per-call rules: n passed MaxRate
+		r = &rs.rules[0]
+	}
+	_, prio := e.callShare(ctx)
+	e.cfg.observer(Decision{Context: ctx, Strategy: r.alg.strategy, Rule: r.name, Key: key, N: n, Err: err, Priority: prio})
 }
 
 // call makes one decision and applies shadow mode and the observer.

@@ -185,7 +185,11 @@ func WithDenyCache(maxKeys int) Option {
 
 // WithObserver sets a function called after every decision, from the
 // calling goroutine: use it to export metrics (see examples/prometheus). It
-// must be quick and safe for concurrent use. The default is none.
+// is also called for a call of more events than a rule can ever hold,
+// which fails with ErrExceedsLimit (Decision.Err; no decision is made, and
+// the rule named is the one of the smallest capacity): the caller's error,
+// as a 4xx is. It must be quick and safe for concurrent use. The default is
+// none.
 func WithObserver(f func(Decision)) Option {
 	return optionFunc(func(c *config) { c.observer = f })
 }

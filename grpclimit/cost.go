@@ -29,7 +29,8 @@ const SettleTimeout = time.Second
 // The limiter must have a Reserve method, as a [redlimit.RateLimiter] and
 // a [redlimit.Policy] do: the interceptor constructors panic otherwise. A
 // cost below 1 is an error of the limiter (codes.Unavailable, see
-// [WithOnError]). Settle's errors (Redis down: the reservation then stands
+// [WithOnError]); a cost above what a rule can ever hold at once is the
+// client's (codes.InvalidArgument, see the package documentation). Settle's errors (Redis down: the reservation then stands
 // as taken) go to the WithOnError function. By default each call takes one
 // event, with Allow.
 func WithCost(f func(ctx context.Context, fullMethod string) int) Option {

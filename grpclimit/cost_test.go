@@ -233,3 +233,32 @@ func TestCostNeedsReserve(t *testing.T) {
 
 // noReserve is a Limiter without Reserve.
 type noReserve struct{ redlimit.Limiter }
+
+// A cost above what a rule can ever hold (5,000 tokens against 1,000 an
+// hour) is the client's error: codes.InvalidArgument with a message that
+// says so, not the Unavailable of a broken limiter; nothing is taken, the
+// handler does not run, and WithOnError gets the error, which wraps
+// redlimit.ErrExceedsLimit.
+func TestCostAboveCapacity(t *testing.T) {
+	t.Parallel()
+	rig := newCostRig(t)
+	var errs []error
+	opts := append(costOpts(), grpclimit.WithOnError(func(_ context.Context, _ string, err error) { errs = append(errs, err) }))
+	ran := false
+	h := &funcHealth{check: func(context.Context) error { ran = true; return nil }, watch: func(context.Context) error { ran = true; return nil }}
+	client := serveFunc(t, grpclimit.UnaryServerInterceptor(rig.p, opts...), grpclimit.StreamServerInterceptor(rig.p, opts...), h)
+	_, err := client.Check(tenantCtx(t, "t", 5000), &healthpb.HealthCheckRequest{})
+	st := status.Convert(err)
+	assert.Equal(t, codes.InvalidArgument, st.Code(), "unary: %v", err)
+	assert.Equal(t, "grpclimit: the call costs more than the rate limit allows at once", st.Message())
+	stream, err := client.Watch(tenantCtx(t, "t", 5000), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "stream: %v", err)
+	assert.False(t, ran, "the handler ran")
+	assert.Equal(t, 0, rig.tokensUsed(t, "t"), "tokens taken")
+	require.Len(t, errs, 2)
+	for _, err := range errs {
+		assert.ErrorIs(t, err, redlimit.ErrExceedsLimit)
+	}
+}

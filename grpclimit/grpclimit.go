@@ -52,6 +52,11 @@
 //     does not reveal the cause; see [WithOnError] to log it. It is never
 //     codes.ResourceExhausted, so clients can tell "slow down" from
 //     "broken", and retry policies that retry Unavailable do so.
+//   - A cost above what a rule can ever hold at once ([WithCost]; an error
+//     wrapping redlimit.ErrExceedsLimit): codes.InvalidArgument, with the
+//     message "grpclimit: the call costs more than the rate limit allows at
+//     once", since waiting never admits it; [WithOnError] gets the error,
+//     and the limiter's observer sees it (see redlimit.WithObserver).
 //   - The call's context ended first (while deciding, or during a
 //     LeakyBucket Delay): codes.Canceled or codes.DeadlineExceeded.
 //
@@ -388,6 +393,11 @@ func (in *interceptor) limit(ctx context.Context, fullMethod string, registered 
 		res, rules, err = in.policies.Allow(callCtx, in.lim, key)
 	}
 	if err != nil {
+		if errors.Is(err, redlimit.ErrExceedsLimit) {
+			// A cost that can never fit: the client's error.
+			in.report(ctx, fullMethod, err)
+			return nil, status.Error(codes.InvalidArgument, "grpclimit: the call costs more than the rate limit allows at once")
+		}
 		return nil, in.limiterError(ctx, fullMethod, err, "grpclimit: rate limiter unavailable")
 	}
 	if in.cfg.headers {

@@ -44,3 +44,25 @@ func TestCalendarHeaders(t *testing.T) {
 		assert.Equal(t, want.retry, w.Header().Get(httplimit.HeaderRetryAfter))
 	}
 }
+
+// In the hour before a midnight that daylight saving skips (Havana's clocks
+// go from 00:00 to 01:00 on 2025-03-09), a request is decided: its day ends
+// in 30 minutes (it was a 503: the calendar window missed the server's
+// time).
+func TestCalendarSkippedMidnight(t *testing.T) {
+	havana, err := time.LoadLocation("America/Havana")
+	require.NoError(t, err)
+	m := miniredis.RunT(t)
+	m.SetTime(time.Date(2025, 3, 8, 23, 30, 0, 0, havana))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewFixedWindow(rdb, redlimit.Daily(5, havana))
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	h := httplimit.Middleware(lim, httplimit.WithKeyFunc(func(*http.Request) (string, error) { return "k", nil }))(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	assert.Equal(t, http.StatusOK, w.Code, w.Body.String())
+	assert.Equal(t, `"fixed-window";r=4;t=1800`, w.Header().Get(httplimit.HeaderRateLimit))
+}

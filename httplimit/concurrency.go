@@ -42,7 +42,10 @@ func WithRetryAfterHint(d time.Duration) Option {
 // never more than the time until the oldest lease expires. It is not the
 // lease ttl, which only bounds a crashed holder's slot: a cap of 3 with a
 // 10s ttl and requests of 300ms answers Retry-After: 1, not 10. The denied handler finds the Result with [ResultFromContext].
-// No RateLimit fields are written: a concurrency limit has no window.
+// No RateLimit fields are written: a concurrency limit has no window; on
+// a denial, those that an outer [Middleware] wrote for the request (its
+// RateLimit, RateLimit-Policy and X-RateLimit-* fields) are removed, since
+// they describe a limit that admitted it.
 //
 // The options that apply are WithKeyFunc, WithDeniedHandler,
 // WithKeyErrorHandler, WithErrorHandler (TryAcquire's errors: 503 by
@@ -70,6 +73,9 @@ func ConcurrencyMiddleware(c *redlimit.Concurrency, opts ...Option) func(http.Ha
 			}
 			ctx = context.WithValue(ctx, resultKey{}, res)
 			if lease == nil {
+				// An outer Middleware's fields describe a limit that
+				// admitted the request, not this denial.
+				clearFields(w.Header())
 				retry := hint.RetryAfter(res.RetryAfter, res.Limit.Rate)
 				cfg.deny(w, r.WithContext(ctx), retry)
 				return

@@ -226,3 +226,34 @@ func TestConcurrencyMiddlewarePanics(t *testing.T) {
 	}
 	assert.PanicsWithValue(t, "httplimit: nil Concurrency", func() { httplimit.ConcurrencyMiddleware(nil) }, "nil Concurrency")
 }
+
+// Behind a rate-limit middleware (10 per second on "global"), a request
+// that ConcurrencyMiddleware denies gets a 429 without the outer
+// limiter's fields, which describe a limit that admitted it ("global";r=9
+// on a concurrency denial); the request it let through keeps them.
+func TestConcurrencyMiddlewareDenialDropsOuterFields(t *testing.T) {
+	t.Parallel()
+	c, rdb := miniConcurrency(t, 1, time.Minute)
+	global, err := redlimit.NewPolicy(rdb, []redlimit.Rule{{Name: "global", Strategy: redlimit.FixedWindow, Limit: redlimit.PerSecond(10)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { global.Close() })
+	release := make(chan struct{})
+	h := httplimit.Middleware(global, httplimit.WithXRateLimitHeaders(true))(
+		httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release })))
+	held := httptest.NewRecorder()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); h.ServeHTTP(held, request("192.0.2.1:1")) }()
+	require.Eventually(t, func() bool { return leases(t, rdb, "192.0.2.1") == 1 }, 2*time.Second, 5*time.Millisecond)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, request("192.0.2.1:1"))
+	close(release)
+	wg.Wait()
+	assert.Equal(t, http.StatusOK, held.Code)
+	assert.Equal(t, `"global";r=9;t=1`, held.Header().Get(httplimit.HeaderRateLimit), "the request let through")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	assert.Equal(t, "1", rec.Header().Get(httplimit.HeaderRetryAfter))
+	for _, f := range []string{httplimit.HeaderRateLimit, httplimit.HeaderRateLimitPolicy, httplimit.HeaderXRateLimitLimit, httplimit.HeaderXRateLimitRemaining, httplimit.HeaderXRateLimitReset} {
+		assert.Empty(t, rec.Header().Values(f), "%s on the concurrency denial", f)
+	}
+}

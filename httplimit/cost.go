@@ -34,7 +34,9 @@ type costConfig struct {
 // The limiter must have a Reserve method, as a [redlimit.RateLimiter] and
 // a [redlimit.Policy] do: Middleware panics otherwise. A cost below 1 is
 // an error of the limiter (ErrInvalidArgument), answered by the error
-// handler (503 by default). Settle's errors (Redis down: the reservation
+// handler (503 by default); a cost above what a rule can ever hold at once
+// (ErrExceedsLimit) is the client's, answered 413 by default (see
+// [WithErrorHandler]). Settle's errors (Redis down: the reservation
 // then stands as taken) go to [WithOnSettleError]. By default each request
 // takes one event, with Allow.
 func WithCost(f func(r *http.Request) int) Option {

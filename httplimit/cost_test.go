@@ -197,3 +197,31 @@ func TestCostNeedsReserve(t *testing.T) {
 	require.PanicsWithValue(t, "httplimit: WithCost needs a limiter with Reserve, such as a redlimit.RateLimiter or redlimit.Policy",
 		func() { httplimit.Middleware(&fakeLimiter{}, httplimit.WithCost(maxTokens)) })
 }
+
+// A cost above what a rule can ever hold (5,000 tokens against 1,000 an
+// hour) is the client's error: 413 with a body that says so, not the 503
+// of a broken limiter; nothing is taken and the handler does not run. The
+// error handler set with WithErrorHandler still gets the error, which
+// wraps redlimit.ErrExceedsLimit.
+func TestCostAboveCapacity(t *testing.T) {
+	t.Parallel()
+	rig := newCostRig(t)
+	ran := false
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })
+	rec := httptest.NewRecorder()
+	httplimit.Middleware(rig.p, httplimit.WithCost(maxTokens))(next).ServeHTTP(rec, costRequest(5000))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code)
+	assert.Equal(t, "Request Entity Too Large: the request costs more than the rate limit allows at once\n", rec.Body.String())
+	assert.False(t, ran, "the handler ran")
+	assert.Equal(t, 0, rig.tokensUsed(t, "192.0.2.1"), "tokens taken")
+
+	var got error
+	custom := httplimit.Middleware(rig.p, httplimit.WithCost(maxTokens), httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		got = err
+		w.WriteHeader(http.StatusTeapot)
+	}))(next)
+	rec = httptest.NewRecorder()
+	custom.ServeHTTP(rec, costRequest(5000))
+	assert.Equal(t, http.StatusTeapot, rec.Code)
+	assert.ErrorIs(t, got, redlimit.ErrExceedsLimit)
+}

@@ -20,13 +20,20 @@ import (
 // that an earlier decision wrote (a middleware's), X-RateLimit-* included,
 // are replaced or removed.
 func SetHeaders(h http.Header, l redlimit.Limiter, res redlimit.Result) {
-	for _, f := range []string{HeaderRateLimitPolicy, HeaderRetryAfter, HeaderXRateLimitLimit, HeaderXRateLimitRemaining, HeaderXRateLimitReset} {
-		h.Del(f)
-	}
+	clearFields(h)
+	h.Del(HeaderRetryAfter)
 	policies := ratelimitfields.NewSource(l, "", false, DefaultPolicyName)
 	list, deciding := policies.Policies(res, nil)
 	writeHeaders(h, res, list, deciding, false)
 	if !res.Allowed {
 		setRetryAfter(h, res.RetryAfter)
+	}
+}
+
+// clearFields removes the fields that describe a rate limit's decision
+// from h: RateLimit, RateLimit-Policy and X-RateLimit-*.
+func clearFields(h http.Header) {
+	for _, f := range []string{HeaderRateLimit, HeaderRateLimitPolicy, HeaderXRateLimitLimit, HeaderXRateLimitRemaining, HeaderXRateLimitReset} {
+		h.Del(f)
 	}
 }

@@ -24,21 +24,22 @@ import (
 // A request's cost comes from the client (a declared size, a maximum of
 // tokens): one below 1 is the limiter's ErrInvalidArgument, one past the
 // tokens rule's capacity its ErrExceedsLimit, both answered by the error
-// handler (503 by default), never by the handler, and neither takes
-// anything.
+// handler (by default 503 and 413, the client's error), never by the
+// handler, and neither takes anything.
 func TestHostileCost(t *testing.T) {
 	t.Parallel()
 	rig := newCostRig(t)
 	for _, c := range []struct {
 		cost int
 		want error
+		code int // the default error handler's
 	}{
-		{0, redlimit.ErrInvalidArgument},
-		{-1, redlimit.ErrInvalidArgument},
-		{math.MinInt, redlimit.ErrInvalidArgument},
-		{1001, redlimit.ErrExceedsLimit},
-		{redlimit.MaxRate + 1, redlimit.ErrExceedsLimit},
-		{math.MaxInt, redlimit.ErrExceedsLimit},
+		{0, redlimit.ErrInvalidArgument, http.StatusServiceUnavailable},
+		{-1, redlimit.ErrInvalidArgument, http.StatusServiceUnavailable},
+		{math.MinInt, redlimit.ErrInvalidArgument, http.StatusServiceUnavailable},
+		{1001, redlimit.ErrExceedsLimit, http.StatusRequestEntityTooLarge},
+		{redlimit.MaxRate + 1, redlimit.ErrExceedsLimit, http.StatusRequestEntityTooLarge},
+		{math.MaxInt, redlimit.ErrExceedsLimit, http.StatusRequestEntityTooLarge},
 	} {
 		var got error
 		mw := httplimit.Middleware(rig.p,
@@ -56,7 +57,7 @@ func TestHostileCost(t *testing.T) {
 		r.Header.Set("X-Tenant", "t")
 		var rec *httptest.ResponseRecorder
 		require.NotPanics(t, func() { rec = serve(mw, ok, r) }, "cost %d", c.cost)
-		assert.Equal(t, http.StatusServiceUnavailable, rec.Code, "cost %d: the default error handler", c.cost)
+		assert.Equal(t, c.code, rec.Code, "cost %d: the default error handler", c.cost)
 		rec = serve(withErr, ok, r)
 		assert.Equal(t, http.StatusBadRequest, rec.Code, "cost %d: WithErrorHandler's answer", c.cost)
 		require.ErrorIs(t, got, c.want, "cost %d: %v", c.cost, got)

@@ -119,6 +119,13 @@
 //     limiter did not deny anything; see [WithErrorHandler]. A limiter that
 //     answers from its fallback while Redis is down (Result.Degraded) is not
 //     an error: those results are served like any other.
+//   - Cost above capacity ([WithCost]: more events than a rule can ever
+//     hold at once, an error wrapping [redlimit.ErrExceedsLimit]): 413
+//     Request Entity Too Large (RFC 9110's Content Too Large), with the
+//     plain-text body "Request Entity Too Large: the request costs more than
+//     the rate limit allows at once". Waiting never admits it, so it is the
+//     client's error, not a 429 or a 503. The limiter's observer sees it
+//     (see [redlimit.WithObserver]).
 //   - Leaky bucket (Result.Delay > 0): the middleware waits Delay before it
 //     calls the next handler, at most 1s by default ([WithMaxDelay]).
 //
@@ -252,7 +259,9 @@ func WithKeyErrorHandler(f func(w http.ResponseWriter, r *http.Request, err erro
 // limiter returns an error (such as Redis being down with the FallbackError
 // policy, or the request's context ending). The default answers 503 Service
 // Unavailable with the status text as a plain-text body (err is not shown
-// to the client).
+// to the client), and 413 Request Entity Too Large to a request whose cost
+// is more than a rule can ever hold (err wraps [redlimit.ErrExceedsLimit],
+// see [WithCost]).
 func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return optionFunc(func(c *config) { c.err = f })
 }
@@ -517,6 +526,10 @@ func defaultKeyError(w http.ResponseWriter, _ *http.Request, err error) {
 	http.Error(w, http.StatusText(code), code)
 }
 
-func defaultError(w http.ResponseWriter, _ *http.Request, _ error) {
+func defaultError(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, redlimit.ErrExceedsLimit) {
+		http.Error(w, http.StatusText(http.StatusRequestEntityTooLarge)+": the request costs more than the rate limit allows at once", http.StatusRequestEntityTooLarge)
+		return
+	}
 	http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +62,36 @@ func (f *calendarFlags) limit(cmd string, rate int) (l redlimit.Limit, ok bool, 
 		return redlimit.Monthly(rate, loc, day), true, nil
 	}
 	return l, false, usagef(cmd, "-calendar %q: want day, week or month", f.calendar)
+}
+
+// calendarPeriod returns the calendar limit of rate that a -rule's PERIOD
+// names: day, week[-WEEKDAY] (from Monday by default) or month[-DAY]
+// (from day 1 by default), then @ZONE (UTC by default), as the -calendar,
+// -first and -zone flags would; ok is false for any other PERIOD (a
+// duration).
+func calendarPeriod(rate int, period string) (l redlimit.Limit, ok bool, err error) {
+	period, zone, hasZone := strings.Cut(period, "@")
+	kind, first, _ := strings.Cut(period, "-")
+	switch kind {
+	case "day", "week", "month":
+	default:
+		if hasZone {
+			return l, false, fmt.Errorf("@%s: a zone is for a calendar's day, week or month", zone)
+		}
+		return l, false, nil
+	}
+	f := calendarFlags{calendar: kind, zone: "UTC", first: first}
+	if hasZone {
+		f.zone = zone
+	}
+	l, ok, err = f.limit("", rate)
+	if err != nil {
+		var uerr *usageError
+		if errors.As(err, &uerr) {
+			err = errors.New(uerr.msg)
+		}
+	}
+	return l, ok, err
 }
 
 func parseWeekday(s string) (time.Weekday, bool) {

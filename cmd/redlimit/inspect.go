@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR (-strategy S -rate R (-period P | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -rate R (-period P [-warmup W] | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -43,7 +43,11 @@ KEY longer than 256 bytes (before that escaping) appears hashed: in its
 place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
 
 A Policy's key: give its rules with -rule (one each, NAME=STRATEGY:
-RATE/PERIOD[:BURST], such as -rule tokens=token-bucket:100/1m) instead of
+RATE/PERIOD[:BURST][:warmup=D], such as -rule tokens=token-bucket:100/1m or
+-rule rps=token-bucket:10/1s:warmup=30s; PERIOD can be a calendar's day,
+week[-WEEKDAY] or month[-DAY], then @ZONE, as -calendar, -first and -zone
+say: -rule daily=fixed-window:1000/day@Asia/Tokyo, -rule
+billing=fixed-window:10000/month-31@America/New_York) instead of
 -strategy, -rate and -period. Inspect shows the policy's decision, its
 penalty block, and each rule's state in human terms: tokens used and when
 the bucket is full, the window's count and when it ends, the events counted
@@ -62,6 +66,10 @@ time, as local start and end, and its keys name the calendar instead of a
 period: <prefix>:{<KEY>}:cw-daily-Asia/Tokyo, cw-weekly-1-UTC (from
 Monday), cw-monthly-31-America/New_York.
 
+With -warmup (Limit.WarmUp), the limit is a warming token or leaky bucket,
+whose state is apart, under the code wt or wl: <prefix>:{<KEY>}:wt1000000.
+Without it, inspect reads the key of a bucket without a warm-up.
+
 KEY and the Redis keys are printed quoted, as Go strings ("user1"), so that
 a newline or a terminal escape sequence in a key shows as \n or \x1b
 instead of forging or hiding output.`,
@@ -70,14 +78,16 @@ instead of forging or hiding output.`,
 
 var resetCmd = &command{
 	name:  "reset",
-	args:  "-redis ADDR (-strategy S -period P | -rule R... | -concurrency) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S (-period P [-warmup W] | -calendar C [-zone Z] [-first F]) | -rule R... | -concurrency) [-prefix P] KEY",
 	short: "forget the state of one limited key",
 	long: `
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
 given strategy and period, as the limiter's Reset method does: its state,
 its penalty block and its pending reservations (see inspect). KEY starts
 again with its full allowance. The rate does not matter, since it is not
-part of the key names.
+part of the key names. A calendar quota's keys (-calendar, -zone, -first)
+and a warming bucket's (-warmup) are apart from those of -period alone:
+name them as inspect does.
 
 With -rule (a Policy's rules, as for inspect) it deletes every rule's
 state and reservations and the policy's block, as Policy.Reset does; with
@@ -94,14 +104,18 @@ type keyFlags struct {
 	addr     string
 	strategy strategyValue
 	period   time.Duration
+	warmup   time.Duration
 	prefix   string
 	timeout  time.Duration
+	cal      calendarFlags
 }
 
 func (f *keyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "redis", "", "`address` of the Redis server, host:port (required)")
 	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
-	fs.DurationVar(&f.period, "period", 0, "the limit's period (required)")
+	fs.DurationVar(&f.period, "period", 0, "the limit's period (required, unless -calendar)")
+	fs.DurationVar(&f.warmup, "warmup", 0, "the limit's warm-up (Limit.WarmUp: token-bucket and leaky-bucket), whose keys are apart")
+	f.cal.register(fs)
 	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
 	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v", maxBenchTimeout))
 }
@@ -127,6 +141,26 @@ func (f *keyFlags) check(cmd string, args []string, limiter bool) (string, error
 		return "", usagef(cmd, "empty KEY")
 	}
 	return args[0], nil
+}
+
+// limit returns the limit that the flags describe, of rate and burst: a
+// calendar quota (-calendar; -period is then the calendar's nominal one,
+// which names no key), or one of -period, with -warmup. Only its key names
+// matter to reset, which passes rate 1.
+func (f *keyFlags) limit(cmd string, rate, burst int) (redlimit.Limit, error) {
+	limit, isCal, err := f.cal.limit(cmd, rate)
+	switch {
+	case err != nil:
+		return limit, err
+	case !isCal:
+		return redlimit.Limit{Rate: rate, Period: f.period, Burst: burst, WarmUp: f.warmup}, nil
+	case f.period != 0:
+		return limit, usagef(cmd, "-period and -calendar do not go together")
+	case f.warmup != 0 || burst != 0:
+		return limit, usagef(cmd, "a calendar quota (-calendar) takes no -burst or -warmup")
+	}
+	f.period = limit.Period
+	return limit, nil
 }
 
 // connect returns a client for f.addr that answered a ping, and a limiter
@@ -184,8 +218,6 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 	fs.IntVar(&burst, "burst", 0, "the limit's burst for token-bucket and leaky-bucket (0 means -rate)")
 	var o otherKeyFlags
 	o.register(fs, true)
-	var cal calendarFlags
-	cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
 		mode, err := o.mode("inspect", &f)
 		if err != nil {
@@ -201,14 +233,9 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 			}
 			return runOther(ctx, "inspect", mode, &f, &o, key, stdout)
 		}
-		limit, isCal, err := cal.limit("inspect", rate)
+		limit, err := f.limit("inspect", rate, burst)
 		if err != nil {
 			return err
-		}
-		if isCal {
-			f.period = limit.Period // -period is the calendar's
-		} else {
-			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst}
 		}
 		key, err := f.check("inspect", args, true)
 		if err != nil {
@@ -363,18 +390,22 @@ func setupReset(fs *flag.FlagSet) runFunc {
 			}
 			return runOther(ctx, "reset", mode, &f, &o, key, stdout)
 		}
+		// The rate is not part of the key names; any valid one will do.
+		limit, err := f.limit("reset", 1, 0)
+		if err != nil {
+			return err
+		}
 		key, err := f.check("reset", args, true)
 		if err != nil {
 			return err
 		}
-		// The rate is not part of the key names; any valid one will do.
-		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: 1, Period: f.period})
+		rdb, lim, err := f.connect(ctx, limit)
 		if err != nil {
 			return err
 		}
 		defer rdb.Close()
 		defer lim.Close()
-		keys := stateKeys(f.prefix, f.strategy.s, f.period, key)
+		keys := limitStateKeys(f.prefix, f.strategy.s, limit, key)
 		return resetFound(ctx, rdb, key, keys, keys[:1], func() error { return lim.Reset(ctx, key) }, stdout)
 	}
 }

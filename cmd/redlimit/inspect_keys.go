@@ -28,21 +28,26 @@ func (l *ruleList) String() string {
 	}
 	s := make([]string, len(*l))
 	for i, r := range *l {
-		s[i] = fmt.Sprintf("%s=%v:%d/%v", r.Name, r.Strategy, r.Limit.Rate, r.Limit.Period)
+		s[i] = fmt.Sprintf("%s=%v:%v", r.Name, r.Strategy, r.Limit)
 	}
 	return strings.Join(s, ",")
 }
 
-// Set parses NAME=STRATEGY:RATE/PERIOD[:BURST], such as
-// tokens=token-bucket:100/1m.
+// ruleSyntax is the form of a -rule.
+const ruleSyntax = "NAME=STRATEGY:RATE/PERIOD[:BURST][:warmup=D], PERIOD a duration or a calendar's day, week[-WEEKDAY] or month[-DAY], then [@ZONE]"
+
+// Set parses NAME=STRATEGY:RATE/PERIOD[:BURST][:warmup=D], such as
+// tokens=token-bucket:100/1m or rps=token-bucket:10/1s:warmup=30s; PERIOD
+// may be a calendar instead (see calendarPeriod): daily=fixed-window:
+// 1000/day@Asia/Tokyo.
 func (l *ruleList) Set(s string) error {
-	bad := fmt.Errorf("rule %q: want NAME=STRATEGY:RATE/PERIOD[:BURST], such as tokens=token-bucket:100/1m", s)
+	bad := fmt.Errorf("rule %q: want %s, such as tokens=token-bucket:100/1m or daily=fixed-window:1000/day@Asia/Tokyo", s, ruleSyntax)
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
 		return bad
 	}
 	parts := strings.Split(spec, ":")
-	if len(parts) < 2 || len(parts) > 3 {
+	if len(parts) < 2 || len(parts) > 4 {
 		return bad
 	}
 	st, err := redlimit.ParseStrategy(parts[0])
@@ -53,15 +58,35 @@ func (l *ruleList) Set(s string) error {
 	if !ok {
 		return bad
 	}
-	var lim redlimit.Limit
-	if lim.Rate, err = strconv.Atoi(rate); err != nil {
+	n, err := strconv.Atoi(rate)
+	if err != nil {
 		return bad
 	}
-	if lim.Period, err = time.ParseDuration(period); err != nil {
-		return bad
+	lim, isCal, err := calendarPeriod(n, period)
+	if err != nil {
+		return fmt.Errorf("rule %q: %v", s, err)
 	}
-	if len(parts) == 3 {
-		if lim.Burst, err = strconv.Atoi(parts[2]); err != nil {
+	if !isCal {
+		lim = redlimit.Limit{Rate: n}
+		if lim.Period, err = time.ParseDuration(period); err != nil {
+			return bad
+		}
+	}
+	burst := false
+	for _, p := range parts[2:] {
+		switch v, warm := strings.CutPrefix(p, "warmup="); {
+		case isCal:
+			return fmt.Errorf("rule %q: a calendar quota takes no BURST or warm-up", s)
+		case warm && lim.WarmUp == 0:
+			if lim.WarmUp, err = time.ParseDuration(v); err != nil || lim.WarmUp <= 0 {
+				return fmt.Errorf("rule %q: warmup=%q: want a positive duration, such as warmup=30s", s, v)
+			}
+		case !warm && !burst && lim.WarmUp == 0:
+			if lim.Burst, err = strconv.Atoi(p); err != nil {
+				return bad
+			}
+			burst = true
+		default:
 			return bad
 		}
 	}
@@ -78,7 +103,7 @@ type otherKeyFlags struct {
 }
 
 func (o *otherKeyFlags) register(fs *flag.FlagSet, inspect bool) {
-	fs.Var(&o.rules, "rule", "a Policy's `rule` NAME=STRATEGY:RATE/PERIOD[:BURST], one -rule per rule, instead of -strategy (such as -rule requests=sliding-counter:10/1s -rule tokens=token-bucket:100/1m)")
+	fs.Var(&o.rules, "rule", "a Policy's `rule` "+ruleSyntax+", one -rule per rule, instead of -strategy (such as -rule requests=sliding-counter:10/1s -rule tokens=token-bucket:100/1m -rule daily=fixed-window:1000/day@Asia/Tokyo)")
 	fs.BoolVar(&o.concurrency, "concurrency", false, "a Concurrency's key (its leases) instead of a limiter's")
 	if inspect {
 		fs.IntVar(&o.max, "max", 0, "with -concurrency: the limit's max, to show the free slots (0: not shown)")
@@ -91,8 +116,8 @@ func (o *otherKeyFlags) mode(cmd string, f *keyFlags) (string, error) {
 	switch {
 	case len(o.rules) > 0 && o.concurrency:
 		return "", usagef(cmd, "-rule and -concurrency do not go together")
-	case (len(o.rules) > 0 || o.concurrency) && (f.strategy.s != 0 || f.period != 0):
-		return "", usagef(cmd, "-strategy and -period name one limiter's key; -rule and -concurrency replace them")
+	case (len(o.rules) > 0 || o.concurrency) && (f.strategy.s != 0 || f.period != 0 || f.warmup != 0 || f.cal.calendar != ""):
+		return "", usagef(cmd, "-strategy, -period, -calendar and -warmup name one limiter's key; -rule and -concurrency replace them")
 	case o.max != 0 && !o.concurrency:
 		return "", usagef(cmd, "-max is for -concurrency")
 	case o.max < 0:
@@ -111,7 +136,7 @@ func (o *otherKeyFlags) mode(cmd string, f *keyFlags) (string, error) {
 func policyKeys(prefix string, rules []redlimit.Rule, key string) (states []string, block string, reservations []string) {
 	first := ""
 	for _, r := range rules {
-		s := stateKey(prefix, r.Strategy, r.Limit.Period, key)
+		s := limitStateKey(prefix, r.Strategy, r.Limit, key)
 		states = append(states, s)
 		reservations = append(reservations, s+reserveSuffix)
 		if first == "" || s < first {

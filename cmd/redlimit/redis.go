@@ -136,15 +136,31 @@ func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key stri
 		strconv.FormatInt(int64(period/time.Microsecond), 10)
 }
 
-// limitStateKeys returns stateKeys for a limiter of strategy s and limit l,
-// which may be a calendar limit: its keys name the calendar (see
-// calendarCode).
-func limitStateKeys(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) []string {
-	code, ok := calendarCode(l)
-	if !ok {
-		return stateKeys(prefix, s, l.Period, key)
+// warmCodes are the codes of the warming buckets (a Limit with a WarmUp)
+// in their Redis key names.
+var warmCodes = map[redlimit.Strategy]string{
+	redlimit.TokenBucket: "wt",
+	redlimit.LeakyBucket: "wl",
+}
+
+// limitStateKey returns the Redis key in which a limiter of strategy s and
+// limit l keeps the state of key: stateKey's, but a calendar limit's names
+// the calendar (see calendarCode), and a warming bucket's has the code wt
+// or wl ("redlimit:{user1}:wt1000000").
+func limitStateKey(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) string {
+	if code, ok := calendarCode(l); ok {
+		return prefix + ":{" + tagKey(key) + "}:" + code
 	}
-	state := prefix + ":{" + tagKey(key) + "}:" + code
+	if code, ok := warmCodes[s]; ok && l.WarmUp != 0 {
+		return prefix + ":{" + tagKey(key) + "}:" + code + strconv.FormatInt(int64(l.Period/time.Microsecond), 10)
+	}
+	return stateKey(prefix, s, l.Period, key)
+}
+
+// limitStateKeys returns stateKeys for a limiter of strategy s and limit l,
+// which may be a calendar limit or have a warm-up (see limitStateKey).
+func limitStateKeys(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) []string {
+	state := limitStateKey(prefix, s, l, key)
 	return []string{state, state + blockSuffix, state + reserveSuffix}
 }
 

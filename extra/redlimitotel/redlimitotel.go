@@ -22,8 +22,12 @@
 //	redlimit.prefetch.held, redlimit.prefetch.unused                     gauges   {redlimit.limiter}
 //	redlimit.prefetch.taken, .served, .returned, .lost                   counters {redlimit.limiter}
 //
-// redlimit.outcome is allowed, denied or error (no decision: the call
-// returned an error); redlimit.shadowed is true for a call that shadow mode
+// redlimit.outcome is allowed, denied, error (no decision: the call
+// returned an error, such as Redis down with redlimit.FallbackError) or
+// exceeds-limit (the call asked for more events than a rule can ever hold,
+// an error wrapping redlimit.ErrExceedsLimit: the caller's error, which
+// redlimit.rule names; its span records the error without an Error
+// status); redlimit.shadowed is true for a call that shadow mode
 // (redlimit.WithShadow) allowed and the limit denied, which counts as
 // allowed; redlimit.denied_by is limit, block, deny-cache, deadline or ""
 // (see redlimit.DeniedBy). redlimit.strategy is "concurrency" for a
@@ -142,7 +146,7 @@ func New(opts ...Option) (*Metrics, error) {
 	}
 	var errs [14]error
 	m.decisions, errs[0] = meter.Int64Counter("redlimit.decisions", metric.WithUnit("{decision}"),
-		metric.WithDescription("Rate-limit decisions, by outcome (allowed, denied, error), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit)."))
+		metric.WithDescription("Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit)."))
 	m.duration, errs[1] = meter.Float64Histogram("redlimit.decision.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to make a decision: one Redis round trip, or in-process."),
 		metric.WithExplicitBucketBoundaries(DurationBuckets...))
@@ -280,9 +284,12 @@ type attrs struct {
 	span []attribute.KeyValue
 }
 
-// outcome returns what the caller was told: allowed, denied or error.
+// outcome returns what the caller was told: allowed, denied, error or
+// exceeds-limit.
 func outcome(d redlimit.Decision) string {
 	switch {
+	case errors.Is(d.Err, redlimit.ErrExceedsLimit):
+		return "exceeds-limit"
 	case d.Err != nil:
 		return "error"
 	case d.Allowed:
@@ -335,7 +342,9 @@ func (o *observer) observe(d redlimit.Decision) {
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(a.span...))
 	if d.Err != nil {
 		span.RecordError(d.Err)
-		span.SetStatus(codes.Error, d.Err.Error())
+		if !errors.Is(d.Err, redlimit.ErrExceedsLimit) { // the caller's error is not the limiter's, as a 4xx is not
+			span.SetStatus(codes.Error, d.Err.Error())
+		}
 	}
 	span.End(trace.WithTimestamp(end))
 }

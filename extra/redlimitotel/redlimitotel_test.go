@@ -391,3 +391,32 @@ func TestNoSpans(t *testing.T) {
 	parent.End()
 	require.Len(t, rec.Ended(), 1, "only the test's own span")
 }
+
+// A call of more events than a rule can ever hold fails with
+// redlimit.ErrExceedsLimit: the caller's error, counted with outcome
+// exceeds-limit under the rule that cannot hold it, apart from the
+// limiter's errors; its span records the error but, as for a 4xx, its
+// status is not Error.
+func TestExceedsLimit(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	_, rdb, m, reader := setup(t, redlimitotel.WithTracerProvider(tp))
+	pol, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "requests", Strategy: redlimit.SlidingCounter, Limit: redlimit.PerSecond(10), PerCall: true},
+		{Name: "tokens", Strategy: redlimit.TokenBucket, Limit: redlimit.PerMinute(100)},
+	}, m.Options("llm")...)
+	require.NoError(t, err)
+	t.Cleanup(func() { pol.Close() })
+	_, err = pol.Reserve(context.Background(), "tenant:1", 101)
+	require.ErrorIs(t, err, redlimit.ErrExceedsLimit)
+
+	got := collect(t, reader)
+	want(t, got, "redlimit.decisions", 1, lim("llm"), outcome("exceeds-limit"), redlimitotel.RuleKey.String("tokens"),
+		redlimitotel.StrategyKey.String("token-bucket"), redlimitotel.DeniedByKey.String(""))
+	want(t, got, "redlimit.decisions", 1)
+	spans := rec.Ended()
+	require.Len(t, spans, 1)
+	assert.Equal(t, codes.Unset, spans[0].Status().Code, "the caller's error")
+	require.Len(t, spans[0].Events(), 1)
+	assert.Equal(t, "exception", spans[0].Events()[0].Name)
+}

@@ -21,8 +21,11 @@
 //	redlimit_prefetch_held{limiter}, redlimit_prefetch_unused{limiter}
 //	redlimit_prefetch_taken_total, _served_total, _returned_total, _lost_total{limiter}
 //
-// outcome is allowed, denied or error (no decision: the call returned an
-// error); shadowed is "true" for a call that shadow mode
+// outcome is allowed, denied, error (no decision: the call returned an
+// error, such as Redis down with redlimit.FallbackError) or exceeds-limit
+// (the call asked for more events than a rule can ever hold, an error
+// wrapping redlimit.ErrExceedsLimit: the caller's error, which rule names);
+// shadowed is "true" for a call that shadow mode
 // (redlimit.WithShadow) allowed and the limit denied, which counts as
 // allowed; denied_by is limit, block, deny-cache, deadline or "" (see
 // redlimit.DeniedBy). strategy is "concurrency" for a redlimit.Concurrency,
@@ -42,6 +45,7 @@
 package redlimitprom
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 
@@ -87,7 +91,7 @@ func NewCollector() *Collector {
 	return &Collector{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redlimit_decisions_total",
-			Help: "Rate-limit decisions, by outcome (allowed, denied, error), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).",
+			Help: "Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).",
 		}, decisionLabels),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "redlimit_decision_seconds",
@@ -237,6 +241,8 @@ type series struct {
 func (o *observer) observe(d redlimit.Decision) {
 	outcome := "denied"
 	switch {
+	case errors.Is(d.Err, redlimit.ErrExceedsLimit):
+		outcome = "exceeds-limit"
 	case d.Err != nil:
 		outcome = "error"
 	case d.Allowed:

@@ -121,7 +121,7 @@ func TestCollector(t *testing.T) {
 	_, err = strict.Allow(ctx, "user:2")
 	require.Error(t, err)
 
-	const head = `# HELP redlimit_decisions_total Rate-limit decisions, by outcome (allowed, denied, error), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).
+	const head = `# HELP redlimit_decisions_total Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).
 # TYPE redlimit_decisions_total counter
 `
 	decisions := head + `redlimit_decisions_total{degraded="false",denied_by="",limiter="api",outcome="allowed",rule="",shadowed="false",strategy="token-bucket"} 3
@@ -294,4 +294,28 @@ redlimit_prefetch_unused{limiter="fake"} 30
 		"redlimit_prefetch_taken_total": float64(st.Taken), "redlimit_prefetch_served_total": float64(st.Served),
 		"redlimit_prefetch_returned_total": float64(st.Returned), "redlimit_prefetch_lost_total": float64(st.Lost),
 	}, got)
+}
+
+// A call of more events than a rule can ever hold fails with
+// redlimit.ErrExceedsLimit: the caller's error, counted with outcome
+// exceeds-limit under the rule that cannot hold it, apart from the
+// limiter's errors.
+func TestExceedsLimit(t *testing.T) {
+	_, rdb, c, reg := setup(t)
+	pol, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "requests", Strategy: redlimit.SlidingCounter, Limit: redlimit.PerSecond(10), PerCall: true},
+		{Name: "tokens", Strategy: redlimit.TokenBucket, Limit: redlimit.PerMinute(100)},
+	}, c.Options("llm")...)
+	require.NoError(t, err)
+	t.Cleanup(func() { pol.Close() })
+	_, err = pol.Reserve(context.Background(), "tenant:1", 101)
+	require.ErrorIs(t, err, redlimit.ErrExceedsLimit)
+	_, err = pol.AllowN(context.Background(), "tenant:1", 100)
+	require.NoError(t, err)
+	const decisions = `# HELP redlimit_decisions_total Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).
+# TYPE redlimit_decisions_total counter
+redlimit_decisions_total{degraded="false",denied_by="",limiter="llm",outcome="allowed",rule="tokens",shadowed="false",strategy="token-bucket"} 1
+redlimit_decisions_total{degraded="false",denied_by="",limiter="llm",outcome="exceeds-limit",rule="tokens",shadowed="false",strategy="token-bucket"} 1
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(decisions), "redlimit_decisions_total"))
 }
