@@ -67,6 +67,8 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 		return NewTokenBucket(rdb, limit, opts...)
 	case LeakyBucket:
 		return NewLeakyBucket(rdb, limit, opts...)
+	case SubWindowCounter:
+		return NewSubWindowCounter(rdb, limit, opts...)
 	}
 	return nil, errorf("unknown strategy %v: %w", s, ErrInvalidLimit)
 }

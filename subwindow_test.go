@@ -1,0 +1,328 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSubWindowCounterTable(t *testing.T) {
+	b, _ := miniBackend(t)
+	// 3 a minute in 6 sub-windows of 10 s: an event counts until 60 s
+	// after its sub-window's end.
+	lim := newLimiter(t, b.rdb, SubWindowCounter, Limit{Rate: 3, Period: time.Minute, SubWindows: 6})
+	s, us := time.Second, time.Microsecond
+	run(t, b, lim, "k", []step{
+		{n: 2, allowed: true, remaining: 1, reset: 70 * s},
+		{advance: 14 * s, n: 1, allowed: true, remaining: 0, reset: 66 * s},
+		// Sub-window 0's 2 events stop counting at 70 s.
+		{advance: 7 * s, n: 1, allowed: false, remaining: 0, retry: 49 * s, reset: 59 * s},
+		// 3 need sub-window 1 gone too, at 80 s.
+		{n: 3, allowed: false, remaining: 0, retry: 59 * s, reset: 59 * s},
+		{advance: 49*s - us, n: 1, allowed: false, remaining: 0, retry: us, reset: 10*s + us},
+		{advance: us, n: 2, allowed: true, remaining: 0, reset: 70 * s},
+		{n: 0, allowed: true, remaining: 0, reset: 70 * s},
+		// Two periods idle: nothing counts.
+		{advance: 2 * time.Minute, n: 3, allowed: true, remaining: 0, reset: 70 * s},
+	})
+}
+
+// Sub-windows of a Period that is not a whole number of them have their
+// bounds rounded up to the µs: 1 s in 60 sub-windows are of 16,667 and
+// 16,666 µs, and the sub-windows of the sub-window counter and of its
+// model (subWindowOf) agree at every bound.
+func TestSubWindowCounterRoundedBounds(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, SubWindowCounter, PerSecond(1))
+	us := time.Microsecond
+	require.Equal(t, 60, lim.Limit().SubWindows, "SubWindows filled in")
+	// t0 is a whole second: sub-window 0 of the second ends at 16,667 µs
+	// (1e6/60 rounded up), so an event at 16,666 µs counts until
+	// 1s + 16,667µs, and one at 16,667 µs until 1s + 33,334µs.
+	run(t, b, lim, "a", []step{
+		{advance: 16666 * us, n: 1, allowed: true, remaining: 0, reset: 1000001 * us},
+		{advance: 1000000 * us, n: 1, allowed: false, remaining: 0, retry: us, reset: us},
+		{advance: us, n: 1, allowed: true, remaining: 0, reset: 1016667 * us},
+	})
+	b.setClock(16667 * us)
+	run(t, b, lim, "b", []step{
+		{n: 1, allowed: true, remaining: 0, reset: 1016667 * us},
+	})
+}
+
+func TestSubWindowCounterInvalid(t *testing.T) {
+	b, _ := miniBackend(t)
+	for _, l := range []Limit{
+		{Rate: 1, Period: time.Second, SubWindows: -1},
+		{Rate: 1, Period: time.Second, SubWindows: MaxSubWindows + 1},
+		{Rate: 1, Period: 10 * time.Millisecond, SubWindows: 11}, // 909 µs each
+		{Rate: 1, Period: 1500 * time.Microsecond, SubWindows: 2},
+		{Rate: 1, Period: time.Hour, SubWindows: 60, Burst: -1},
+	} {
+		_, err := NewSubWindowCounter(b.rdb, l)
+		mustErrorIs(t, err, ErrInvalidLimit)
+	}
+	for _, s := range Strategies() {
+		if s == SubWindowCounter {
+			continue
+		}
+		_, err := New(b.rdb, s, Limit{Rate: 1, Period: time.Second, SubWindows: 10})
+		mustErrorIs(t, err, ErrInvalidLimit)
+		_, err = NewPolicy(b.rdb, []Rule{
+			{Strategy: SubWindowCounter, Limit: PerSecond(1)},
+			{Strategy: s, Limit: Limit{Rate: 1, Period: time.Minute, SubWindows: 10}},
+		})
+		mustErrorIs(t, err, ErrInvalidLimit)
+	}
+	// The default: 60, or one per whole ms under 60 ms.
+	for _, c := range []struct {
+		period time.Duration
+		want   int
+	}{{time.Hour, 60}, {60 * time.Millisecond, 60}, {59 * time.Millisecond, 59}, {2500 * time.Microsecond, 2}, {time.Millisecond, 1}} {
+		lim := newLimiter(t, b.rdb, SubWindowCounter, Limit{Rate: 5, Period: c.period})
+		assert.Equal(t, c.want, lim.Limit().SubWindows, "Period %v", c.period)
+	}
+	lim := newLimiter(t, b.rdb, SubWindowCounter, Limit{Rate: 5, Period: time.Second, SubWindows: MaxSubWindows})
+	assert.Equal(t, "5/1s sub-windows 1000", lim.Limit().String())
+	st, err := ParseStrategy("sub-window-counter")
+	require.NoError(t, err)
+	assert.Equal(t, SubWindowCounter, st)
+}
+
+// swModel is the sub-window counter's promise as a Go model: the admitted
+// events and the grid, in exact 128-bit arithmetic.
+type swModel struct {
+	rate   int
+	period int64 // µs
+	s      int64
+	events []swEvent // admitted, in time order
+}
+
+type swEvent struct{ at, n int64 }
+
+// subWindowOf returns floor(t·s/period): the sub-window that holds t (µs).
+func subWindowOf(t, period, s int64) int64 {
+	hi, lo := bits.Mul64(uint64(t), uint64(s))
+	q, _ := bits.Div64(hi, lo, uint64(period))
+	return int64(q)
+}
+
+// subWindowStart returns ceil(b·period/s), when sub-window b starts (µs).
+func subWindowStart(b, period, s int64) int64 {
+	hi, lo := bits.Mul64(uint64(b), uint64(period))
+	q, r := bits.Div64(hi, lo, uint64(s))
+	if r > 0 {
+		q++
+	}
+	return int64(q)
+}
+
+// decide returns what the model answers at now for n, and admits them if
+// it allows.
+func (m *swModel) decide(now, n int64) (ok bool, remaining, retry, reset int64) {
+	cw := subWindowOf(now, m.period, m.s)
+	lo := cw - m.s
+	var count int64
+	newest := int64(-1)
+	for _, e := range m.events {
+		if b := subWindowOf(e.at, m.period, m.s); b >= lo {
+			count += e.n
+			newest = b
+		}
+	}
+	until := func(b int64) int64 { return subWindowStart(b+m.s+1, m.period, m.s) - now }
+	if count > 0 {
+		reset = until(newest)
+	}
+	avail := int64(m.rate) - count
+	if n > avail {
+		need := count + n - int64(m.rate)
+		for _, e := range m.events {
+			b := subWindowOf(e.at, m.period, m.s)
+			if b < lo {
+				continue
+			}
+			if need -= e.n; need <= 0 {
+				// Every event of b goes at once: the retry is b's end.
+				retry = until(b)
+				break
+			}
+		}
+		return false, max(avail, 0), retry, reset
+	}
+	if n > 0 {
+		m.events = append(m.events, swEvent{now, n})
+		reset = until(cw)
+	}
+	return true, avail - n, 0, reset
+}
+
+// inPeriod returns the most events the model admitted in an interval of
+// length period that ends at an admission.
+func (m *swModel) mostInPeriod() int64 {
+	var most int64
+	for i, e := range m.events {
+		var c int64
+		for _, f := range m.events[:i+1] {
+			if f.at > e.at-m.period {
+				c += f.n
+			}
+		}
+		most = max(most, c)
+	}
+	return most
+}
+
+// admittedSince returns the events admitted at from or later.
+func (m *swModel) admittedSince(from int64) int64 {
+	var c int64
+	for _, e := range m.events {
+		if e.at >= from {
+			c += e.n
+		}
+	}
+	return c
+}
+
+// TestSubWindowCounterModel plays random calls (bursts, idle spells, steps
+// to sub-window bounds ±1 µs; rates from 1 to 2^40, periods from 1 ms to
+// MaxPeriod, sub-windows from 1 to MaxSubWindows) on miniredis with an
+// exact clock, and requires of every decision:
+//   - every field as the model (swModel) says, to the µs;
+//   - no interval of length Period holds more than Rate admitted events;
+//   - a denial only when at least Rate-n+1 events were admitted within
+//     Period plus one sub-window before it;
+//   - RetryAfter exact: often, the same call is made again a µs before it
+//     (denied) and at it (admitted).
+func TestSubWindowCounterModel(t *testing.T) {
+	seed := uint64(envInt(t, "REDLIMIT_SUBWINDOW_SEED", 39))
+	limiters := int(envInt(t, "REDLIMIT_SUBWINDOW_LIMITERS", 60))
+	if testing.Short() {
+		limiters = min(limiters, 20)
+	}
+	b, _ := miniBackend(t)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(seed, seed))
+	denials, retriesProbed := 0, 0
+	for li := range limiters {
+		period, s := randomSubWindowLimit(r)
+		rate := 1 + r.IntN(12)
+		switch r.IntN(6) {
+		case 0:
+			rate = 1 + r.IntN(1000)
+		case 1:
+			rate = MaxRate - r.IntN(3)
+		}
+		l := Limit{Rate: rate, Period: time.Duration(period) * time.Microsecond, SubWindows: int(s)}
+		if r.IntN(4) == 0 && s == min(60, period/1000) {
+			l.SubWindows = 0 // the default
+		}
+		lim := newLimiter(t, b.rdb, SubWindowCounter, l)
+		m := &swModel{rate: rate, period: period, s: s}
+		latest := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+		// Start anywhere from 2030 to 60 years on, at any µs.
+		now := t0.UnixMicro() + r.Int64N(60*365*24*3600*1_000_000)
+		b.setClock(time.Duration(now-t0.UnixMicro()) * time.Microsecond)
+		key := "m" + strconv.Itoa(li)
+		where := func(i int) string { return fmt.Sprintf("seed %d limiter %d (%v) step %d at %d µs", seed, li, lim.Limit(), i, now) }
+		call := func(i int, n int64) (Result, bool, int64, int64, int64) {
+			res, err := lim.AllowN(ctx, key, int(n))
+			require.NoError(t, err, where(i))
+			ok, rem, retry, reset := m.decide(now, n)
+			got := fmt.Sprintf("allowed=%v remaining=%d retry=%d reset=%d", res.Allowed, res.Remaining, res.RetryAfter.Microseconds(), res.ResetAfter.Microseconds())
+			want := fmt.Sprintf("allowed=%v remaining=%d retry=%d reset=%d", ok, rem, retry, reset)
+			require.Equal(t, want, got, "%s, n=%d", where(i), n)
+			return res, ok, rem, retry, reset
+		}
+		move := func(d int64) {
+			if now+d > latest {
+				d = 1 // past 2100 (periods of up to 100 years, so within 2^53 µs)
+			}
+			now += d
+			b.setClock(time.Duration(now-t0.UnixMicro()) * time.Microsecond)
+		}
+		steps := 120 + r.IntN(120)
+		for i := range steps {
+			switch k := r.IntN(20); {
+			case k < 6: // a burst: the same µs
+			case k < 10:
+				move(1 + r.Int64N(max(period/s, 1)))
+			case k < 13:
+				move(1 + r.Int64N(period))
+			case k == 13: // idle
+				move(period + r.Int64N(2*period))
+			case k < 17: // to a sub-window's bound, or a µs on either side
+				cw := subWindowOf(now, period, s)
+				move(subWindowStart(cw+1, period, s) - now + r.Int64N(3) - 1)
+			default:
+				move(1)
+			}
+			n := int64(1)
+			switch k := r.IntN(8); {
+			case k == 0:
+				n = 0
+			case k < 3:
+				n = 1 + r.Int64N(int64(rate))
+			}
+			res, ok, _, retry, _ := call(i, n)
+			if ok {
+				continue
+			}
+			denials++
+			// Justified: at least Rate-n+1 admitted within Period plus one
+			// sub-window (the longest, ceil(Period/s)).
+			sub := (period + s - 1) / s
+			require.Greater(t, m.admittedSince(now-period-sub+1)+n, int64(rate), "%s: denied %d with too few admitted since Period plus one sub-window", where(i), n)
+			require.Positive(t, retry, where(i))
+			if r.IntN(3) == 0 && now+res.RetryAfter.Microseconds() <= latest {
+				retriesProbed++
+				at := now
+				move(res.RetryAfter.Microseconds() - 1)
+				_, ok, _, _, _ = call(i, n)
+				require.False(t, ok, "%s: admitted a µs before RetryAfter", where(i))
+				move(1)
+				_, ok, _, _, _ = call(i, n)
+				require.True(t, ok, "%s: denied at RetryAfter %v (from %d)", where(i), res.RetryAfter, at)
+			}
+		}
+		require.LessOrEqual(t, m.mostInPeriod(), int64(rate), "seed %d limiter %d: an interval of Period held more than Rate", seed, li)
+	}
+	t.Logf("%d limiters, %d denials, %d retries probed a µs before and at", limiters, denials, retriesProbed)
+	require.Positive(t, denials)
+	require.Positive(t, retriesProbed)
+}
+
+// randomSubWindowLimit returns a random Period (µs) and sub-windows of at
+// least 1 ms each: short, round and odd periods, and some of years, whose
+// Period × SubWindows passes 2^53.
+func randomSubWindowLimit(r *rand.Rand) (period, s int64) {
+	switch r.IntN(6) {
+	case 0:
+		period = 1000 + r.Int64N(100_000)
+	case 1:
+		period = []int64{1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000}[r.IntN(4)]
+	case 2:
+		period = 1000 + r.Int64N(3_600_000_000)
+	case 3:
+		period = int64(MaxPeriod/time.Microsecond) - r.Int64N(1_000_000_000)
+	default:
+		period = 1000 + r.Int64N(10_000_000)
+	}
+	most := min(int64(MaxSubWindows), period/1000)
+	switch r.IntN(4) {
+	case 0:
+		s = min(60, most)
+	case 1:
+		s = most
+	default:
+		s = 1 + r.Int64N(most)
+	}
+	return period, s
+}
