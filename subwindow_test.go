@@ -231,7 +231,9 @@ func TestSubWindowCounterModel(t *testing.T) {
 		now := t0.UnixMicro() + r.Int64N(60*365*24*3600*1_000_000)
 		b.setClock(time.Duration(now-t0.UnixMicro()) * time.Microsecond)
 		key := "m" + strconv.Itoa(li)
-		where := func(i int) string { return fmt.Sprintf("seed %d limiter %d (%v) step %d at %d µs", seed, li, lim.Limit(), i, now) }
+		where := func(i int) string {
+			return fmt.Sprintf("seed %d limiter %d (%v) step %d at %d µs", seed, li, lim.Limit(), i, now)
+		}
 		call := func(i int, n int64) (Result, bool, int64, int64, int64) {
 			res, err := lim.AllowN(ctx, key, int(n))
 			require.NoError(t, err, where(i))
