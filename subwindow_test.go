@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +330,195 @@ func randomSubWindowLimit(r *rand.Rand) (period, s int64) {
 		s = 1 + r.Int64N(most)
 	}
 	return period, s
+}
+
+// longestSubWindow returns the longest sub-window of l, a sub-window
+// counter's limit: Period/SubWindows rounded up to the µs (SubWindows 0
+// meaning its default).
+func longestSubWindow(l Limit) time.Duration {
+	s, err := subWindows(subWindowCounter, l)
+	if err != nil || s == 0 {
+		panic(fmt.Sprintf("longestSubWindow(%v): %d, %v", l, s, err))
+	}
+	us := int64(l.Period / time.Microsecond)
+	return time.Duration((us+int64(s)-1)/int64(s)) * time.Microsecond
+}
+
+// TestSubWindowCounterConcurrentRedis runs 32 goroutines on one key of a
+// real Redis: never more than Rate in any Period (see
+// checkSubWindowConcurrent).
+func TestSubWindowCounterConcurrentRedis(t *testing.T) {
+	rdb := realBackend(t).rdb
+	l := Limit{Rate: 50, Period: 500 * time.Millisecond, SubWindows: 10}
+	lim := newLimiter(t, rdb, SubWindowCounter, l, WithPrefix(prefixFor(t)))
+	checkSubWindowConcurrent(t, lim, 32, 2*time.Second)
+}
+
+// TestSubWindowCounterCluster runs the same on a real Redis Cluster, and a
+// policy of a sub-window counter and a token bucket there, reserved and
+// settled (one slot per key: no CROSSSLOT).
+func TestSubWindowCounterCluster(t *testing.T) {
+	rdb := clusterClient(t, realCluster(t), time.Second)
+	l := Limit{Rate: 50, Period: 500 * time.Millisecond, SubWindows: 10}
+	lim := newLimiter(t, rdb, SubWindowCounter, l, WithPrefix(prefixFor(t)))
+	checkSubWindowConcurrent(t, lim, 32, 2*time.Second)
+
+	ctx := context.Background()
+	p, err := NewPolicy(rdb, []Rule{
+		{Name: "hour", Strategy: SubWindowCounter, Limit: PerHour(10)},
+		{Name: "burst", Strategy: TokenBucket, Limit: PerSecond(100)},
+	}, WithPrefix(prefixFor(t)+"p"))
+	require.NoError(t, err)
+	defer p.Close()
+	for _, key := range []string{"a", "b", "{user:1}", "c"} {
+		r, err := p.Reserve(ctx, key, 8)
+		require.NoError(t, err, key)
+		require.True(t, r.Result().Allowed, "%s: %+v", key, r.Result())
+		res, err := r.Settle(ctx, 3)
+		require.NoError(t, err, key)
+		require.Equal(t, 7, res.Remaining, "%s: settled 3 of 8: %+v", key, res)
+		res, err = p.AllowN(ctx, key, 8)
+		require.NoError(t, err, key)
+		require.False(t, res.Allowed, "%s: 3 + 8 > 10: %+v", key, res)
+		assert.Equal(t, "hour", res.Rule, key)
+		require.False(t, res.Degraded, key)
+	}
+}
+
+// checkSubWindowConcurrent reserves one event at a time on one key from g
+// goroutines for d, and requires: for every sub-window b, the events
+// counted in b .. b+SubWindows (the reservations' tags: the sub-window
+// each counted in) at most Rate, which is what the script keeps, so that
+// no interval of Period holds more than Rate on the server's clock; the
+// same on the client's clock (each admission stamped when its call
+// returned, up to the longest call after Redis decided it); and at least
+// 85% of Rate per Period plus one sub-window admitted.
+func checkSubWindowConcurrent(t *testing.T, lim *RateLimiter, g int, d time.Duration) {
+	t.Helper()
+	l := lim.Limit()
+	type admission struct {
+		at  time.Duration
+		tag int64
+	}
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		all      []admission
+		maxCall  time.Duration
+		firstErr error
+		calls    atomic.Int64
+	)
+	start := time.Now()
+	for range g {
+		wg.Go(func() {
+			for time.Since(start) < d {
+				before := time.Now()
+				r, err := lim.Reserve(context.Background(), "hot", 1)
+				calls.Add(1)
+				took := time.Since(before)
+				mu.Lock()
+				maxCall = max(maxCall, took)
+				switch {
+				case err != nil || r.Result().Degraded:
+					if firstErr == nil {
+						firstErr = fmt.Errorf("%+v, %v", r.Result(), err)
+					}
+				case r.Result().Allowed:
+					all = append(all, admission{time.Since(start), r.tags[0]})
+				}
+				mu.Unlock()
+				if firstErr != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, firstErr)
+	require.NotEmpty(t, all)
+	slices.SortFunc(all, func(a, b admission) int { return int(a.at - b.at) })
+	// The server's clock: the counts of every S+1 consecutive sub-windows.
+	per := map[int64]int{}
+	lo, hi := all[0].tag, all[0].tag
+	for _, a := range all {
+		per[a.tag]++
+		lo, hi = min(lo, a.tag), max(hi, a.tag)
+	}
+	s := int64(l.SubWindows)
+	most := 0
+	for b := lo - s; b <= hi; b++ {
+		sum := 0
+		for k := b; k <= b+s; k++ {
+			sum += per[k]
+		}
+		most = max(most, sum)
+	}
+	require.LessOrEqual(t, most, l.Rate, "%d events counted in %d consecutive sub-windows", most, s+1)
+	// The client's clock.
+	for i := range all {
+		for j := i; j < len(all) && all[j].at-all[i].at+maxCall < l.Period; j++ {
+			require.LessOrEqual(t, j-i+1, l.Rate, "%d admitted within %v of client time (+%v longest call)", j-i+1, all[j].at-all[i].at, maxCall)
+		}
+	}
+	span := all[len(all)-1].at - all[0].at
+	ideal := float64(l.Rate) * float64(span) / float64(l.Period+longestSubWindow(l))
+	t.Logf("%v: %d goroutines, %d calls, %d admitted in %v (%.0f%% of Rate per Period plus a sub-window), at most %d in %d sub-windows, longest call %v",
+		l, g, calls.Load(), len(all), span.Round(time.Millisecond), 100*float64(len(all))/ideal, most, s+1, maxCall)
+	require.GreaterOrEqual(t, float64(len(all)), 0.85*ideal)
+}
+
+// TestSubWindowCounterMemoryRedis measures MEMORY USAGE of a key whose
+// every counted sub-window holds events (the most it keeps), on a real
+// Redis, at 1,000 and 1,000,000 an hour: the same, whatever the rate; a
+// compact listpack up to hash-max-listpack-entries - 3 sub-windows (509
+// with the server's default of 512 fields), a hash table past it.
+func TestSubWindowCounterMemoryRedis(t *testing.T) {
+	rdb, advance, opts := simulatedRedis(t)
+	ctx := context.Background()
+	cfg, err := rdb.ConfigGet(ctx, "hash-max-listpack-entries").Result()
+	require.NoError(t, err)
+	entries, err := strconv.Atoi(cfg["hash-max-listpack-entries"])
+	require.NoError(t, err, "%v", cfg)
+	compact := min(entries-3, MaxSubWindows) // c, o and t, and a field per older sub-window
+	type memCase struct {
+		rate, s int
+		most    int64
+	}
+	cases := []memCase{{1_000_000, 60, 1024}, {1000, 60, 1024}, {1_000_000, compact, int64(16 * (compact + 3))}}
+	if compact < MaxSubWindows {
+		cases = append(cases, memCase{1_000_000, compact + 1, int64(80 * (compact + 4))})
+	}
+	cases = append(cases, memCase{1_000_000, MaxSubWindows, 100_000})
+	t.Logf("hash-max-listpack-entries %d: listpack up to %d sub-windows", entries, compact)
+	for i, c := range cases {
+		l := Limit{Rate: c.rate, Period: time.Hour, SubWindows: c.s}
+		lim := newLimiter(t, rdb, SubWindowCounter, l, append(opts, WithPrefix(fmt.Sprint("mem", i)))...)
+		each := c.rate / (c.s + 1)
+		sub := longestSubWindow(l)
+		for range c.s + 1 { // every sub-window that counts
+			res, err := lim.AllowN(ctx, "k", each)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			advance(sub)
+		}
+		advance(-sub)
+		res, err := lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, c.rate-(c.s+1)*each, res.Remaining, "%+v", res)
+		key := lim.stateKey("k")
+		used, err := rdb.MemoryUsage(ctx, key, 0).Result()
+		require.NoError(t, err)
+		enc, err := rdb.ObjectEncoding(ctx, key).Result()
+		require.NoError(t, err)
+		fields, err := rdb.HLen(ctx, key).Result()
+		require.NoError(t, err)
+		t.Logf("%v: %d sub-windows with %d events each: %d fields, %s, MEMORY USAGE %d bytes", l, c.s+1, each, fields, enc, used)
+		assert.Equal(t, int64(c.s+3), fields)
+		want := "listpack"
+		if c.s > compact {
+			want = "hashtable"
+		}
+		assert.Equal(t, want, enc)
+		assert.LessOrEqual(t, used, c.most)
+	}
 }
