@@ -3,15 +3,19 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"math/bits"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -109,23 +113,6 @@ type swModel struct {
 }
 
 type swEvent struct{ at, n int64 }
-
-// subWindowOf returns floor(t·s/period): the sub-window that holds t (µs).
-func subWindowOf(t, period, s int64) int64 {
-	hi, lo := bits.Mul64(uint64(t), uint64(s))
-	q, _ := bits.Div64(hi, lo, uint64(period))
-	return int64(q)
-}
-
-// subWindowStart returns ceil(b·period/s), when sub-window b starts (µs).
-func subWindowStart(b, period, s int64) int64 {
-	hi, lo := bits.Mul64(uint64(b), uint64(period))
-	q, r := bits.Div64(hi, lo, uint64(s))
-	if r > 0 {
-		q++
-	}
-	return int64(q)
-}
 
 // decide returns what the model answers at now for n, and admits them if
 // it allows.
@@ -521,4 +508,120 @@ func TestSubWindowCounterMemoryRedis(t *testing.T) {
 		assert.Equal(t, want, enc)
 		assert.LessOrEqual(t, used, c.most)
 	}
+}
+
+// While Redis is down, a sub-window counter's stand-in keeps the promise at
+// the instance's share: every answer as the model at Rate × share (on the
+// process's clock, a synctest bubble's here), so no interval of Period
+// holds more, and RetryAfter exact; a reservation it took gives unused
+// events back to their sub-window.
+func TestSubWindowCounterFallback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := miniredis.NewMiniRedis()
+		require.NoError(t, m.Start())
+		var down atomic.Bool
+		rdb := redis.NewClient(&redis.Options{
+			Addr: "127.0.0.1:1",
+			Dialer: func(context.Context, string, string) (net.Conn, error) {
+				if down.Load() {
+					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+				}
+				return m.Dial()
+			},
+			MaxRetries: -1,
+		})
+		t.Cleanup(func() { rdb.Close() })
+		l := Limit{Rate: 10, Period: time.Second, SubWindows: 7} // sub-windows of 142,858 and 142,857 µs
+		lim := newLimiter(t, rdb, SubWindowCounter, l, WithFallbackShare(0.5), WithPingInterval(time.Hour))
+		down.Store(true)
+		m.Close()
+		ctx := context.Background()
+		model := &swModel{rate: 5, period: 1_000_000, s: 7}
+		r := rand.New(rand.NewPCG(3, 9))
+		denials := 0
+		for i := range 400 {
+			time.Sleep(time.Duration(r.Int64N(300_000)) * time.Microsecond * time.Duration(r.IntN(2)))
+			n := 1 + r.IntN(3)
+			res, err := lim.AllowN(ctx, "k", n)
+			require.NoError(t, err)
+			require.True(t, res.Degraded, "call %d: %+v", i, res)
+			ok, rem, retry, reset := model.decide(time.Now().UnixMicro(), int64(n))
+			got := fmt.Sprintf("allowed=%v remaining=%d retry=%d reset=%d", res.Allowed, res.Remaining, res.RetryAfter.Microseconds(), res.ResetAfter.Microseconds())
+			want := fmt.Sprintf("allowed=%v remaining=%d retry=%d reset=%d", ok, rem, retry, reset)
+			require.Equal(t, want, got, "call %d at %v, n=%d", i, time.Now().UnixMicro(), n)
+			if !ok {
+				denials++
+			}
+		}
+		require.Positive(t, denials)
+		require.LessOrEqual(t, model.mostInPeriod(), int64(5))
+
+		// A reservation of 3, settled with 1: 2 back to their sub-window.
+		time.Sleep(2 * time.Second)
+		rv, err := lim.Reserve(ctx, "k", 3)
+		require.NoError(t, err)
+		taken := subWindowOf(time.Now().UnixMicro(), 1_000_000, 7)
+		require.True(t, rv.Result().Allowed && rv.Result().Degraded, "%+v", rv.Result())
+		time.Sleep(500 * time.Millisecond)
+		res, err := rv.Settle(ctx, 1)
+		require.NoError(t, err)
+		require.Equal(t, 4, res.Remaining, "settled 1 of 3: %+v", res)
+		// The one used counts until a Period after its sub-window ends.
+		res, err = lim.AllowN(ctx, "k", 5)
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "%+v", res)
+		require.Equal(t, subWindowStart(taken+8, 1_000_000, 7)-time.Now().UnixMicro(), res.RetryAfter.Microseconds(), "%+v", res)
+	})
+}
+
+// A settle below the reservation gives the events back to the sub-window
+// they were taken from, while it counts (never more than it holds); one
+// above charges the difference now, even past the limit.
+func TestSubWindowCounterSettle(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := context.Background()
+	// 10 a minute in 6 sub-windows of 10 s, from t0.
+	lim := newLimiter(t, b.rdb, SubWindowCounter, Limit{Rate: 10, Period: time.Minute, SubWindows: 6})
+	s := time.Second
+	r, err := lim.Reserve(ctx, "k", 6) // sub-window 0
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed)
+	b.advance(25 * s) // sub-window 2
+	res, err := lim.AllowN(ctx, "k", 4)
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "%+v", res)
+	res, err = r.Settle(ctx, 2)
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Remaining, "4 given back: %+v", res)
+	// Sub-window 0 holds 2 now, sub-window 2 holds 4: 5 more are one over,
+	// until sub-window 0 stops counting at 70 s.
+	res, err = lim.AllowN(ctx, "k", 5)
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "%+v", res)
+	assert.Equal(t, 45*s, res.RetryAfter, "%+v", res)
+
+	// A refund to a sub-window that stopped counting gives nothing back.
+	r, err = lim.Reserve(ctx, "k", 4) // sub-window 2, now 10 in all
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed, "%+v", r.Result())
+	b.advance(60 * s) // 85 s: sub-window 8; sub-windows 2.. count until 90 s
+	res, err = lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Remaining, "%+v", res)
+	b.advance(5 * s) // 90 s: sub-window 2 has stopped counting
+	res, err = r.Settle(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Remaining, "nothing counts: %+v", res)
+
+	// A charge past the limit counts now, in the current sub-window.
+	r, err = lim.Reserve(ctx, "k", 10) // sub-window 9
+	require.NoError(t, err)
+	require.True(t, r.Result().Allowed)
+	res, err = r.Settle(ctx, 15)
+	require.NoError(t, err)
+	require.Equal(t, 0, res.Remaining, "%+v", res)
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, res.Allowed, "%+v", res)
+	assert.Equal(t, 70*s, res.RetryAfter, "until sub-window 9 stops counting, at 160 s: %+v", res)
 }
