@@ -42,7 +42,8 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 // Strategy returns the limiter's strategy.
 func (l *RateLimiter) Strategy() Strategy { return l.own.rules[0].alg.strategy }
 
-// Limit returns the limiter's limit, with Burst filled in. With
+// Limit returns the limiter's limit, with Burst (and a sub-window
+// counter's SubWindows) filled in. With
 // [WithLimitFunc], calls may be decided by other limits.
 func (l *RateLimiter) Limit() Limit { return l.limit }
 
