@@ -175,7 +175,7 @@ local function adjust_warm(key, rate, period, _, _, code)
 end
 -- A sub-window counter (subwindow.lua; its sub-windows in burst's place).
 adjust.sw = function(key, rate, period, tag, taken, _, burst)
-  sw_settle(key, period, burst, tag, delta)
+  check_sw(key, rate, period, burst, tag, delta)
 end
 adjust.cw = function(key, rate, period, tag, taken, _, burst)
   adjust_cw(key, period, burst, tag, delta)
