@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR (-strategy S -rate R (-period P | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -rate R (-period P | -calendar C [-zone Z] [-first F]) [-burst B] [-subwindows W] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -37,13 +37,17 @@ time to live and value:
 	                                         (Reserve, and prefetches)
 
 where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
-sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
-token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
+sl, sc, tb, lb or sw for fixed-window, sliding-log, sliding-counter,
+token-bucket, leaky-bucket and sub-window-counter. For example
+redlimit:{user1}:tb1000000. A sub-window counter's state names its
+sub-windows (-subwindows, 0 for the default) after the period: for
+example redlimit:{user1}:sw3600000000x60, a hash of its counts. A
 KEY longer than 256 bytes (before that escaping) appears hashed: in its
 place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
 
 A Policy's key: give its rules with -rule (one each, NAME=STRATEGY:
-RATE/PERIOD[:BURST], such as -rule tokens=token-bucket:100/1m) instead of
+RATE/PERIOD[:BURST], such as -rule tokens=token-bucket:100/1m, and for a
+sub-window counter NAME=sub-window-counter:RATE/PERIOD[:SUBWINDOWS]) instead of
 -strategy, -rate and -period. Inspect shows the policy's decision, its
 penalty block, and each rule's state in human terms: tokens used and when
 the bucket is full, the window's count and when it ends, the events counted
@@ -70,7 +74,7 @@ instead of forging or hiding output.`,
 
 var resetCmd = &command{
 	name:  "reset",
-	args:  "-redis ADDR (-strategy S -period P | -rule R... | -concurrency) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -period P [-subwindows W] | -rule R... | -concurrency) [-prefix P] KEY",
 	short: "forget the state of one limited key",
 	long: `
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
@@ -94,6 +98,7 @@ type keyFlags struct {
 	addr     string
 	strategy strategyValue
 	period   time.Duration
+	sub      int // -subwindows: a sub-window counter's Limit.SubWindows
 	prefix   string
 	timeout  time.Duration
 }
@@ -102,6 +107,7 @@ func (f *keyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "redis", "", "`address` of the Redis server, host:port (required)")
 	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
 	fs.DurationVar(&f.period, "period", 0, "the limit's period (required)")
+	fs.IntVar(&f.sub, "subwindows", 0, "sub-windows per period of sub-window-counter (0 means 60, or one per whole ms under 60ms)")
 	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
 	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v", maxBenchTimeout))
 }
@@ -208,7 +214,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 		if isCal {
 			f.period = limit.Period // -period is the calendar's
 		} else {
-			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst}
+			limit = redlimit.Limit{Rate: rate, Period: f.period, Burst: burst, SubWindows: f.sub}
 		}
 		key, err := f.check("inspect", args, true)
 		if err != nil {
@@ -368,13 +374,13 @@ func setupReset(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		// The rate is not part of the key names; any valid one will do.
-		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: 1, Period: f.period})
+		rdb, lim, err := f.connect(ctx, redlimit.Limit{Rate: 1, Period: f.period, SubWindows: f.sub})
 		if err != nil {
 			return err
 		}
 		defer rdb.Close()
 		defer lim.Close()
-		keys := stateKeys(f.prefix, f.strategy.s, f.period, key)
+		keys := stateKeys(f.prefix, f.strategy.s, lim.Limit(), key)
 		return resetFound(ctx, rdb, key, keys, keys[:1], func() error { return lim.Reset(ctx, key) }, stdout)
 	}
 }

@@ -34,9 +34,10 @@ func (l *ruleList) String() string {
 }
 
 // Set parses NAME=STRATEGY:RATE/PERIOD[:BURST], such as
-// tokens=token-bucket:100/1m.
+// tokens=token-bucket:100/1m; for a sub-window counter, the third part is
+// its sub-windows (hour=sub-window-counter:1000/1h:60).
 func (l *ruleList) Set(s string) error {
-	bad := fmt.Errorf("rule %q: want NAME=STRATEGY:RATE/PERIOD[:BURST], such as tokens=token-bucket:100/1m", s)
+	bad := fmt.Errorf("rule %q: want NAME=STRATEGY:RATE/PERIOD[:BURST], such as tokens=token-bucket:100/1m (a sub-window-counter's :SUBWINDOWS, such as hour=sub-window-counter:1000/1h:60)", s)
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
 		return bad
@@ -61,7 +62,11 @@ func (l *ruleList) Set(s string) error {
 		return bad
 	}
 	if len(parts) == 3 {
-		if lim.Burst, err = strconv.Atoi(parts[2]); err != nil {
+		third := &lim.Burst
+		if st == redlimit.SubWindowCounter {
+			third = &lim.SubWindows
+		}
+		if *third, err = strconv.Atoi(parts[2]); err != nil {
 			return bad
 		}
 	}
@@ -78,7 +83,7 @@ type otherKeyFlags struct {
 }
 
 func (o *otherKeyFlags) register(fs *flag.FlagSet, inspect bool) {
-	fs.Var(&o.rules, "rule", "a Policy's `rule` NAME=STRATEGY:RATE/PERIOD[:BURST], one -rule per rule, instead of -strategy (such as -rule requests=sliding-counter:10/1s -rule tokens=token-bucket:100/1m)")
+	fs.Var(&o.rules, "rule", "a Policy's `rule` NAME=STRATEGY:RATE/PERIOD[:BURST], one -rule per rule, instead of -strategy (such as -rule requests=sliding-counter:10/1s -rule tokens=token-bucket:100/1m; a sub-window-counter's third part is its sub-windows)")
 	fs.BoolVar(&o.concurrency, "concurrency", false, "a Concurrency's key (its leases) instead of a limiter's")
 	if inspect {
 		fs.IntVar(&o.max, "max", 0, "with -concurrency: the limit's max, to show the free slots (0: not shown)")
@@ -111,7 +116,7 @@ func (o *otherKeyFlags) mode(cmd string, f *keyFlags) (string, error) {
 func policyKeys(prefix string, rules []redlimit.Rule, key string) (states []string, block string, reservations []string) {
 	first := ""
 	for _, r := range rules {
-		s := stateKey(prefix, r.Strategy, r.Limit.Period, key)
+		s := stateKey(prefix, r.Strategy, r.Limit, key)
 		states = append(states, s)
 		reservations = append(reservations, s+reserveSuffix)
 		if first == "" || s < first {
@@ -200,6 +205,9 @@ func humanState(s redlimit.Strategy, res redlimit.Result) string {
 			return fmt.Sprintf("0 of %d counted in this window", capacity)
 		}
 		return fmt.Sprintf("%d of %d counted in this window, which ends in %v", used, capacity, res.ResetAfter)
+	case redlimit.SubWindowCounter:
+		return fmt.Sprintf("%d of %d counted in the last %v and up to one sub-window (of %d) before; %s",
+			used, capacity, res.Limit.Period, res.Limit.SubWindows, full)
 	}
 	return fmt.Sprintf("%d of %d counted in the last %v; %s", used, capacity, res.Limit.Period, full)
 }
