@@ -116,11 +116,11 @@ func TestSimulateBounds(t *testing.T) {
 				burst = rate
 			}
 			bounds := map[redlimit.Strategy]int{
-				redlimit.FixedWindow:    2 * rate, // rate in each of two windows
-				redlimit.SlidingLog:     rate,
-				redlimit.SlidingCounter: 2 * rate, // as documented
-				redlimit.TokenBucket:    burst + rate - 1,
-				redlimit.LeakyBucket:    rate, // output spaced period/rate apart
+				redlimit.FixedWindow:      2 * rate, // rate in each of two windows
+				redlimit.SlidingLog:       rate,
+				redlimit.SlidingCounter:   2 * rate, // as documented
+				redlimit.TokenBucket:      burst + rate - 1,
+				redlimit.LeakyBucket:      rate, // output spaced period/rate apart
 				redlimit.SubWindowCounter: rate, // as the sliding log
 			}
 			for s, bound := range bounds {
