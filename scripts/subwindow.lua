@@ -202,6 +202,6 @@ local function check_sw(key, rate, period, s, tag, delta)
     if write_args then write_args(args) else rcall(unpack(args)) end
   end
   local left = sw_until(cw + s + 1, period, s, lq, lr, qn, r)
-  write('PEXPIRE', key, ms(left))
+  write('PEXPIRE', key, string.format('%d', ms(left)))
   return true, avail, 0, reset_now, left, cw
 end
