@@ -162,7 +162,10 @@ local function check_sw(key, rate, period, s, tag, delta)
       if n <= rate then
         -- The oldest sub-windows that must stop counting for n to fit:
         -- the last of them is b (nw at most).
-        if not o then o = rcall('HGET', key, 'o') + 0 end
+        if not o then
+          o = rcall('HGET', key, 'o')
+          if o then o = o + 0 else o = nw end
+        end
         local need, b = total + n - rate, o
         while b < nw do
           local v = rcall('HGET', key, string.format('%d', b))
@@ -187,8 +190,9 @@ local function check_sw(key, rate, period, s, tag, delta)
   -- Count k events: in nw when it is cw (or ahead of it), else in cw.
   if live and nw >= cw then
     if k == 1 then write('HINCRBY', key, 'c', '4096') else write('HINCRBY', key, 'c', k * 4096) end
-    if nw > cw or total == 0 then reset_now = sw_until(nw + s + 1, period, s, lq, lr, qn, r) end
-    return true, avail, 0, reset_now, reset_now, nw
+    local left = reset_now -- (until nw stops counting, when something counts)
+    if total == 0 then left = sw_until(nw + s + 1, period, s, lq, lr, qn, r) end
+    return true, avail, 0, reset_now, left, nw
   end
   local v, w = string.format('%d', (total + k) * 4096 + cw % 4096), string.format('%d', cw)
   if stale then write('DEL', key) end
