@@ -124,8 +124,11 @@ func TestBlockLastsItsLength(t *testing.T) {
 // resetAfterOne is ResetAfter after one event of a 1-per-second limit at a
 // window start.
 func resetAfterOne(s Strategy) time.Duration {
-	if s == SlidingCounter {
+	switch s {
+	case SlidingCounter:
 		return 2 * time.Second
+	case SubWindowCounter: // until a second after its sub-window (1/60 s, rounded up) ends
+		return time.Second + 16667*time.Microsecond
 	}
 	return time.Second
 }

@@ -168,6 +168,15 @@ func (r *rescue) startFrom(lr *localRule, ru *rule, v answer, at time.Time) {
 	capacity := ru.capacity()
 	c := float64(capacity) * share
 	used := min(max(float64(capacity-int(v.remaining))*share, 0), c)
+	if lr.sub != nil {
+		// Counted when Redis answered, so they count a Period from then:
+		// the stand-in never admits more than its capacity in a Period.
+		lr.sub = newSubRing(ru.limit.Period, ru.limit.SubWindows)
+		if k := int(math.Ceil(used - 1e-9)); k > 0 {
+			lr.sub.take(k, at)
+		}
+		return
+	}
 	debt := float64(lr.capacity) - c + used // lr.capacity is ceil(c)
 	k := int(math.Floor(debt))
 	if rand.Float64() < debt-float64(k) {

@@ -40,13 +40,19 @@
 //	                even at byte rates               must live over 5.8 days)
 //	LeakyBucket     exact spacing of Period/Rate;    as TokenBucket                   1 (allowed only)
 //	                callers wait Result.Delay
+//	SubWindowCounter
+//	                exact bound: Rate in any         a hash: 120 bytes with events    1, 2 in a new sub-window
+//	                Period; denies at most one       in one sub-window, 840 in all    (allowed only); a sub-window
+//	                sub-window early                 60 (the default), at any Rate    that left goes at any call
 //
 // Pick TokenBucket for APIs (clients may burst, then keep a steady rate);
 // SlidingLog when a limit must hold in any interval exactly and Rate is
-// small (login attempts); SlidingCounter for the same with large Rates in
-// constant memory; FixedWindow for quotas tied to clock periods ("1000 per
-// hour"); LeakyBucket to pace work (a worker calling an upstream API at a
-// fixed rate) rather than reject it.
+// small (login attempts); SubWindowCounter for the same bound at any Rate
+// in constant memory, at the price of at most one sub-window of delay
+// ("10,000 an hour, sliding"); SlidingCounter for a cheaper estimate;
+// FixedWindow for quotas tied to clock periods ("1000 per hour");
+// LeakyBucket to pace work (a worker calling an upstream API at a fixed
+// rate) rather than reject it.
 //
 // The buckets count the tokens used, in exact integers, so they suit byte
 // rates: at 1e9 bytes per second, one microsecond refills exactly 1000, and

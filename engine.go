@@ -27,15 +27,16 @@ type algorithm struct {
 // algorithms lists each strategy's algorithm, declared in its own file
 // (fixedwindow.go, slidinglog.go, ...), by Strategy.
 var algorithms = [...]*algorithm{
-	FixedWindow:    fixedWindow,
-	SlidingLog:     slidingLog,
-	SlidingCounter: slidingCounter,
-	TokenBucket:    tokenBucket,
-	LeakyBucket:    leakyBucket,
+	FixedWindow:      fixedWindow,
+	SlidingLog:       slidingLog,
+	SlidingCounter:   slidingCounter,
+	TokenBucket:      tokenBucket,
+	LeakyBucket:      leakyBucket,
+	SubWindowCounter: subWindowCounter,
 }
 
 func algorithmOf(s Strategy) (*algorithm, bool) {
-	if s < FixedWindow || s > LeakyBucket {
+	if s < FixedWindow || s > SubWindowCounter {
 		return nil, false
 	}
 	return algorithms[s], true
@@ -66,6 +67,10 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 		}
 		code = alg.code + strconv.FormatInt(int64(l.WarmUp/time.Microsecond), 10)
 	}
+	sub, err := subWindows(alg, l)
+	if err != nil {
+		return rule{}, err
+	}
 	if l.isCalendar() {
 		return newCalendarRule(name, alg, l)
 	}
@@ -75,6 +80,12 @@ func newRule(name string, alg *algorithm, limit Limit) (rule, error) {
 			alg.strategy, l, MaxPeriod, ErrInvalidLimit)
 	}
 	periodUS := int64(l.Period / time.Microsecond)
+	if sub > 0 {
+		// The sub-windows take the burst's place (see scripts/subwindow.lua).
+		l.SubWindows = sub
+		return rule{name: name, alg: alg, limit: l, suffix: subWindowSuffix(periodUS, sub), code: code,
+			args: [4]any{code, int64(l.Rate), periodUS, int64(sub)}}, nil
+	}
 	return rule{
 		name:   name,
 		alg:    alg,
@@ -160,6 +171,9 @@ func newRuleSet(rules []rule) *ruleSet {
 		mix(int64(r.limit.Burst))
 		mix(int64(r.limit.WarmUp))
 		mix(int64(btoi(r.perCall)))
+		if r.limit.SubWindows != 0 {
+			mix(int64(r.limit.SubWindows))
+		}
 		if r.limit.isCalendar() {
 			rs.calendar = true
 			for _, c := range r.suffix {

@@ -38,6 +38,7 @@ type localRule struct {
 	queue    bool
 	perCall  bool       // counts a call as one event (Rule.PerCall)
 	warm     *warmCurve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
+	sub      *subRing   // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
 }
 
 // ahead is how long an event would wait in a queue's stand-in at now:
@@ -149,6 +150,10 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 		if ol == nil {
 			continue
 		}
+		if ol.sub != nil && nl.sub != nil { // the same state: the same sub-windows
+			nl.sub = ol.sub
+			continue
+		}
 		if ol.warm != nil && nl.warm != nil { // the same state: a warm-up's
 			// As warmup.lua's warm_read: the stored permits scaled by
 			// the new rate over the old (Guava's setRate), so that the
@@ -216,7 +221,7 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		return res, reasonAllowed, nil
 	}
 	if rc != nil {
-		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims))}
+		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims)), tags: make([]int64, len(set.lims))}
 		for i := range set.lims {
 			hold.states[i] = set.lims[i].state
 			hold.paidAt[i] = now.Add(verdicts[i].resetNow) // full again, but for this call
@@ -229,6 +234,11 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 			lr.warm.take(lr.count(n), now)
 			if rc != nil {
 				rc.local.paidAt[i] = lr.warm.next // the reservation's time ends
+			}
+		case lr.sub != nil:
+			tag := lr.sub.take(lr.count(n), now)
+			if rc != nil {
+				rc.local.tags[i] = tag
 			}
 		case !lr.queue:
 			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
@@ -326,6 +336,9 @@ func (r *rescue) check(lr *localRule, now time.Time, n int, maxDelay time.Durati
 	kept := 0
 	if share != 0 {
 		kept = lr.capacity - int(shareOf(int64(lr.capacity), share))
+	}
+	if lr.sub != nil {
+		return checkSub(lr, now, n, kept, r.e.cfg.pingInterval)
 	}
 	if lr.queue {
 		return r.checkQueue(lr, now, n, maxDelay, kept)
@@ -445,8 +458,9 @@ func reserveAt(lim *rate.Limiter, now time.Time, n int) *rate.Reservation {
 // The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a token
 // bucket of Rate/Period per second with burst Rate (a calendar quota's
 // Period is its nominal one, see calendar.go); TokenBucket keeps
-// Rate/Period and Burst; LeakyBucket keeps its queue. Rates and capacities
-// are scaled by the fallback share. A capacity that the share makes
+// Rate/Period and Burst; LeakyBucket keeps its queue; SubWindowCounter
+// keeps its sub-windows (subRing), never more than its capacity in any
+// Period. Rates and capacities are scaled by the fallback share. A capacity that the share makes
 // fractional, c = capacity × share, is kept on average: the bucket holds
 // ceil(c) but starts one token short with probability ceil(c) - c. So 20
 // instances sharing PerHour(5) with a share of 1/20 (c = 0.25) admit about
@@ -470,6 +484,17 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 			lr.burst = lr.capacity
 		}
 		lr.lim = rate.NewLimiter(rate.Limit(lr.every), lr.burst)
+		if ru.alg.strategy == SubWindowCounter {
+			// Its sub-windows, at the share's capacity: a fraction kept on
+			// average, as one event more with its probability.
+			lr.sub = newSubRing(ru.limit.Period, ru.limit.SubWindows)
+			lr.capacity = int(c)
+			if rand.Float64() < c-float64(lr.capacity) {
+				lr.capacity++
+			}
+			set.lims[i] = lr
+			continue
+		}
 		if ru.alg.warm {
 			// The curve at the share's rate, cold: a fractional capacity
 			// needs no correction (a warming bucket starts slowly anyway).

@@ -516,6 +516,10 @@ func dumpState(t *testing.T, rdb *redis.Client, key string) string {
 		zs, err := rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
 		require.NoError(t, err)
 		return fmt.Sprint(typ, zs)
+	case "hash":
+		h, err := rdb.HGetAll(ctx, key).Result()
+		require.NoError(t, err)
+		return fmt.Sprint(typ, h) // fmt prints a map sorted by key
 	}
 	v, err := rdb.Get(ctx, key).Result()
 	require.NoError(t, err)

@@ -18,6 +18,11 @@ type Limit struct {
 	// docs/warmup.md). A warming token bucket never bursts: its Burst must
 	// be 0 (or Rate, which 0 means). 0: no warm-up.
 	WarmUp time.Duration
+	// SubWindows, for SubWindowCounter only, is how many sub-windows a
+	// Period is cut into (see [NewSubWindowCounter]): 0 means 60, or one
+	// per whole millisecond for a Period under 60 ms; at most
+	// [MaxSubWindows], none shorter than 1 ms.
+	SubWindows int
 
 	cal calendar // Daily, Weekly, Monthly: windows of a calendar (calendar.go)
 }
@@ -31,9 +36,9 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
 // PerHour returns a Limit of rate events per hour.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
-// String returns the limit as "rate/period", with the burst and the
-// warm-up when they are set, for example "10/1s", "10/1s burst 20" or
-// "10/1s warm-up 1m0s"; a calendar limit as "rate/calendar zone", for
+// String returns the limit as "rate/period", with the burst, the warm-up
+// and the sub-windows when they are set, for example "10/1s", "10/1s burst
+// 20", "10/1s warm-up 1m0s" or "1000/1h0m0s sub-windows 60"; a calendar limit as "rate/calendar zone", for
 // example "1000/day Asia/Tokyo" or "500/week from Monday UTC".
 func (l Limit) String() string {
 	if l.isCalendar() {
@@ -45,6 +50,9 @@ func (l Limit) String() string {
 	}
 	if l.WarmUp != 0 {
 		s += " warm-up " + l.WarmUp.String()
+	}
+	if l.SubWindows != 0 {
+		s += " sub-windows " + strconv.Itoa(l.SubWindows)
 	}
 	return s
 }
@@ -72,25 +80,28 @@ const (
 	SlidingCounter
 	TokenBucket
 	LeakyBucket
+	SubWindowCounter
 )
 
 var strategyNames = [...]string{
-	FixedWindow:    "fixed-window",
-	SlidingLog:     "sliding-log",
-	SlidingCounter: "sliding-counter",
-	TokenBucket:    "token-bucket",
-	LeakyBucket:    "leaky-bucket",
+	FixedWindow:      "fixed-window",
+	SlidingLog:       "sliding-log",
+	SlidingCounter:   "sliding-counter",
+	TokenBucket:      "token-bucket",
+	LeakyBucket:      "leaky-bucket",
+	SubWindowCounter: "sub-window-counter",
 }
 
 // Strategies lists every strategy, in the order of their values.
 func Strategies() []Strategy {
-	return []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
+	return []Strategy{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket, SubWindowCounter}
 }
 
 // String returns the strategy's name: "fixed-window", "sliding-log",
-// "sliding-counter", "token-bucket" or "leaky-bucket".
+// "sliding-counter", "token-bucket", "leaky-bucket" or
+// "sub-window-counter".
 func (s Strategy) String() string {
-	if s >= FixedWindow && s <= LeakyBucket {
+	if s >= FixedWindow && s <= SubWindowCounter {
 		return strategyNames[s]
 	}
 	return "Strategy(" + strconv.Itoa(int(s)) + ")"
@@ -103,7 +114,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return st, nil
 		}
 	}
-	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket)", s)
+	return 0, errorf("unknown strategy %q (want one of fixed-window, sliding-log, sliding-counter, token-bucket, leaky-bucket, sub-window-counter)", s)
 }
 
 // Rule is one limit of a Policy.

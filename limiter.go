@@ -12,7 +12,7 @@ import (
 // Remaining 0, RetryAfter 100ms and ResetAfter 1s.
 type Result struct {
 	Allowed    bool          // the n events may happen (LeakyBucket: after Delay)
-	Limit      Limit         // the limit that decided, with Burst filled in
+	Limit      Limit         // the limit that decided, with Burst (and SubWindows) filled in
 	Remaining  int           // events that could still be allowed right now, >= 0
 	RetryAfter time.Duration // when denied: how long until the same n can be allowed; 0 when allowed
 	ResetAfter time.Duration // how long until the key is back at its full allowance, with no more traffic
@@ -67,6 +67,8 @@ func New(rdb redis.UniversalClient, s Strategy, limit Limit, opts ...Option) (Li
 		return NewTokenBucket(rdb, limit, opts...)
 	case LeakyBucket:
 		return NewLeakyBucket(rdb, limit, opts...)
+	case SubWindowCounter:
+		return NewSubWindowCounter(rdb, limit, opts...)
 	}
 	return nil, errorf("unknown strategy %v: %w", s, ErrInvalidLimit)
 }

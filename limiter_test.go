@@ -204,11 +204,12 @@ func testBehaviour(t *testing.T, newBackend func(t *testing.T) *backend) {
 				// How long the state matters, at most. A bucket lives at
 				// least one period, so that a lowered rate finds what was used.
 				most := map[Strategy]time.Duration{
-					FixedWindow:    l.Period,                                           // until the window ends
-					SlidingLog:     l.Period,                                           // until the newest event leaves
-					SlidingCounter: 2 * l.Period,                                       // until the next window ends
-					TokenBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until full
-					LeakyBucket:    max(time.Duration(l.Burst)*l.interval(), l.Period), // until empty
+					FixedWindow:      l.Period,                                           // until the window ends
+					SlidingLog:       l.Period,                                           // until the newest event leaves
+					SlidingCounter:   2 * l.Period,                                       // until the next window ends
+					TokenBucket:      max(time.Duration(l.Burst)*l.interval(), l.Period), // until full
+					LeakyBucket:      max(time.Duration(l.Burst)*l.interval(), l.Period), // until empty
+					SubWindowCounter: l.Period + longestSubWindow(l),                     // until its sub-window's events leave
 				}[s]
 				assert.Greater(t, ttl, time.Duration(0), "PTTL of %s = %v, want in (0, %v]", key, ttl, most)
 				assert.LessOrEqual(t, ttl, most+time.Millisecond, "PTTL of %s = %v, want in (0, %v]", key, ttl, most)
@@ -294,7 +295,7 @@ func refillsDuring(s Strategy, l Limit, began time.Time, took time.Duration) boo
 	switch s {
 	case FixedWindow, SlidingCounter:
 		return began.UnixNano()/int64(l.Period) != (began.UnixNano()+int64(took))/int64(l.Period)
-	case SlidingLog:
+	case SlidingLog, SubWindowCounter:
 		return took >= l.Period
 	default:
 		return took >= l.interval()
@@ -440,7 +441,7 @@ func TestStrategyNames(t *testing.T) {
 		assert.NoError(t, err, "ParseStrategy(%q) = %v, %v", s.String(), got, err)
 		assert.Equal(t, s, got, "ParseStrategy(%q) = %v, %v", s.String(), got, err)
 	}
-	want := "fixed-window sliding-log sliding-counter token-bucket leaky-bucket"
+	want := "fixed-window sliding-log sliding-counter token-bucket leaky-bucket sub-window-counter"
 	var names []string
 	for _, s := range Strategies() {
 		names = append(names, s.String())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -168,6 +169,9 @@ func randomLimit(r *rand.Rand, s Strategy) Limit {
 	if s == SlidingLog {
 		l.Rate = min(l.Rate, 100) // a member per event: keep the sorted sets small
 	}
+	if s == SubWindowCounter && r.IntN(2) == 0 {
+		l.SubWindows = 1 + r.IntN(min(MaxSubWindows, int(l.Period/time.Millisecond)))
+	}
 	if s == TokenBucket || s == LeakyBucket {
 		switch r.IntN(5) {
 		case 1:
@@ -204,9 +208,10 @@ func randomSpecs(r *rand.Rand) []paritySpec {
 	}
 	// Two limiters that share state with one above: same strategy and
 	// period, another rate or burst.
-	for _, i := range r.Perm(5)[:2] {
+	for _, i := range r.Perm(len(Strategies()))[:2] {
 		l := randomLimit(r, specs[i].strategy)
 		l.Period = specs[i].limit.Period
+		l.SubWindows = specs[i].limit.SubWindows
 		single(specs[i].strategy, l)
 	}
 	// A policy of 2 or 3 rules; a rule sometimes shares a single limiter's
@@ -214,10 +219,11 @@ func randomSpecs(r *rand.Rand) []paritySpec {
 	pol := paritySpec{}
 	seen := map[string]bool{}
 	for len(pol.rules) < 2+r.IntN(2) {
-		st := Strategies()[r.IntN(5)]
+		st := Strategies()[r.IntN(len(Strategies()))]
 		l := randomLimit(r, st)
 		if r.IntN(2) == 0 {
 			l.Period = specs[st-1].limit.Period
+			l.SubWindows = specs[st-1].limit.SubWindows
 		}
 		id := st.String() + l.Period.String()
 		if seen[id] {
@@ -630,10 +636,28 @@ func (p *parity) miniKey(k string) (typ, val string, ttl time.Duration) {
 			return strings.Compare(a.Member.(string), b.Member.(string))
 		})
 		val = renderZ(zs)
+	case "hash":
+		fields, err := p.m.HKeys(k)
+		require.NoError(p.t, err)
+		h := make(map[string]string, len(fields))
+		for _, f := range fields {
+			h[f] = p.m.HGet(k, f)
+		}
+		val = renderHash(h)
 	default:
 		p.fail("key %q has type %s on miniredis", k, typ)
 	}
 	return typ, val, p.m.TTL(k)
+}
+
+// renderHash renders a hash (a sub-window counter's state) sorted by field.
+func renderHash(h map[string]string) string {
+	fields := slices.Sorted(maps.Keys(h))
+	var b strings.Builder
+	for _, f := range fields {
+		fmt.Fprintf(&b, "%s=%s ", f, h[f])
+	}
+	return b.String()
 }
 
 func renderZ(zs []redis.Z) string {
@@ -695,7 +719,7 @@ func (p *parity) compareKey(rk realKey, ev realEval) {
 // (a 10 ms log, the server's clock moving 10 ms in one script) on 2 cores
 // shared by about 20 busy processes.
 func (p *parity) pexpireLost(rk realKey, ev realEval, typ string, ttl time.Duration) bool {
-	if rk.typ != "none" || typ != "zset" || !isLogKey(rk.key) || ev.afterMS-ev.beforeMS < ttl.Milliseconds() {
+	if rk.typ != "none" || !(typ == "zset" && isLogKey(rk.key) || typ == "hash" && isSubWindowKey(rk.key)) || ev.afterMS-ev.beforeMS < ttl.Milliseconds() {
 		return false
 	}
 	p.restore(rk.key, typ)
@@ -714,7 +738,7 @@ func (p *parity) pexpireLost(rk realKey, ev realEval, typ string, ttl time.Durat
 // and the end of the EXEC, moved by at least the TTL; miniredis's state is
 // put back on real Redis to go on.
 func (p *parity) expiredInExec(rk realKey, ev realEval, typ string, ttl time.Duration) bool {
-	if !p.hook.noExpireTime || rk.typ != "none" || (typ != "zset" && typ != "string") ||
+	if !p.hook.noExpireTime || rk.typ != "none" || (typ != "zset" && typ != "string" && typ != "hash") ||
 		ev.lastMS-ev.beforeMS < ttl.Milliseconds() {
 		return false
 	}
@@ -733,6 +757,12 @@ func (p *parity) restore(key, typ string) {
 		v, err := p.m.Get(key)
 		require.NoError(p.t, err)
 		require.NoError(p.t, p.raw.Set(ctx, key, v, 0).Err())
+	} else if typ == "hash" {
+		fields, err := p.m.HKeys(key)
+		require.NoError(p.t, err)
+		for _, f := range fields {
+			require.NoError(p.t, p.raw.HSet(ctx, key, f, p.m.HGet(key, f)).Err())
+		}
 	} else {
 		z, err := p.m.SortedSet(key)
 		require.NoError(p.t, err)
@@ -826,6 +856,7 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 		types               = make([]*redis.StatusCmd, nk)
 		strs                = make([]*redis.StringCmd, nk)
 		zsets               = make([]*redis.ZSliceCmd, nk)
+		hashes              = make([]*redis.MapStringStringCmd, nk)
 		expires             = make([]*redis.Cmd, nk)
 	)
 	_, err := h.raw.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -842,9 +873,12 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 				expires[i] = p.Do(ctx, "PEXPIRETIME", k)
 			}
 			types[i] = p.Type(ctx, k)
-			if isLogKey(k) {
+			switch {
+			case isLogKey(k):
 				zsets[i] = p.ZRangeWithScores(ctx, k, 0, -1)
-			} else {
+			case isSubWindowKey(k):
+				hashes[i] = p.HGetAll(ctx, k)
+			default:
 				strs[i] = p.Get(ctx, k)
 			}
 			p.Persist(ctx, k)
@@ -875,15 +909,25 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 		default:
 			rk.pxLo, rk.pxHi = x-ev.afterMS, x-ev.beforeMS
 		}
-		if zsets[i] != nil {
+		switch {
+		case zsets[i] != nil:
 			rk.val = renderZ(zsets[i].Val())
-		} else {
+		case hashes[i] != nil:
+			rk.val = renderHash(hashes[i].Val())
+		default:
 			rk.val = strs[i].Val()
 		}
 		ev.keys = append(ev.keys, rk)
 	}
 	h.evals = append(h.evals, ev)
 	return nil
+}
+
+// isSubWindowKey reports whether k is a sub-window counter's state (a
+// hash): its name ends in "}:sw<period>x<sub-windows>".
+func isSubWindowKey(k string) bool {
+	i := strings.LastIndex(k, "}:")
+	return i >= 0 && strings.HasPrefix(k[i+2:], "sw") && !strings.Contains(k[i+2:], ":")
 }
 
 // isLogKey reports whether k is a sliding log's state (a sorted set): its

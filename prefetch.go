@@ -65,7 +65,7 @@ func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duratio
 	}
 	if !prefetchable(&ruleSet{rules: rules}) {
 		return bad("prefetches are for token buckets and fixed windows (and policies of token buckets, none per call): " +
-			"a sliding log's and a sliding counter's events carry their time, a leaky bucket's have their own delay, and a warm-up's cost depends on when they are taken")
+			"a sliding log's, a sliding counter's and a sub-window counter's events carry their time, a leaky bucket's have their own delay, and a warm-up's cost depends on when they are taken")
 	}
 	return nil
 }

@@ -42,7 +42,8 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 // Strategy returns the limiter's strategy.
 func (l *RateLimiter) Strategy() Strategy { return l.own.rules[0].alg.strategy }
 
-// Limit returns the limiter's limit, with Burst filled in. With
+// Limit returns the limiter's limit, with Burst (and a sub-window
+// counter's SubWindows) filled in. With
 // [WithLimitFunc], calls may be decided by other limits.
 func (l *RateLimiter) Limit() Limit { return l.limit }
 
@@ -56,8 +57,8 @@ func (l *RateLimiter) stateKey(key string) string {
 // common.lua, the strategy's part, args.lua, decide.lua, the checks of
 // rules passed as arguments and reply.lua (see decisionScript).
 var scripts struct {
-	once    [LeakyBucket + 1]sync.Once
-	byStrat [LeakyBucket + 1]*redis.Script
+	once    [SubWindowCounter + 1]sync.Once
+	byStrat [SubWindowCounter + 1]*redis.Script
 	allOnce sync.Once
 	all     *redis.Script
 
@@ -65,16 +66,17 @@ var scripts struct {
 }
 
 var strategyFiles = [...]string{
-	FixedWindow:    "fixedwindow.lua",
-	SlidingLog:     "slidinglog.lua",
-	SlidingCounter: "slidingcounter.lua",
-	TokenBucket:    "bucket.lua",
-	LeakyBucket:    "bucket.lua",
+	FixedWindow:      "fixedwindow.lua",
+	SlidingLog:       "slidinglog.lua",
+	SlidingCounter:   "slidingcounter.lua",
+	TokenBucket:      "bucket.lua",
+	LeakyBucket:      "bucket.lua",
+	SubWindowCounter: "subwindow.lua",
 }
 
 // allStrategyFiles are the strategies' files, each once, in the order the
 // scripts hold them.
-var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcounter.lua", "bucket.lua"}
+var allStrategyFiles = []string{"fixedwindow.lua", "slidinglog.lua", "slidingcounter.lua", "bucket.lua", "subwindow.lua"}
 
 // everyFile is allStrategyFiles and the warm-up's file (warmup.go), which
 // only the scripts of rules with a warm-up carry.

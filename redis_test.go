@@ -98,6 +98,7 @@ func testConcurrency(t *testing.T, client func(t *testing.T) redis.UniversalClie
 		{SlidingCounter, Limit{Rate: 100, Period: 500 * time.Millisecond}},
 		{TokenBucket, Limit{Rate: 100, Period: 500 * time.Millisecond, Burst: 50}},
 		{LeakyBucket, Limit{Rate: 100, Period: 500 * time.Millisecond, Burst: 50}},
+		{SubWindowCounter, Limit{Rate: 100, Period: 500 * time.Millisecond, SubWindows: 10}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.s.String(), func(t *testing.T) {
@@ -192,7 +193,7 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted, done []time.Dur
 	most := func(span time.Duration) float64 {
 		periods := float64(span) / float64(l.Period)
 		switch tc.s {
-		case SlidingLog:
+		case SlidingLog, SubWindowCounter:
 			// Rate in any Period: an interval of k periods and a bit holds
 			// at most Rate per started period.
 			return float64(l.Rate) * float64(int(periods)+1)
@@ -256,8 +257,13 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted, done []time.Dur
 	// events were even; when they came in a burst at the start, it admits
 	// less (down to about half the rate in steady hammering).
 	low := 0.95
-	if tc.s == SlidingCounter {
+	switch tc.s {
+	case SlidingCounter:
 		low = 0.5
+	case SubWindowCounter:
+		// An event counts until a Period after its sub-window ends: up to
+		// Period plus one sub-window (here 10% more), Rate per 550 ms.
+		low = 0.85
 	}
 	t.Logf("%v %v: %d calls, %d admitted in %v (ideal %.0f, %.0f%%), longest call %v, %v without calls beyond the time to fill",
 		tc.s, l, len(done), len(admitted), span.Round(time.Millisecond), ideal, 100*got/ideal, maxCall, lost.Round(time.Millisecond))
@@ -280,7 +286,13 @@ func TestMemoryPerKeyRedis(t *testing.T) {
 			used, err := b.rdb.MemoryUsage(ctx, lim.stateKey(key), 0).Result() // SAMPLES 0: exact, not sampled
 			require.NoError(t, err)
 			t.Logf("%-16s key %q, %3d events: MEMORY USAGE %d bytes", s, lim.stateKey(key), events, used)
-			if s != SlidingLog {
+			switch s {
+			case SlidingLog:
+			case SubWindowCounter:
+				// A hash of two fields here (the events in one sub-window);
+				// a full one, TestSubWindowCounterMemoryRedis.
+				assert.LessOrEqual(t, used, int64(128), "%v keeps %d bytes per key, want at most 128", s, used)
+			default:
 				assert.LessOrEqual(t, used, int64(100), "%v keeps %d bytes per key, want at most 100", s, used)
 			}
 			// A small sorted set is a listpack (about 36 bytes an event); past

@@ -75,7 +75,8 @@ const (
 	// quota at once, then Rate per the calendar's nominal Period); TokenBucket
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
-	// Burst queued). A key's stand-in starts from Redis's last answer
+	// Burst queued); SubWindowCounter keeps its sub-windows, in process,
+	// and never admits more than its share of Rate in any Period. A key's stand-in starts from Redis's last answer
 	// about it, if the limiter has one (its Remaining, scaled by the
 	// share), else full; nothing is written back, and Redis resumes from
 	// what it had. A key that Redis denied under a penalty block

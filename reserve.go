@@ -57,6 +57,9 @@ type localHold struct {
 	// reservation's events (see settleLocal); for a warm-up's stand-in,
 	// when the time the reservation's events cost ends.
 	paidAt []time.Time
+	// tags are, per stand-in of a sub-window counter, the sub-window the
+	// reservation's events count in, where a refund goes back.
+	tags []int64
 }
 
 // Reserve is AllowN that can be settled later with what was really used
@@ -385,6 +388,16 @@ func (r *Reservation) settleLocal(used int) Result {
 			continue // the key's limits have no such rule any more
 		}
 		delta := lr.count(used) - lr.count(r.n)
+		if g := lr.sub; g != nil {
+			// As settle.lua does: a refund back to the sub-window the
+			// events were taken from, while it counts; a charge now.
+			if delta < 0 {
+				g.giveBack(h.tags[i], -delta, now)
+			} else if delta > 0 {
+				g.take(delta, now)
+			}
+			continue
+		}
 		if c := lr.warm; c != nil {
 			// As settle.lua does: a refund undoes the take of the unused
 			// events (its time only until its own ends, at paidAt); a
@@ -411,6 +424,14 @@ func (r *Reservation) settleLocal(used int) Result {
 	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
 	for i := range h.set.lims {
 		lr := &h.set.lims[i]
+		if lr.sub != nil {
+			v := checkSub(lr, now, 0, 0, 0)
+			if i == 0 || v.avail < res.Remaining {
+				res.Remaining = v.avail
+			}
+			res.ResetAfter = max(res.ResetAfter, v.resetNow)
+			continue
+		}
 		if c := lr.warm; c != nil {
 			if c.wait(now) == 0 && (i == 0 || lr.capacity < res.Remaining) {
 				res.Remaining = lr.capacity

@@ -224,10 +224,13 @@ func heldFiles(rs *ruleSet) []string {
 }
 
 // writesTwice reports whether a rule of rs may write more than once in a
-// call: the sliding log, the one strategy that does, where a rule's first
-// write is held and its others queue.
+// call, or a command in a table (write_args): the sliding log and the
+// sub-window counter, where a rule's first write is held and its others
+// queue.
 func writesTwice(rs *ruleSet) bool {
-	return slices.ContainsFunc(rs.rules, func(r rule) bool { return r.alg.strategy == SlidingLog })
+	return slices.ContainsFunc(rs.rules, func(r rule) bool {
+		return r.alg.strategy == SlidingLog || r.alg.strategy == SubWindowCounter
+	})
 }
 
 // strategyFilesOf returns the strategies' files that the rules need, each

@@ -21,7 +21,7 @@ func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 	seen := map[[2]int64]bool{}
 	var rules []Rule
 	for len(rules) < count {
-		s := Strategies()[rng.IntN(5)]
+		s := Strategies()[rng.IntN(len(Strategies()))]
 		if count >= len(Strategies()) && len(rules) < len(Strategies()) {
 			s = Strategies()[len(rules)] // every strategy's file in the script
 		}
@@ -39,6 +39,9 @@ func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 			rate = 1 + rng.IntN(maxRate)
 		}
 		l := Limit{Rate: rate, Period: p}
+		if s == SubWindowCounter && rng.IntN(2) == 0 {
+			l.SubWindows = 1 + rng.IntN(min(MaxSubWindows, int(p/time.Millisecond)))
+		}
 		if s == TokenBucket || s == LeakyBucket {
 			l.Burst = 1 + rng.IntN(min(2*rate, MaxRate))
 			if float64(l.Burst)*float64(p)/float64(rate) > float64(MaxPeriod) {

@@ -56,6 +56,9 @@ func TestWaitAsksOncePerRetryAfter(t *testing.T) {
 					SlidingCounter: 1500 * time.Millisecond, // half-way through the next window the 2 weigh 1
 					TokenBucket:    500 * time.Millisecond,  // one token
 					LeakyBucket:    500 * time.Millisecond,  // the second Wait slept until 500ms; the next slot is at 1s
+					// The first sub-window (of 60) ends at 16,667µs: its
+					// events count until a second after.
+					SubWindowCounter: time.Second + 16667*time.Microsecond,
 				}[s]
 				assert.Equal(t, want, waited, "Wait took %v, want %v", waited, want)
 				got := calls.Load()

@@ -90,8 +90,9 @@
 // httplimit.Quota): q events per w whole seconds at the limit's steady
 // rate, q at least what ratelimit-remaining can show. A single-strategy
 // limiter has one policy, named after its strategy ("fixed-window",
-// "sliding-log", "sliding-counter", "token-bucket", "leaky-bucket"), or
-// "default" for a Limiter that does not report one.
+// "sliding-log", "sliding-counter", "token-bucket", "leaky-bucket",
+// "sub-window-counter"), or "default" for a Limiter that does not report
+// one.
 //
 // A [redlimit.Policy] has one policy per rule, in the order of its rules,
 // each named after the rule (Rule.Name, or its default name such as

@@ -602,6 +602,7 @@ func TestHeadersPerStrategy(t *testing.T) {
 		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, `"fixed-window";q=100;w=1`, "100", "9"},
 		{redlimit.SlidingLog, redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-log";q=4;w=2`, "4", "2"},
 		{redlimit.SlidingCounter, redlimit.PerMinute(60), `"sliding-counter";q=60;w=60`, "60", "59"},
+		{redlimit.SubWindowCounter, redlimit.PerMinute(60), `"sub-window-counter";q=60;w=60`, "60", "59"},
 		{redlimit.TokenBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, "20", "19"},
 		{redlimit.LeakyBucket, redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}, `"leaky-bucket";q=10;w=1`, "10", "2"},
 	} {

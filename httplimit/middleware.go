@@ -84,7 +84,8 @@
 //
 // A single-strategy limiter of this module has one policy, named after its
 // strategy ("fixed-window", "sliding-log", "sliding-counter",
-// "token-bucket", "leaky-bucket"), or as [WithPolicyName] says; a Limiter
+// "token-bucket", "leaky-bucket", "sub-window-counter"), or as
+// [WithPolicyName] says; a Limiter
 // that does not report its strategy has one named [DefaultPolicyName]. A
 // [redlimit.Policy] has one policy per rule, in the order of its rules,
 // each named after the rule (Rule.Name, or its default name such as

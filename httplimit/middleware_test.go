@@ -535,6 +535,13 @@ func TestRateLimitPolicyPerStrategy(t *testing.T) {
 			{redlimit.Limit{Rate: 10, Period: 100 * ms}, `"sliding-counter";q=100;w=1`, `"sliding-counter";r=9;t=1`, "100"},
 			{redlimit.Limit{Rate: 3, Period: 1500 * ms}, `"sliding-counter";q=4;w=2`, `"sliding-counter";r=2;t=3`, "4"},
 		}},
+		{redlimit.SubWindowCounter, []step{
+			// An event counts a Period after its sub-window ends: t is
+			// rounded up past the Period.
+			{redlimit.PerSecond(10), `"sub-window-counter";q=10;w=1`, `"sub-window-counter";r=9;t=2`, "10"},
+			{redlimit.Limit{Rate: 3, Period: 1500 * ms, SubWindows: 3}, `"sub-window-counter";q=4;w=2`, `"sub-window-counter";r=2;t=2`, "4"},
+			{redlimit.Limit{Rate: 60, Period: time.Minute, SubWindows: 6}, `"sub-window-counter";q=60;w=60`, `"sub-window-counter";r=59;t=70`, "60"},
+		}},
 		{redlimit.TokenBucket, []step{
 			{redlimit.PerSecond(10), `"token-bucket";q=10;w=1`, `"token-bucket";r=9;t=1`, "10"},
 			{redlimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, `"token-bucket";q=20;w=2`, `"token-bucket";r=19;t=1`, "20"},
@@ -598,6 +605,7 @@ func TestQuota(t *testing.T) {
 		{redlimit.FixedWindow, redlimit.PerSecond(10), 10, 1, true},
 		{redlimit.SlidingLog, redlimit.PerMinute(50), 50, 60, true},
 		{redlimit.SlidingCounter, redlimit.PerHour(1000), 1000, 3600, true},
+		{redlimit.SubWindowCounter, redlimit.Limit{Rate: 10_000, Period: time.Hour, SubWindows: 60}, 10_000, 3600, true},
 		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 100 * ms}, 100, 1, true},
 		{redlimit.FixedWindow, redlimit.Limit{Rate: 10, Period: 300 * ms}, 33, 1, true}, // rounded down
 		{redlimit.FixedWindow, redlimit.Limit{Rate: 3, Period: 1500 * ms}, 4, 2, true},

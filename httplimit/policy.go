@@ -14,7 +14,8 @@ import (
 // The policy is the most that r, the RateLimit field's remaining quota, can
 // show, at the limit's steady rate:
 //
-//   - FixedWindow, SlidingLog, SlidingCounter: Rate events per Period.
+//   - FixedWindow, SlidingLog, SlidingCounter, SubWindowCounter: Rate
+//     events per Period.
 //   - TokenBucket, LeakyBucket: Burst events per Burst × Period / Rate, the
 //     time an empty bucket takes to fill. A client can spend the whole
 //     burst, wait w, and spend it again; and q is at least Burst, which r

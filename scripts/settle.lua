@@ -192,6 +192,10 @@ local function adjust_warm(key, rate, period, tag, _, code)
   end
   redis.call('SET', key, string.format('%d:%d:%d:%d', x, f, now, rate), 'PX', ms(ceil_div(f + mx - x, r2)))
 end
+-- A sub-window counter (subwindow.lua; its sub-windows in burst's place).
+adjust.sw = function(key, rate, period, tag, taken, _, burst)
+  check_sw(key, rate, period, burst, tag, delta)
+end
 adjust.cw = function(key, rate, period, tag, taken, _, burst)
   adjust_cw(key, period, burst, tag, delta)
 end

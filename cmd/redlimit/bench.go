@@ -347,7 +347,7 @@ func resetAll(ctx context.Context, rdb *redis.Client, lim *redlimit.RateLimiter,
 	pipe := rdb.Pipeline()
 	names := make([]string, 0, 3*perCmd)
 	for i, k := range keys {
-		names = append(names, stateKeys(benchPrefix, lim.Strategy(), lim.Limit().Period, k)...)
+		names = append(names, stateKeys(benchPrefix, lim.Strategy(), lim.Limit(), k)...)
 		last := i == len(keys)-1
 		if len(names) < cap(names) && !last {
 			continue

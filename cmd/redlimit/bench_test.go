@@ -263,13 +263,13 @@ func TestBenchResetAll(t *testing.T) {
 	keys := make([]string, 2345)
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
-		for j, name := range stateKeys(benchPrefix, redlimit.SlidingLog, time.Second, keys[i]) {
+		for j, name := range stateKeys(benchPrefix, redlimit.SlidingLog, redlimit.PerSecond(1), keys[i]) {
 			if i%(j+1) == 0 { // every state, every other block, every third reservation set
 				require.NoError(t, m.Set(name, "x"))
 			}
 		}
 	}
-	require.NoError(t, m.Set(stateKey(benchPrefix, redlimit.TokenBucket, time.Second, "k1"), "other strategy"))
+	require.NoError(t, m.Set(stateKey(benchPrefix, redlimit.TokenBucket, redlimit.PerSecond(1), "k1"), "other strategy"))
 	require.NoError(t, resetAll(context.Background(), rdb, lim, keys))
 	got := m.Keys()
 	want := []string{"redlimit-bench:{k1}:tb1000000", "user-data"}

@@ -41,6 +41,7 @@ var (
 		{R: 0, G: 158, B: 115, A: 255},   // bluish green
 		{R: 204, G: 121, B: 167, A: 255}, // reddish purple
 		{R: 230, G: 159, B: 0, A: 255},   // orange
+		{R: 86, G: 180, B: 233, A: 255},  // sky blue
 	}
 )
 
@@ -146,6 +147,12 @@ func newPanel(sim *simulation, o *outcome, offered, admitted []float64, c color.
 	lim.Width = vg.Points(0.8)
 	lim.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 
+	if o.strategy == redlimit.SubWindowCounter {
+		if bounds := subWindowBounds(sim, o); bounds != nil {
+			p.Add(bounds)
+			p.Legend.Add(bounds.label, bounds)
+		}
+	}
 	p.Add(off, lim, adm)
 	p.Legend.Add("offered", off)
 	p.Legend.Add("admitted", adm)
@@ -262,4 +269,65 @@ func periodTicks(period time.Duration) plot.Ticker {
 		}
 		return ticks
 	})
+}
+
+// maxBounds is the most sub-window bounds a panel draws: past it, every
+// k-th.
+const maxBounds = 400
+
+// boundLines draws vertical lines at times (seconds since the start), the
+// sub-window counter's sub-window bounds.
+type boundLines struct {
+	xs    []float64
+	label string
+	draw.LineStyle
+}
+
+// Plot draws the lines across the panel's height.
+func (b *boundLines) Plot(c draw.Canvas, p *plot.Plot) {
+	trX, _ := p.Transforms(&c)
+	for _, x := range b.xs {
+		if x < p.X.Min || x > p.X.Max {
+			continue
+		}
+		c.StrokeLine2(b.LineStyle, trX(x), c.Min.Y, trX(x), c.Max.Y)
+	}
+}
+
+// Thumbnail draws the legend's sample: a short vertical line.
+func (b *boundLines) Thumbnail(c *draw.Canvas) {
+	x := (c.Min.X + c.Max.X) / 2
+	c.StrokeLine2(b.LineStyle, x, c.Min.Y, x, c.Max.Y)
+}
+
+// subWindowBounds returns the lines of the sub-window bounds in the chart
+// of o, the sub-window counter's outcome: sub-window b of its limit
+// starts at b·Period/SubWindows since the Unix epoch, rounded up to the µs
+// (its periods start at the chart's start, simEpoch). nil when the chart
+// has no room for them.
+func subWindowBounds(sim *simulation, o *outcome) *boundLines {
+	s := subWindowsOf(sim.limit)
+	end := max(sim.duration, sim.step*time.Duration(chartSteps(sim, []*outcome{o})))
+	periods := int64(end/sim.limit.Period) + 1
+	total := periods * int64(s)
+	every := max((total+maxBounds-1)/maxBounds, 1)
+	if every > int64(s) {
+		return nil // fewer than one line a period
+	}
+	label := fmt.Sprintf("sub-window bounds (%d a period)", s)
+	if every > 1 {
+		label = fmt.Sprintf("every %d sub-window bounds (%d a period)", every, s)
+	}
+	b := &boundLines{label: label}
+	b.Color = color.RGBA{R: 170, G: 215, B: 240, A: 255} // a light sky blue
+	b.Width = vg.Points(0.4)
+	p := int64(sim.limit.Period / time.Microsecond)
+	for k := int64(0); k < total; k += every {
+		q, j := k/int64(s), k%int64(s)
+		// ceil(j·p/s) within the period: j·p stays below 2^63 as j < 1000
+		// and p < 2^52.
+		us := q*p + (j*p+int64(s)-1)/int64(s)
+		b.xs = append(b.xs, float64(us)/1e6)
+	}
+	return b
 }

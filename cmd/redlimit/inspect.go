@@ -19,7 +19,7 @@ import (
 
 var inspectCmd = &command{
 	name:  "inspect",
-	args:  "-redis ADDR (-strategy S -rate R (-period P [-warmup W] | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S -rate R (-period P [-warmup W] [-subwindows W] | -calendar C [-zone Z] [-first F]) [-burst B] | -rule R... | -concurrency [-max M]) [-prefix P] KEY",
 	short: "show the decision and the Redis keys of one limited key",
 	long: `
 Inspect shows what a limiter with the given strategy and limit would decide
@@ -37,13 +37,18 @@ time to live and value:
 	                                         (Reserve, and prefetches)
 
 where '%', '{' and '}' in KEY are written %25, %7B and %7D, and code is fw,
-sl, sc, tb or lb for fixed-window, sliding-log, sliding-counter,
-token-bucket and leaky-bucket. For example redlimit:{user1}:tb1000000. A
+sl, sc, tb, lb or sw for fixed-window, sliding-log, sliding-counter,
+token-bucket, leaky-bucket and sub-window-counter. For example
+redlimit:{user1}:tb1000000. A sub-window counter's state names its
+sub-windows (-subwindows, 0 for the default) after the period: for
+example redlimit:{user1}:sw3600000000x60, a hash of its counts. A
 KEY longer than 256 bytes (before that escaping) appears hashed: in its
 place is %h and the SHA-256 of KEY in hex, 66 bytes in all.
 
 A Policy's key: give its rules with -rule (one each, NAME=STRATEGY:
 RATE/PERIOD[:BURST][:warmup=D], such as -rule tokens=token-bucket:100/1m or
+-rule hour=sub-window-counter:1000/1h:60 (a sub-window counter's third part
+is its sub-windows) or
 -rule rps=token-bucket:10/1s:warmup=30s; PERIOD can be a calendar's day,
 week[-WEEKDAY] or month[-DAY], then @ZONE, as -calendar, -first and -zone
 say: -rule daily=fixed-window:1000/day@Asia/Tokyo, -rule
@@ -78,7 +83,7 @@ instead of forging or hiding output.`,
 
 var resetCmd = &command{
 	name:  "reset",
-	args:  "-redis ADDR (-strategy S (-period P [-warmup W] | -calendar C [-zone Z] [-first F]) | -rule R... | -concurrency) [-prefix P] KEY",
+	args:  "-redis ADDR (-strategy S (-period P [-warmup W] [-subwindows W] | -calendar C [-zone Z] [-first F]) | -rule R... | -concurrency) [-prefix P] KEY",
 	short: "forget the state of one limited key",
 	long: `
 Reset deletes the Redis keys that hold KEY's state for a limiter of the
@@ -105,6 +110,7 @@ type keyFlags struct {
 	strategy strategyValue
 	period   time.Duration
 	warmup   time.Duration
+	sub      int // -subwindows: a sub-window counter's Limit.SubWindows
 	prefix   string
 	timeout  time.Duration
 	cal      calendarFlags
@@ -115,6 +121,7 @@ func (f *keyFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.strategy, "strategy", "the limiter's `strategy`: "+strategyList(false)+" (required)")
 	fs.DurationVar(&f.period, "period", 0, "the limit's period (required, unless -calendar)")
 	fs.DurationVar(&f.warmup, "warmup", 0, "the limit's warm-up (Limit.WarmUp: token-bucket and leaky-bucket), whose keys are apart")
+	fs.IntVar(&f.sub, "subwindows", 0, "sub-windows per period of sub-window-counter (0 means 60, or one per whole ms under 60ms)")
 	f.cal.register(fs)
 	fs.StringVar(&f.prefix, "prefix", "redlimit", "the limiter's key prefix (WithPrefix)")
 	fs.DurationVar(&f.timeout, "timeout", defaultTimeout, fmt.Sprintf("read and write timeout of each Redis command, at most %v", maxBenchTimeout))
@@ -153,11 +160,11 @@ func (f *keyFlags) limit(cmd string, rate, burst int) (redlimit.Limit, error) {
 	case err != nil:
 		return limit, err
 	case !isCal:
-		return redlimit.Limit{Rate: rate, Period: f.period, Burst: burst, WarmUp: f.warmup}, nil
+		return redlimit.Limit{Rate: rate, Period: f.period, Burst: burst, WarmUp: f.warmup, SubWindows: f.sub}, nil
 	case f.period != 0:
 		return limit, usagef(cmd, "-period and -calendar do not go together")
-	case f.warmup != 0 || burst != 0:
-		return limit, usagef(cmd, "a calendar quota (-calendar) takes no -burst or -warmup")
+	case f.warmup != 0 || burst != 0 || f.sub != 0:
+		return limit, usagef(cmd, "a calendar quota (-calendar) takes no -burst, -warmup or -subwindows")
 	}
 	f.period = limit.Period
 	return limit, nil

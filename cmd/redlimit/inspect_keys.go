@@ -34,12 +34,13 @@ func (l *ruleList) String() string {
 }
 
 // ruleSyntax is the form of a -rule.
-const ruleSyntax = "NAME=STRATEGY:RATE/PERIOD[:BURST][:warmup=D], PERIOD a duration or a calendar's day, week[-WEEKDAY] or month[-DAY], then [@ZONE]"
+const ruleSyntax = "NAME=STRATEGY:RATE/PERIOD[:BURST][:warmup=D], PERIOD a duration or a calendar's day, week[-WEEKDAY] or month[-DAY], then [@ZONE]; a sub-window-counter's BURST is its sub-windows"
 
 // Set parses NAME=STRATEGY:RATE/PERIOD[:BURST][:warmup=D], such as
 // tokens=token-bucket:100/1m or rps=token-bucket:10/1s:warmup=30s; PERIOD
 // may be a calendar instead (see calendarPeriod): daily=fixed-window:
-// 1000/day@Asia/Tokyo.
+// 1000/day@Asia/Tokyo. For a sub-window counter the third part is its
+// sub-windows (hour=sub-window-counter:1000/1h:60).
 func (l *ruleList) Set(s string) error {
 	bad := fmt.Errorf("rule %q: want %s, such as tokens=token-bucket:100/1m or daily=fixed-window:1000/day@Asia/Tokyo", s, ruleSyntax)
 	name, spec, ok := strings.Cut(s, "=")
@@ -82,7 +83,11 @@ func (l *ruleList) Set(s string) error {
 				return fmt.Errorf("rule %q: warmup=%q: want a positive duration, such as warmup=30s", s, v)
 			}
 		case !warm && !burst && lim.WarmUp == 0:
-			if lim.Burst, err = strconv.Atoi(p); err != nil {
+			third := &lim.Burst
+			if st == redlimit.SubWindowCounter {
+				third = &lim.SubWindows
+			}
+			if *third, err = strconv.Atoi(p); err != nil {
 				return bad
 			}
 			burst = true
@@ -225,6 +230,9 @@ func humanState(s redlimit.Strategy, res redlimit.Result) string {
 			return fmt.Sprintf("0 of %d counted in this window", capacity)
 		}
 		return fmt.Sprintf("%d of %d counted in this window, which ends in %v", used, capacity, res.ResetAfter)
+	case redlimit.SubWindowCounter:
+		return fmt.Sprintf("%d of %d counted in the last %v and up to one sub-window (of %d) before; %s",
+			used, capacity, res.Limit.Period, res.Limit.SubWindows, full)
 	}
 	return fmt.Sprintf("%d of %d counted in the last %v; %s", used, capacity, res.Limit.Period, full)
 }

@@ -105,7 +105,8 @@ func TestInspectStrategies(t *testing.T) {
 		// Window of [0s, 2s) at 0.25s: the counter expires at its end. Its
 		// value is count*10 + the window's last digit (here 0).
 		{redlimit.FixedWindow, "p:{u}:fw2000000", "string 1.75s 20", "2", "1.75s"},
-		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2s 2 members", "2", "2s"},
+		// The log lives a period and a ms after its newest event (see slidinglog.lua).
+		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2.001s 2 members", "2", "2s"},
 		// The counter's two counts are packed in one integer (here c=2, p=0),
 		// then the window's last digit.
 		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 20", "2", "3.75s"},
@@ -176,7 +177,7 @@ func TestKeyNamesMatchLibrary(t *testing.T) {
 	strategies := redlimit.Strategies()
 	for i, key := range keys {
 		s := strategies[i%len(strategies)]
-		state := stateKey("redlimit", s, time.Second, key)
+		state := stateKey("redlimit", s, redlimit.PerSecond(1), key)
 		hashed := len(key) > redlimit.MaxKeyLen
 		assert.Equal(t, hashed, strings.HasPrefix(state, "redlimit:{%h"),
 			"%s key of %d bytes: state key %.100q, hashed = %v", s, len(key), state, hashed)
@@ -483,4 +484,37 @@ func testInspectPolicyAndConcurrency(t *testing.T, addr string, rdb *redis.Clien
 		code, _, stderr := runT(t, args...)
 		assert.Equal(t, 2, code, "%q: exit %d, stderr %q; want a usage error", args, code, stderr)
 	}
+}
+
+// A sub-window counter's state key names its sub-windows (-subwindows, or
+// a -rule's third part); its state is a hash: c, the events that count
+// (2) × 4096 plus the newest sub-window's index modulo 4096 (sub-windows
+// of 500 ms since the epoch: 3786912000, so 256), and o, the oldest.
+func TestInspectSubWindowCounter(t *testing.T) {
+	t.Parallel()
+	m, rdb := startRedis(t)
+	limit := redlimit.Limit{Rate: 4, Period: 2 * time.Second, SubWindows: 4}
+	lim, err := redlimit.NewSubWindowCounter(rdb, limit, redlimit.WithPrefix("p"))
+	require.NoError(t, err)
+	defer lim.Close()
+	_, err = lim.AllowN(context.Background(), "u", 2)
+	require.NoError(t, err)
+	code, stdout, stderr := runT(t, "inspect", "-redis", m.Addr(), "-strategy", "sub-window-counter",
+		"-rate", "4", "-period", "2s", "-subwindows", "4", "-prefix", "p", "u")
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	for name, want := range map[string]string{
+		`"p:{u}:sw2000000x4"`: "hash 2.25s c=8448 o=3786912000",
+		"remaining":           "2",
+		"reset-after":         "2.25s", // sub-window 0 ends at 0.5s, and counts 2s more
+	} {
+		got := field(stdout, name)
+		assert.Equal(t, want, got, "%s = %q, want %q\n%s", name, got, want, stdout)
+	}
+	code, stdout, stderr = runT(t, "inspect", "-redis", m.Addr(), "-rule", "w=sub-window-counter:4/2s:4", "-prefix", "p", "u")
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	assert.Contains(t, stdout, "2 of 4 counted in the last 2s and up to one sub-window (of 4) before; full in 2.25s", stdout)
+	code, stdout, stderr = runT(t, "reset", "-redis", m.Addr(), "-strategy", "sub-window-counter", "-period", "2s", "-subwindows", "4", "-prefix", "p", "u")
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr)
+	assert.Contains(t, stdout, `deleted "p:{u}:sw2000000x4"`)
+	assert.False(t, m.Exists("p:{u}:sw2000000x4"))
 }

@@ -7,7 +7,7 @@
 //
 // The commands are:
 //
-//	simulate   replay a traffic pattern through all five strategies and chart it
+//	simulate   replay a traffic pattern through all six strategies and chart it
 //	bench      measure decisions per second and latency of each strategy
 //	inspect    show the decision and the Redis keys of one limited key
 //	reset      forget the state of one limited key

@@ -112,11 +112,12 @@ func checkWith[L io.Closer](open func(redis.UniversalClient) (L, error)) error {
 
 // strategyCodes are the codes of the strategies in their Redis key names.
 var strategyCodes = map[redlimit.Strategy]string{
-	redlimit.FixedWindow:    "fw",
-	redlimit.SlidingLog:     "sl",
-	redlimit.SlidingCounter: "sc",
-	redlimit.TokenBucket:    "tb",
-	redlimit.LeakyBucket:    "lb",
+	redlimit.FixedWindow:      "fw",
+	redlimit.SlidingLog:       "sl",
+	redlimit.SlidingCounter:   "sc",
+	redlimit.TokenBucket:      "tb",
+	redlimit.LeakyBucket:      "lb",
+	redlimit.SubWindowCounter: "sw",
 }
 
 // The suffixes of the Redis keys beside a key's state: its penalty block
@@ -127,13 +128,29 @@ const (
 	reserveSuffix = ":r"
 )
 
-// stateKey returns the Redis key in which a limiter of strategy s, period
-// and prefix keeps the state of key, as the package names it:
-// "<prefix>:{<tag>}:<code><period in µs>", with tag as tagKey gives it. For
-// example "redlimit:{user1}:tb1000000".
-func stateKey(prefix string, s redlimit.Strategy, period time.Duration, key string) string {
-	return prefix + ":{" + tagKey(key) + "}:" + strategyCodes[s] +
-		strconv.FormatInt(int64(period/time.Microsecond), 10)
+// stateKey returns the Redis key in which a limiter of strategy s, limit l
+// (its Period, and a sub-window counter's SubWindows) and prefix keeps the
+// state of key, as the package names it: "<prefix>:{<tag>}:<code><period
+// in µs>", and for a sub-window counter "x<sub-windows>" after it, with tag
+// as tagKey gives it. For example "redlimit:{user1}:tb1000000" or
+// "redlimit:{user1}:sw3600000000x60".
+func stateKey(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) string {
+	k := prefix + ":{" + tagKey(key) + "}:" + strategyCodes[s] +
+		strconv.FormatInt(int64(l.Period/time.Microsecond), 10)
+	if s == redlimit.SubWindowCounter {
+		k += "x" + strconv.Itoa(subWindowsOf(l))
+	}
+	return k
+}
+
+// subWindowsOf returns a sub-window counter's sub-windows in l: its
+// SubWindows, or what 0 means (60, or one per whole millisecond of a
+// Period under 60 ms), as the package fills it in.
+func subWindowsOf(l redlimit.Limit) int {
+	if l.SubWindows != 0 {
+		return l.SubWindows
+	}
+	return int(min(60, l.Period/time.Millisecond))
 }
 
 // warmCodes are the codes of the warming buckets (a Limit with a WarmUp)
@@ -154,7 +171,7 @@ func limitStateKey(prefix string, s redlimit.Strategy, l redlimit.Limit, key str
 	if code, ok := warmCodes[s]; ok && l.WarmUp != 0 {
 		return prefix + ":{" + tagKey(key) + "}:" + code + strconv.FormatInt(int64(l.Period/time.Microsecond), 10)
 	}
-	return stateKey(prefix, s, l.Period, key)
+	return stateKey(prefix, s, l, key)
 }
 
 // limitStateKeys returns stateKeys for a limiter of strategy s and limit l,
@@ -165,10 +182,10 @@ func limitStateKeys(prefix string, s redlimit.Strategy, l redlimit.Limit, key st
 }
 
 // stateKeys returns the Redis keys that hold key's state for a limiter of
-// strategy s, period and prefix, the ones its Reset deletes: the state, the
-// penalty block and the pending reservations.
-func stateKeys(prefix string, s redlimit.Strategy, period time.Duration, key string) []string {
-	state := stateKey(prefix, s, period, key)
+// strategy s, limit l and prefix, the ones its Reset deletes: the state,
+// the penalty block and the pending reservations.
+func stateKeys(prefix string, s redlimit.Strategy, l redlimit.Limit, key string) []string {
+	state := stateKey(prefix, s, l, key)
 	return []string{state, state + blockSuffix, state + reserveSuffix}
 }
 

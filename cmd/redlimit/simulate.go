@@ -22,7 +22,7 @@ import (
 var simulateCmd = &command{
 	name:  "simulate",
 	args:  "[flags]",
-	short: "replay a traffic pattern through all five strategies and chart it",
+	short: "replay a traffic pattern through all six strategies and chart it",
 	long: `
 Simulate sends the same traffic to one limiter of each strategy, all with the
 same limit, and reports what each admitted: a table on standard output and,
@@ -49,6 +49,12 @@ The patterns (-offered is the mean rate over the whole run in each of them):
 	         or in seconds ("1.25"); blank lines and lines starting with #
 	         are skipped. Without -duration, the run lasts until the last
 	         arrival, rounded up to whole periods.
+
+With -subwindows, the sub-window counter cuts each period into that many
+sub-windows (0 means 60, or one per whole millisecond for a period under
+60ms); its panel of the chart draws their bounds (every one, or every
+k-th when there are more than 400), and the table's max/period column
+shows it never passes the rate.
 
 With -warmup, the token bucket and the leaky bucket warm up (Limit.WarmUp,
 Guava's SmoothWarmingUp): cold at the start, they admit rate/3 and reach the
@@ -89,6 +95,7 @@ type simFlags struct {
 	out      string
 	step     time.Duration
 	warmUp   time.Duration
+	sub      int
 	shares   string
 	cal      calendarFlags
 }
@@ -106,6 +113,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&f.out, "out", "", "chart `file` to write, .png or .svg (none without it)")
 	fs.DurationVar(&f.step, "step", 0, "time covered by each point of the chart (0 means period/10)")
 	fs.DurationVar(&f.warmUp, "warmup", 0, "warm-up of token-bucket and leaky-bucket: a cold key starts at rate/3 and reaches the rate after it (0 means none)")
+	fs.IntVar(&f.sub, "subwindows", 0, "sub-windows per period of sub-window-counter (0 means 60, or one per whole ms under 60ms)")
 	fs.StringVar(&f.shares, "shares", "", "`sheddable,normal`: priority shares (see redlimit.WithPriorityShares); requests take the priorities in turn")
 	f.cal.register(fs)
 	return func(ctx context.Context, args []string, stdout, _ io.Writer) error {
@@ -116,7 +124,7 @@ func setupSimulate(fs *flag.FlagSet) runFunc {
 }
 
 // maxArrivals caps the requests of one simulation: miniredis decides about
-// 6000 a second, and every request is decided five times.
+// 6000 a second, and every request is decided six times.
 const maxArrivals = 200_000
 
 // maxBuckets caps the points of each line in the chart.
@@ -233,7 +241,7 @@ func (f *simFlags) limits(set map[string]bool) (limit, calendar redlimit.Limit, 
 		}
 		calendar = cal
 	}
-	limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp}
+	limit = redlimit.Limit{Rate: f.rate, Period: f.period, Burst: f.burst, WarmUp: f.warmUp, SubWindows: f.sub}
 	for _, s := range redlimit.Strategies() {
 		if err := checkLimit(s, limitOf(limit, s)); err != nil {
 			return limit, calendar, err // dispatch makes an invalid limit a usage error
@@ -325,17 +333,21 @@ func (f *simFlags) checkChartPoints() error {
 }
 
 // limitOf returns the limit strategy s simulates: l, without its WarmUp
-// unless s is a bucket.
+// unless s is a bucket, and without its SubWindows unless s is the
+// sub-window counter.
 func limitOf(l redlimit.Limit, s redlimit.Strategy) redlimit.Limit {
 	if s != redlimit.TokenBucket && s != redlimit.LeakyBucket {
 		l.WarmUp = 0
+	}
+	if s != redlimit.SubWindowCounter {
+		l.SubWindows = 0
 	}
 	return l
 }
 
 // simulation is one run of the same traffic through every strategy.
 type simulation struct {
-	limit redlimit.Limit // with the buckets' WarmUp (see limitOf)
+	limit redlimit.Limit // with the buckets' WarmUp and the sub-window counter's SubWindows (see limitOf)
 	// calendar, with -calendar, is the fixed window's limit (a calendar
 	// quota); the other strategies then have limit, of the calendar's
 	// nominal Period. The clock starts at the calendar window's start.
@@ -518,14 +530,14 @@ func printTable(w io.Writer, sim *simulation, outs []*outcome) {
 		fmt.Fprintf(w, "fixed-window: the calendar quota %v, from %s\n", sim.calendar, start.Format(time.RFC3339))
 	}
 	fmt.Fprintln(w)
-	const row = "%-16s %8v %9v %11v %11v\n"
+	const row = "%-18s %8v %9v %11v %11v\n"
 	fmt.Fprintf(w, row, "strategy", "offered", "admitted", "max/period", "mean delay")
 	for _, o := range outs {
 		fmt.Fprintf(w, row, o.strategy, len(sim.arrivals), len(o.admitted), o.maxIn(sim.limit.Period), o.meanDelay().Round(time.Millisecond))
 	}
 	if sim.shares != nil {
 		fmt.Fprintf(w, "\nadmitted by priority (shares %g and %g; offered in equal thirds):\n", sim.shares[0], sim.shares[1])
-		const prow = "%-16s %9v %9v %9v\n"
+		const prow = "%-18s %9v %9v %9v\n"
 		fmt.Fprintf(w, prow, "strategy", "sheddable", "normal", "critical")
 		for _, o := range outs {
 			fmt.Fprintf(w, prow, o.strategy, len(o.byPrio[0]), len(o.byPrio[1]), len(o.byPrio[2]))

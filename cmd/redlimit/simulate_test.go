@@ -104,6 +104,8 @@ func TestSimulateBounds(t *testing.T) {
 		{"ramp", redlimit.Limit{Rate: 8, Period: 500 * time.Millisecond, Burst: 3}, 40, 3},
 		{"onoff", redlimit.Limit{Rate: 10, Period: time.Second}, 30, 0},
 		{"onoff", redlimit.Limit{Rate: 5, Period: 2 * time.Second, Burst: 1}, 12, 11},
+		{"bursty", redlimit.Limit{Rate: 10, Period: time.Second, SubWindows: 3}, 30, 5},
+		{"ramp", redlimit.Limit{Rate: 7, Period: 700 * time.Millisecond, SubWindows: 1}, 30, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.pattern+"/"+tt.limit.String(), func(t *testing.T) {
@@ -114,11 +116,12 @@ func TestSimulateBounds(t *testing.T) {
 				burst = rate
 			}
 			bounds := map[redlimit.Strategy]int{
-				redlimit.FixedWindow:    2 * rate, // rate in each of two windows
-				redlimit.SlidingLog:     rate,
-				redlimit.SlidingCounter: 2 * rate, // as documented
-				redlimit.TokenBucket:    burst + rate - 1,
-				redlimit.LeakyBucket:    rate, // output spaced period/rate apart
+				redlimit.FixedWindow:      2 * rate, // rate in each of two windows
+				redlimit.SlidingLog:       rate,
+				redlimit.SlidingCounter:   2 * rate, // as documented
+				redlimit.TokenBucket:      burst + rate - 1,
+				redlimit.LeakyBucket:      rate, // output spaced period/rate apart
+				redlimit.SubWindowCounter: rate, // as the sliding log
 			}
 			for s, bound := range bounds {
 				o := by[s]
@@ -529,4 +532,40 @@ func TestSimulateShares(t *testing.T) {
 	code = run(context.Background(), []string{"simulate", "-shares", "0.9,0.5", "-out", out}, &stdout, &stderr)
 	assert.Equal(t, 2, code)
 	assert.Contains(t, stderr.String(), `-shares "0.9,0.5"`)
+}
+
+// The sub-window counter's panel draws its sub-window bounds: -subwindows
+// of them a period, at b·Period/SubWindows rounded up to the µs; every
+// k-th when there are more than maxBounds; none when fewer than one a
+// period would be left.
+func TestSimulateSubWindowBounds(t *testing.T) {
+	sim := &simulation{limit: redlimit.Limit{Rate: 10, Period: time.Second, SubWindows: 3}, duration: 2 * time.Second, step: 100 * time.Millisecond}
+	o := &outcome{strategy: redlimit.SubWindowCounter}
+	b := subWindowBounds(sim, o)
+	require.NotNil(t, b)
+	assert.Equal(t, []float64{0, 0.333334, 0.666667, 1, 1.333334, 1.666667, 2, 2.333334, 2.666667}, b.xs)
+	assert.Equal(t, "sub-window bounds (3 a period)", b.label)
+
+	sim.limit.SubWindows = 0 // 60
+	sim.duration = 20 * time.Second
+	b = subWindowBounds(sim, o)
+	require.NotNil(t, b)
+	assert.LessOrEqual(t, len(b.xs), maxBounds)
+	assert.Equal(t, "every 4 sub-window bounds (60 a period)", b.label)
+
+	sim.duration = time.Hour
+	sim.step = time.Minute
+	assert.Nil(t, subWindowBounds(sim, o), "60 bounds a second over an hour")
+
+	out := filepath.Join(t.TempDir(), "sim.svg")
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"simulate", "-pattern", "bursty", "-duration", "4s", "-subwindows", "4", "-out", out}, &stdout, &stderr)
+	require.Zero(t, code, "exit %d, stderr %q", code, stderr.String())
+	assert.Contains(t, stdout.String(), "limit 10/1s sub-windows 4")
+	got := rowOf(stdout.String(), "sub-window-counter")
+	assert.Equal(t, []string{"sub-window-counter", "120", "20", "10", "0s"}, got, stdout.String())
+	chart, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Contains(t, string(chart), "sub-window bounds (4 a period)")
+	assert.Contains(t, string(chart), "sub-window-counter: 20 of 120 admitted")
 }

@@ -70,7 +70,7 @@ func main() {
 				line = append(line, "no ("+res.RetryAfter.Round(time.Millisecond).String()+")")
 			}
 		}
-		fmt.Printf("%-16s %s\n", s, strings.Join(line, ", "))
+		fmt.Printf("%-18s %s\n", s, strings.Join(line, ", "))
 		lim.(io.Closer).Close() // every limiter of this package has Close
 	}
 	fmt.Println("\nok: allowed; wait d: allowed after a delay (leaky bucket); no (d): denied, retry after d")

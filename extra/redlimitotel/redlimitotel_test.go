@@ -420,3 +420,20 @@ func TestExceedsLimit(t *testing.T) {
 	require.Len(t, spans[0].Events(), 1)
 	assert.Equal(t, "exception", spans[0].Events()[0].Name)
 }
+
+// A sub-window counter's decisions carry its strategy's name, as every
+// strategy's: 2 allowed and 1 denied of 2 a minute.
+func TestSubWindowCounterDecisions(t *testing.T) {
+	_, rdb, m, reader := setup(t)
+	l, err := redlimit.NewSubWindowCounter(rdb, redlimit.PerMinute(2), m.Options("hour")...)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	for range 3 {
+		_, err := l.Allow(context.Background(), "user:1")
+		require.NoError(t, err)
+	}
+	got := collect(t, reader)
+	sw := redlimitotel.StrategyKey.String("sub-window-counter")
+	want(t, got, "redlimit.decisions", 2, lim("hour"), sw, outcome("allowed"))
+	want(t, got, "redlimit.decisions", 1, lim("hour"), sw, outcome("denied"))
+}

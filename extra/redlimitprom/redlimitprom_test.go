@@ -319,3 +319,29 @@ redlimit_decisions_total{degraded="false",denied_by="",limiter="llm",outcome="ex
 `
 	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(decisions), "redlimit_decisions_total"))
 }
+
+// A sub-window counter's decisions count under its strategy's name, as
+// every strategy's: 2 allowed and 1 denied of 2 a minute.
+func TestSubWindowCounterDecisions(t *testing.T) {
+	_, rdb, c, reg := setup(t)
+	lim, err := redlimit.NewSubWindowCounter(rdb, redlimit.PerMinute(2), c.Options("hour")...)
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	for range 3 {
+		_, err := lim.Allow(context.Background(), "user:1")
+		require.NoError(t, err)
+	}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "redlimit_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := labels(m)
+			got[l["strategy"]+"/"+l["outcome"]] += m.GetCounter().GetValue()
+		}
+	}
+	assert.Equal(t, map[string]float64{"sub-window-counter/allowed": 2, "sub-window-counter/denied": 1}, got)
+}

@@ -35,7 +35,7 @@ func Quota(s redlimit.Strategy, l redlimit.Limit) (q, w int64, ok bool) {
 	}
 	capacity := l.Rate
 	switch s {
-	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter:
+	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter, redlimit.SubWindowCounter:
 	case redlimit.TokenBucket, redlimit.LeakyBucket:
 		if l.Burst > 0 {
 			capacity = l.Burst

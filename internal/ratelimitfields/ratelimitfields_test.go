@@ -204,7 +204,7 @@ func checkQuota(t *testing.T, s redlimit.Strategy, l redlimit.Limit) bool {
 	t.Helper()
 	capacity := l.Rate
 	switch s {
-	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter:
+	case redlimit.FixedWindow, redlimit.SlidingLog, redlimit.SlidingCounter, redlimit.SubWindowCounter:
 	case redlimit.TokenBucket, redlimit.LeakyBucket:
 		if l.Burst > 0 {
 			capacity = l.Burst
