@@ -197,8 +197,8 @@ func WithObserver(f func(Decision)) Option {
 // Critical calls may use all of it. 0 < sheddable <= normal <= 1. A
 // rule's capacity is its Rate (Burst for the buckets, max for a
 // Concurrency) and a call's share of it floor(share × capacity), with the
-// share taken to a millionth. A call that only its share denies has
-// Result.ByPriority set. Without this option every priority may use all.
+// share taken to a millionth; a bucket with a warm-up takes no share. A
+// call that only its share denies has Result.ByPriority set. Without this option every priority may use all.
 // See docs/priorities.md.
 func WithPriorityShares(sheddable, normal float64) Option {
 	return optionFunc(func(c *config) {
