@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -179,4 +180,55 @@ func TestFallbackKeepsBlockPrefetch(t *testing.T) {
 	require.True(t, res.Degraded, "in fallback: %+v", res)
 	require.False(t, res.Allowed, "in fallback: a blocked key admitted: %+v", res)
 	require.Greater(t, res.RetryAfter, block-2*time.Second, "RetryAfter: %+v", res)
+}
+
+// A block that another instance set reaches this one's fallback for as
+// long as it lasts in Redis, from the reply of a call it denied here: its
+// time left, not the block's whole length from then (nor that call's
+// RetryAfter), which the fallback kept (1s from the denied call, 0.3s too
+// long).
+func TestFallbackKeepsAnotherInstancesBlock(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			rdb := patientClient(t, m.Addr())
+			const block = time.Second
+			setter := newLimiter(t, rdb, s, blockLimit, WithBlock(block), WithPingInterval(time.Hour))
+			lim := newLimiter(t, rdb, s, blockLimit, WithBlock(block), WithPingInterval(time.Hour))
+			ctx := context.Background()
+			res, err := setter.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			res, err = setter.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "%+v", res)
+			set := time.Now() // the block ends by set + block
+			time.Sleep(300 * time.Millisecond)
+			asked := time.Now()
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked by the other instance: %+v", res)
+			reply := time.Since(asked) // the time left comes back this late at most
+			m.SetError("LOADING Redis is loading the dataset in memory")
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			require.True(t, res.Degraded, "%+v", res)
+			assert.LessOrEqual(t, res.ResetAfter, block-time.Since(set)+reply, "a look in the fallback: the block's time left")
+			time.Sleep(res.ResetAfter)
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			assert.Positive(t, res.Remaining, "the block is over: %+v", res)
+		})
+	}
+}
+
+// patientClient is a client whose calls reach a miniredis even on a busy
+// machine (5s timeouts): a call that times out is decided by the fallback.
+func patientClient(t *testing.T, addr string) *redis.Client {
+	opt := redistest.TunedOptions(addr)
+	opt.ReadTimeout, opt.WriteTimeout = 5*time.Second, 5*time.Second
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }

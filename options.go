@@ -146,9 +146,11 @@ func WithRulesFunc(f func(ctx context.Context, key string) ([]Rule, error)) Opti
 // Decisions: penalties, shadow mode, the deny cache and observation.
 
 // WithBlock sets a penalty: once a key is denied by the limit, every call
-// for it is denied for d, with RetryAfter the time left, or the time until
-// the limit would allow the denied call again if that is longer (so that a
-// client that waits RetryAfter is not denied again by the limit). The
+// for it is denied for d, each with RetryAfter the block's time left, or
+// the time until the limit would allow that call's n if that is longer
+// (so that a client that waits RetryAfter is not denied again by the
+// limit), and ResetAfter the later of the block's end and the limit's
+// reset; AllowN with n = 0 reports Remaining 0 and that ResetAfter. The
 // block lives in Redis, in the same cluster slot as the key's state, set
 // by the same script that denies; Reset lifts it. The default is 0, no
 // block.
