@@ -85,11 +85,10 @@ func TestBlockShorterThanLimit(t *testing.T) {
 	}
 }
 
-// The block lasts d: a large n's denial tells the blocked calls to retry
-// when that n would fit, but once d is over a smaller n is the limit's to
-// decide (the block lasted as long as the large n's wait: 6 minutes), with
-// the deny cache too, which keeps a blocked call's denial only as long as
-// the block (it denied the small call for the large call's 6 minutes).
+// The block lasts d: a large n's denial says nothing of a smaller n,
+// which, blocked, is told the block's time left, and once d is over is the
+// limit's to decide, with the deny cache too (it denied the small call for
+// the large call's 6 minutes); the large n is told its own 6 minutes.
 func TestBlockLastsItsLength(t *testing.T) {
 	for name, opts := range map[string][]Option{
 		"without the deny cache": nil,
@@ -105,8 +104,13 @@ func TestBlockLastsItsLength(t *testing.T) {
 			denied, err := lim.AllowN(ctx, "k", 60)
 			require.NoError(t, err)
 			require.False(t, denied.Allowed, "%+v", denied)
+			require.Equal(t, 6*time.Minute, denied.RetryAfter, "10 tokens more at 100 an hour")
 			b.advance(500 * time.Millisecond)
 			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked: %+v", res)
+			assert.Equal(t, 500*time.Millisecond, res.RetryAfter, "blocked; 1 fits: the block's time left: %+v", res)
+			res, err = lim.AllowN(ctx, "k", 60)
 			require.NoError(t, err)
 			require.False(t, res.Allowed, "blocked: %+v", res)
 			assert.Equal(t, denied.RetryAfter-500*time.Millisecond, res.RetryAfter, "blocked until the 60 would fit: %+v", res)
@@ -438,4 +442,187 @@ func TestDenyCacheBounded(t *testing.T) {
 		n += len(c.shards[i].until)
 	}
 	require.NotZero(t, n, "the cache holds nothing")
+}
+
+// blockScene plays, on lim (WithBlock(2s)) and twin (the same limit, no
+// block, another prefix), 10 calls of one a second apart from a window's
+// start on a limit of 10 a minute, then a denied AllowN(2) at 10 s, which
+// blocks lim's key until 12 s; advance moves the clock.
+func blockScene(t *testing.T, advance func(time.Duration), lim, twin Limiter, key string) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 10 {
+		for _, l := range []Limiter{lim, twin} {
+			res, err := l.Allow(ctx, key)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "call %d: %+v", i, res)
+		}
+		advance(time.Second)
+	}
+	for _, l := range []Limiter{lim, twin} {
+		res, err := l.AllowN(ctx, key, 2)
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "AllowN(2) at 10s: %+v", res)
+	}
+}
+
+// blockLimit is blockScene's limit: 10 a minute (a bucket: 10 at once).
+var blockLimit = Limit{Rate: 10, Period: time.Minute, Burst: 10}
+
+// A call denied by a block is told its own RetryAfter: the block's time
+// left, or, if later, when the limit would admit this call's n (the
+// limit's answer to it, as a limiter without the block gives it), so that
+// a client that waits it is not denied again by the limit (and blocked
+// again). ResetAfter and a look (n = 0) run to the later of the block's
+// end and the limit's reset. The AllowN(2) that set the block said
+// nothing about an AllowN(10): it was told 2s (buckets), 50s (sliding
+// log) or 61s (sliding counter), and denied and blocked again after
+// waiting it. (The fixed window was right: every n waits for its end.)
+func TestBlockRetryAfterOwnN(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			ctx := t.Context()
+			lim := newLimiter(t, b.rdb, s, blockLimit, WithBlock(2*time.Second))
+			twin := newLimiter(t, b.rdb, s, blockLimit, WithPrefix("twin"))
+			blockScene(t, b.advance, lim, twin, "k")
+			b.advance(time.Second) // 1s of the block left
+			const left = time.Second
+
+			own, err := twin.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			require.False(t, own.Allowed, "the limit's answer: %+v", own)
+			res, err := lim.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			assert.Equal(t, Result{Limit: res.Limit, RetryAfter: max(left, own.RetryAfter), ResetAfter: max(left, own.ResetAfter)}, res,
+				"blocked AllowN(10); the limit alone answers %+v", own)
+
+			look, err := twin.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			res0, err := lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			assert.Equal(t, Result{Allowed: true, Limit: res0.Limit, ResetAfter: max(left, look.ResetAfter)}, res0,
+				"a look during the block; the limit alone reports %+v", look)
+
+			b.advance(res.RetryAfter)
+			res, err = lim.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "AllowN(10) after waiting its RetryAfter: %+v", res)
+		})
+	}
+}
+
+// A call a block denies writes nothing, also one the limit would admit
+// (the checks run for its RetryAfter), and is told the block's time left.
+func TestBlockedCallWritesNothing(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			ctx := t.Context()
+			lim := newLimiter(t, b.rdb, s, blockLimit, WithBlock(2*time.Second))
+			res, err := lim.AllowN(ctx, "k", 5)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			res, err = lim.AllowN(ctx, "k", 6)
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "6 of 5 left: %+v", res)
+			b.advance(500 * time.Millisecond)
+			before := snapshot(t, b.rdb, lim.stateKey("k"))
+			for _, n := range []int{1, 2, 5} {
+				res, err = lim.AllowN(ctx, "k", n)
+				require.NoError(t, err)
+				assert.False(t, res.Allowed, "AllowN(%d) during the block: %+v", n, res)
+				assert.Equal(t, 1500*time.Millisecond, res.RetryAfter, "AllowN(%d): the block's time left", n)
+				assert.Equal(t, before, snapshot(t, b.rdb, lim.stateKey("k")), "AllowN(%d) during the block wrote", n)
+			}
+		})
+	}
+}
+
+// A Policy's blocked call is told its own RetryAfter too, its Rule the
+// rule that decides it (the block's, the first rule, when the block's
+// time left is the longer), and writes in no rule.
+func TestPolicyBlockRetryAfterOwnN(t *testing.T) {
+	b, _ := miniBackend(t)
+	ctx := t.Context()
+	rules := []Rule{
+		{Name: "sec", Strategy: TokenBucket, Limit: PerSecond(10)},
+		{Name: "min", Strategy: SlidingLog, Limit: PerMinute(20)},
+	}
+	p := newPolicy(t, b.rdb, rules, WithBlock(2*time.Second))
+	twin := newPolicy(t, b.rdb, rules, WithPrefix("twin"))
+	for range 3 { // at 0, 1 and 2s: "min" has 5 left until 60s
+		for _, l := range []Limiter{p, twin} {
+			res, err := l.AllowN(ctx, "k", 5)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+		}
+		b.advance(time.Second)
+	}
+	for _, l := range []Limiter{p, twin} {
+		res, err := l.AllowN(ctx, "k", 6)
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "6 of 5 left at 3s: %+v", res)
+	}
+	b.advance(time.Second) // p's block: 1s left
+	state := func() []string {
+		return []string{snapshot(t, b.rdb, p.stateKey("k", &p.own.rules[0])), snapshot(t, b.rdb, p.stateKey("k", &p.own.rules[1]))}
+	}
+	before := state()
+	res, err := p.AllowN(ctx, "k", 5)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "blocked: %+v", res)
+	assert.Equal(t, time.Second, res.RetryAfter, "5 fit: the block's time left")
+	assert.Equal(t, "sec", res.Rule, "the block decided")
+	own, err := twin.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.False(t, own.Allowed, "%+v", own)
+	require.Equal(t, 56*time.Second, own.RetryAfter, "10 fit once the calls at 0s leave \"min\", at 60s")
+	res, err = p.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "blocked: %+v", res)
+	assert.Equal(t, own.RetryAfter, res.RetryAfter, "the limit's answer: %+v", own)
+	assert.Equal(t, "min", res.Rule, "\"min\" decided")
+	assert.Equal(t, before, state(), "a blocked call wrote")
+}
+
+// The deny cache keeps a blocked call's denial until its own RetryAfter,
+// and answers the same n with it counted down: Redis's answer. (It kept
+// the block's time left, the AllowN(2)'s, for an AllowN(10).)
+func TestBlockDenyCache(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rdb := bubbleClient(t)
+				var trips atomic.Int64
+				rdb.AddHook(countHook{n: &trips})
+				var seen decisions
+				lim := newLimiter(t, rdb, s, blockLimit, WithBlock(2*time.Second), WithDenyCache(100), WithObserver(seen.record))
+				twin := newLimiter(t, rdb, s, blockLimit, WithPrefix("twin"))
+				blockScene(t, time.Sleep, lim, twin, "k")
+				time.Sleep(time.Second) // 1s of the block left
+				ctx := context.Background()
+				own, err := twin.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				first, err := lim.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.False(t, first.Allowed)
+				assert.Equal(t, max(time.Second, own.RetryAfter), first.RetryAfter, "blocked AllowN(10); the limit alone answers %+v", own)
+				before := trips.Load()
+				time.Sleep(100 * time.Millisecond)
+				cached, err := lim.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.Equal(t, DeniedByDenyCache, seen.last().DeniedBy, "%+v", cached)
+				require.Equal(t, before, trips.Load(), "the cached denial went to Redis")
+				want := first
+				want.RetryAfter -= 100 * time.Millisecond
+				want.ResetAfter -= 100 * time.Millisecond
+				assert.Equal(t, want, cached, "100ms after Redis's %+v", first)
+				time.Sleep(cached.RetryAfter)
+				res, err := lim.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				assert.True(t, res.Allowed, "AllowN(10) after waiting its RetryAfter: %+v", res)
+			})
+		})
+	}
 }

@@ -365,5 +365,6 @@ func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ru
 	if err != nil {
 		return Result{}, 0, err
 	}
+	e.noteBlock(a.keys[0], rs, reply)
 	return e.parse(reply, rs, rc)
 }

@@ -656,20 +656,16 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		return e.rescue.decide(state, n, maxDelay, rs, rc, err, share)
 	}
 	e.evict.poke()
-	if !res.Allowed && e.cfg.block > 0 && (why == reasonBlock || why == reasonLimit && !prefetching) {
-		// The key is blocked (a prefetch's denial sets no block): the
-		// fallback keeps the block, should the node go down meanwhile.
-		e.rescue.block(state, rs, min(res.RetryAfter, e.cfg.block))
+	if e.cfg.block > 0 && why == reasonLimit && !prefetching {
+		// The call set the block (a prefetch's denial sets none): the
+		// fallback keeps it, should the node go down meanwhile. (A call
+		// the block denies brings its time left: see noteBlock.)
+		e.rescue.block(state, rs, e.cfg.block)
 	}
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
-		keep := res.RetryAfter
-		if why == reasonBlock {
-			// A blocked call is told to retry when the call that set the
-			// block would fit, which can be after the block: then the
-			// limit decides smaller calls.
-			keep = e.cfg.block
-		}
-		e.denies.remember(state, n, sig, res, keep, epoch)
+		// Until RetryAfter this n is denied, by the limit or the block:
+		// a blocked call's RetryAfter is its own n's too.
+		e.denies.remember(state, n, sig, res, res.RetryAfter, epoch)
 	}
 	return res, why, nil
 }
@@ -788,13 +784,33 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 }
 
 // answered parses Redis's reply to a decision on rs for the key whose
-// first state key is first, and notes it for the fallback (see answers).
+// first state key is first, and notes it for the fallback (see answers,
+// and noteBlock).
 func (e *engine) answered(first string, reply any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+	e.noteBlock(first, rs, reply)
 	res, why, err := e.parse(reply, rs, rc)
 	if err == nil && e.rescue.answers != nil {
 		e.rescue.answers.note(first, rs, &res, why)
 	}
 	return res, why, err
+}
+
+// noteBlock gives the fallback the penalty block of a reply to a decision
+// on rs that a block denied (code 2, see scripts/common.lua): the key whose
+// first state key is first is blocked for the reply's sixth value, the
+// block's time left (its RetryAfter, the call's own, may be longer). A
+// call that sets a block is noted where it is made (engine.decide).
+func (e *engine) noteBlock(first string, rs *ruleSet, reply any) {
+	r, ok := reply.([]any)
+	if !ok || len(r) != 6 {
+		return
+	}
+	if code, ok := r[0].(int64); !ok || code&^clockBehind != int64(reasonBlock) {
+		return
+	}
+	if left, ok := r[5].(int64); ok {
+		e.rescue.block(first, rs, micros(left))
+	}
 }
 
 // behind makes the client clock, if any, measure again: a script found the
@@ -862,7 +878,11 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			}
 		}
 		want := 5
-		if rc != nil && len(r) > 0 && r[0] == int64(reasonAllowed) {
+		switch {
+		case len(r) == 0:
+		case r[0] == int64(reasonBlock):
+			want++ // the block's time left (see noteBlock)
+		case rc != nil && r[0] == int64(reasonAllowed):
 			want += len(rs.rules)
 		}
 		if len(r) != want {
@@ -873,9 +893,10 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			if !ok {
 				return Result{}, 0, errorf("%s: script reply %d is %T, want an integer", e.kind, i, x)
 			}
-			if i < 5 {
+			switch {
+			case i < 5:
 				v[i] = n
-			} else {
+			case rc != nil && v[0] == int64(reasonAllowed):
 				rc.tags = append(rc.tags, n)
 			}
 		}

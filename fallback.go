@@ -191,9 +191,7 @@ type verdict struct {
 // as the script decides on Redis; set is locked.
 func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
 	now := time.Now()
-	if res, why, blocked := blockedLocked(set, n, rs, now); blocked {
-		return res, why, nil
-	}
+	left := blockLeftLocked(set, now)
 	var verdicts [MaxRules]verdict
 	denied, why := false, reasonAllowed
 	for i := range set.lims {
@@ -205,6 +203,11 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 				why = v.why
 			}
 		}
+	}
+	if left > 0 {
+		cancelAll(set, &verdicts, now)
+		res, why := blockedLocked(set, &verdicts, n, denied, rs, left)
+		return res, why, nil
 	}
 	res, longest := combine(set, &verdicts, n, denied, rs)
 	if denied && n > 0 {
@@ -248,26 +251,42 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 	return res, reasonAllowed, nil
 }
 
-// blockedLocked answers a call on a key whose penalty block lasts, as
-// Redis answers (a call is denied, n = 0 reports), and clears a block
-// that ended; blocked is false when no block lasts. set is locked.
-func blockedLocked(set *localSet, n int, rs *ruleSet, now time.Time) (res Result, why reason, blocked bool) {
+// blockLeftLocked returns how long the key's penalty block lasts from now;
+// 0 when none does (it clears one that ended). set is locked.
+func blockLeftLocked(set *localSet, now time.Time) time.Duration {
 	if set.blockEnd == 0 {
-		return Result{}, reasonAllowed, false
+		return 0
 	}
 	left := set.blockEnd - now.Sub(monoBase)
 	if left <= 0 {
 		set.blockEnd = 0
-		return Result{}, reasonAllowed, false
+		return 0
 	}
-	first := &rs.rules[0]
-	res = Result{Degraded: true, Limit: first.limit, Rule: first.name, ResetAfter: left}
+	return left
+}
+
+// blockedLocked answers a call of n on a key whose penalty block lasts
+// left more, as Redis answers it (scripts/reply.lua): denied (n = 0
+// reports), Remaining 0, RetryAfter the block's time left or, if later,
+// when the stand-ins would admit n (their verdicts; the longest wait then
+// decides, else the first rule), ResetAfter the later of the block's end
+// and the stand-ins' reset. The verdicts took nothing (cancelAll); set is
+// locked.
+func blockedLocked(set *localSet, verdicts *[MaxRules]verdict, n int, denied bool, rs *ruleSet, left time.Duration) (Result, reason) {
+	res, longest := combine(set, verdicts, n, true, rs)
+	res.Remaining, res.Delay = 0, 0
+	res.ResetAfter = max(res.ResetAfter, left)
+	if n == 0 || !denied || longest <= left {
+		first := &rs.rules[0]
+		res.Limit, res.Rule = first.limit, first.name
+		longest = left
+	}
 	if n == 0 {
 		res.Allowed = true
-		return res, reasonAllowed, true
+		return res, reasonAllowed
 	}
-	res.RetryAfter = left
-	return res, reasonBlock, true
+	res.RetryAfter = longest
+	return res, reasonBlock
 }
 
 // combine makes the stand-ins' verdicts on a call of n one Result, as the

@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -179,4 +180,114 @@ func TestFallbackKeepsBlockPrefetch(t *testing.T) {
 	require.True(t, res.Degraded, "in fallback: %+v", res)
 	require.False(t, res.Allowed, "in fallback: a blocked key admitted: %+v", res)
 	require.Greater(t, res.RetryAfter, block-2*time.Second, "RetryAfter: %+v", res)
+}
+
+// In the fallback too, a call that a block denies is told its own
+// RetryAfter: the block's time left, or when the stand-ins would admit
+// its n if later (what a limiter without the block answers then), and
+// ResetAfter and a look (n = 0) run to the later of the block's end and
+// the stand-ins' reset; waiting RetryAfter admits it. (It was told the
+// block's time left, 0.5s, of a stand-in 2s from admitting it.) Redis
+// answers LOADING throughout: the stand-ins take the calls, and the block
+// is given as Redis's answer gives it (rescue.block). On the process's
+// clock, which the fallback runs on (a synctest bubble's starts before
+// monoBase: its blocks end before they start).
+func TestFallbackBlockRetryAfterOwnN(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			m.SetError("LOADING Redis is loading the dataset in memory")
+			rdb := patientClient(t, m.Addr())
+			l := Limit{Rate: 10, Period: 2 * time.Second, Burst: 10}
+			lim := newLimiter(t, rdb, s, l, WithBlock(time.Second), WithPingInterval(time.Hour))
+			twin := newLimiter(t, rdb, s, l, WithPrefix("twin"), WithPingInterval(time.Hour))
+			ctx := context.Background()
+			start := time.Now() // lim and twin differ by at most the time since
+			for _, l := range []Limiter{lim, twin} {
+				res, err := l.AllowN(ctx, "k", 10)
+				require.NoError(t, err)
+				require.True(t, res.Degraded && res.Allowed, "%+v", res)
+			}
+			const block = 500 * time.Millisecond
+			lim.rescue.block(lim.stateKey("k"), lim.own, block)
+
+			own, err := twin.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, own.Degraded && !own.Allowed, "the stand-ins' answer: %+v", own)
+			require.Greater(t, own.RetryAfter, block+time.Second, "the stand-ins' answer: %+v", own)
+			res, err := lim.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			took := time.Since(start)
+			require.True(t, res.Degraded && !res.Allowed, "blocked: %+v", res)
+			assert.Zero(t, res.Remaining, "blocked: %+v", res)
+			assert.InDelta(t, own.RetryAfter, res.RetryAfter, float64(took), "blocked AllowN(10): RetryAfter; the stand-ins alone answer %+v", own)
+			assert.InDelta(t, own.ResetAfter, res.ResetAfter, float64(took), "blocked AllowN(10): ResetAfter; the stand-ins alone answer %+v", own)
+
+			look, err := twin.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			res0, err := lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			took = time.Since(start)
+			assert.True(t, res0.Allowed, "a look: %+v", res0)
+			assert.Zero(t, res0.Remaining, "a look during the block: %+v", res0)
+			assert.InDelta(t, look.ResetAfter, res0.ResetAfter, float64(took), "a look during the block; the stand-ins alone report %+v", look)
+
+			time.Sleep(res.RetryAfter)
+			res, err = lim.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			assert.True(t, res.Degraded && res.Allowed, "AllowN(10) in the fallback after waiting its RetryAfter: %+v", res)
+		})
+	}
+}
+
+// A block that another instance set reaches this one's fallback for as
+// long as it lasts in Redis, from the reply of a call it denied here: its
+// time left, not the block's whole length from then (nor that call's
+// RetryAfter), which the fallback kept (1s from the denied call, 0.3s too
+// long).
+func TestFallbackKeepsAnotherInstancesBlock(t *testing.T) {
+	for _, s := range Strategies() {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			m := miniredis.RunT(t)
+			rdb := patientClient(t, m.Addr())
+			const block = time.Second
+			setter := newLimiter(t, rdb, s, blockLimit, WithBlock(block), WithPingInterval(time.Hour))
+			lim := newLimiter(t, rdb, s, blockLimit, WithBlock(block), WithPingInterval(time.Hour))
+			ctx := context.Background()
+			res, err := setter.AllowN(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, res.Allowed, "%+v", res)
+			res, err = setter.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "%+v", res)
+			set := time.Now() // the block ends by set + block
+			time.Sleep(300 * time.Millisecond)
+			asked := time.Now()
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, res.Allowed, "blocked by the other instance: %+v", res)
+			reply := time.Since(asked) // the time left comes back this late at most
+			m.SetError("LOADING Redis is loading the dataset in memory")
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			require.True(t, res.Degraded, "%+v", res)
+			assert.LessOrEqual(t, res.ResetAfter, block-time.Since(set)+reply, "a look in the fallback: the block's time left")
+			time.Sleep(res.ResetAfter)
+			res, err = lim.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			assert.Positive(t, res.Remaining, "the block is over: %+v", res)
+		})
+	}
+}
+
+// patientClient is a client whose calls reach a miniredis even on a busy
+// machine (5s timeouts): a call that times out is decided by the fallback.
+func patientClient(t *testing.T, addr string) *redis.Client {
+	opt := redistest.TunedOptions(addr)
+	opt.ReadTimeout, opt.WriteTimeout = 5*time.Second, 5*time.Second
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }

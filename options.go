@@ -146,9 +146,11 @@ func WithRulesFunc(f func(ctx context.Context, key string) ([]Rule, error)) Opti
 // Decisions: penalties, shadow mode, the deny cache and observation.
 
 // WithBlock sets a penalty: once a key is denied by the limit, every call
-// for it is denied for d, with RetryAfter the time left, or the time until
-// the limit would allow the denied call again if that is longer (so that a
-// client that waits RetryAfter is not denied again by the limit). The
+// for it is denied for d, each with RetryAfter the block's time left, or
+// the time until the limit would allow that call's n if that is longer
+// (so that a client that waits RetryAfter is not denied again by the
+// limit), and ResetAfter the later of the block's end and the limit's
+// reset; AllowN with n = 0 reports Remaining 0 and that ResetAfter. The
 // block lives in Redis, in the same cluster slot as the key's state, set
 // by the same script that denies; Reset lifts it. The default is 0, no
 // block.
@@ -201,8 +203,8 @@ func WithObserver(f func(Decision)) Option {
 // Critical calls may use all of it. 0 < sheddable <= normal <= 1. A
 // rule's capacity is its Rate (Burst for the buckets, max for a
 // Concurrency) and a call's share of it floor(share × capacity), with the
-// share taken to a millionth. A call that only its share denies has
-// Result.ByPriority set. Without this option every priority may use all.
+// share taken to a millionth; a bucket with a warm-up takes no share. A
+// call that only its share denies has Result.ByPriority set. Without this option every priority may use all.
 // See docs/priorities.md.
 func WithPriorityShares(sheddable, normal float64) Option {
 	return optionFunc(func(c *config) {

@@ -177,9 +177,8 @@ type prefetchEntry struct {
 type prefetchRequest struct {
 	done chan struct{}
 	ok   bool // a prefetch is on the key: serve from it
-	// The answer of the call that asked for the prefetch, when decided (served
-	// from it, or denied by a block), or its error; else the call is
-	// decided on its own.
+	// The answer of the call that asked for the prefetch, when decided
+	// (served from it), or its error; else the call is decided on its own.
 	res     Result
 	why     reason
 	decided bool
@@ -384,7 +383,7 @@ func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefet
 	}
 	ctx, cancel := detach(callCtx, l.closing, budget) // Close ends it
 	defer cancel()
-	res, why, pf, err := l.take(ctx, key, state, k, rs, now)
+	res, _, pf, err := l.take(ctx, key, state, k, rs, now)
 
 	en.mu.Lock()
 	en.fetching = nil
@@ -398,10 +397,9 @@ func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefet
 	en.remaining = res.Remaining
 	l.sawWindow(en, rs, now, res)
 	if pf == nil {
+		// Denied: the call is decided on its own, with its own n (a
+		// block's denial too: its RetryAfter is for the prefetch's n).
 		en.mu.Unlock()
-		if why == reasonBlock { // a block denies any n: the call's answer
-			f.res, f.why, f.decided = res, why, true
-		}
 		l.nheld.Add(-1)
 		close(f.done)
 		return

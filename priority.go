@@ -88,10 +88,15 @@ func shareOf(capacity int64, ppm int64) int64 {
 
 // checkShare rejects a call of n events that its share of rs's rules can
 // never admit at once (see checkCount): more than floor(share × capacity)
-// of a rule that counts n.
+// of a rule that counts n and takes a share. A bucket with a warm-up takes
+// none (its capacity is time, not events), in the scripts and in the
+// fallback: it is left to them.
 func (e *engine) checkShare(n int, rs *ruleSet, ppm int64, p Priority) error {
 	for i := range rs.rules {
 		r := &rs.rules[i]
+		if r.alg.warm {
+			continue
+		}
 		if c := shareOf(int64(r.capacity()), ppm); int64(r.count(n)) > c {
 			return errorf("n = %d, but a %v call may use at most %d of %s %v: %w",
 				n, p, c, r.alg.strategy, r.limit, ErrExceedsLimit)

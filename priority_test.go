@@ -424,3 +424,44 @@ func TestPrioritySharesRedis(t *testing.T) {
 		})
 	}
 }
+
+// A bucket with a warm-up takes no share (its capacity is time, not
+// events), in the script and before it: a Sheddable AllowN(6) on a cold
+// 10/s bucket is the script's to decide (admitted: a cold bucket pays
+// forward), not an ErrExceedsLimit for passing floor(0.5 × 10). Its rule
+// written in, passed as arguments (WithLimitFunc), and beside a rule that
+// does take the share in a Policy (whose share still binds).
+func TestPrioritySharesWarmUp(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			l := Limit{Rate: 10, Period: time.Second, WarmUp: 4 * time.Second}
+			if s == LeakyBucket {
+				l.Burst = 10
+			}
+			shares := WithPriorityShares(0.5, 0.8)
+			lims := map[string]Limiter{
+				"written": newLimiter(t, b.rdb, s, l, shares),
+				"arguments": newLimiter(t, b.rdb, s, Limit{Rate: 1, Period: l.Period}, shares,
+					WithLimitFunc(func(context.Context, string) (Limit, error) { return l, nil })),
+				"policy": newPolicy(t, b.rdb, []Rule{
+					{Name: "warm", Strategy: s, Limit: l},
+					{Name: "minute", Strategy: FixedWindow, Limit: PerMinute(100)},
+				}, shares),
+			}
+			for name, lim := range lims {
+				res, err := lim.AllowN(prioCtx(Sheddable), name, 6)
+				require.NoError(t, err, "%s: a Sheddable AllowN(6) on a warming bucket of 10", name)
+				assert.True(t, res.Allowed, "%s: %+v", name, res)
+			}
+			// A rule that takes the share still binds: a window of 10
+			// leaves a Sheddable call 5.
+			small := newPolicy(t, b.rdb, []Rule{
+				{Name: "warm", Strategy: s, Limit: l},
+				{Name: "minute", Strategy: FixedWindow, Limit: PerMinute(10)},
+			}, shares)
+			_, err := small.AllowN(prioCtx(Sheddable), "small", 6)
+			require.ErrorIs(t, err, ErrExceedsLimit, "6 Sheddable events past the window's share of 5")
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -534,8 +535,9 @@ func TestSettleResultIsReport(t *testing.T) {
 // reservation stays pending, so that a smaller used settles it; the most
 // accepted is charged whole. (Unbounded, a used of MaxRate on a bucket of a
 // long Period made Redis refuse the write after the reservation was gone,
-// and turned RetryAfter negative; on a sliding log it wrote 100,000
-// members in one call; in the fallback it looped once per event.)
+// and turned RetryAfter negative; in the fallback it looped once per
+// event. A sliding log is charged what it takes in one call instead:
+// TestSettleSlidingLogOverspend.)
 func TestSettleUsedBounded(t *testing.T) {
 	year := 365 * 24 * time.Hour
 	for _, tc := range []struct {
@@ -552,8 +554,6 @@ func TestSettleUsedBounded(t *testing.T) {
 		{FixedWindow, Limit{Rate: 10, Period: time.Hour}, MaxRate + 1, ErrExceedsLimit, MaxRate},
 		{SlidingCounter, Limit{Rate: 10, Period: time.Hour}, MaxRate + 1, ErrExceedsLimit, MaxRate},
 		{TokenBucket, Limit{Rate: 10, Period: time.Hour}, -1, ErrInvalidArgument, 0},
-		// A sliding log writes min(used-n, Rate) entries: at most MaxSlidingLogN.
-		{SlidingLog, PerMinute(MaxSlidingLogRate), MaxSlidingLogN + 2, ErrInvalidArgument, MaxSlidingLogN + 1},
 		{SlidingLog, PerMinute(10), MaxRate + 1, ErrExceedsLimit, MaxRate},
 	} {
 		t.Run(tc.s.String(), func(t *testing.T) {
@@ -1012,4 +1012,52 @@ func TestSettlePastCapacityRedis(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, res.Allowed)
 	assert.Equal(t, "tpm", res.Rule)
+}
+
+// A settle's overspend on a sliding log is charged as far as the log takes
+// it in one call: min(used-n, Rate) entries, MaxSlidingLogN at most
+// between a policy's logs (each its share), the rest not; a bucket beside
+// them is charged it all. (A report of 1,200 on a reservation of 10, at
+// 5,000 an hour, was refused with ErrInvalidArgument, and the key stood
+// charged 10: less than for a report of 1,000.)
+func TestSettleSlidingLogOverspend(t *testing.T) {
+	log := Rule{Name: "log", Strategy: SlidingLog, Limit: PerHour(5000)}
+	log2 := Rule{Name: "log2", Strategy: SlidingLog, Limit: Limit{Rate: 5000, Period: 2 * time.Hour}}
+	bucket := Rule{Name: "bucket", Strategy: TokenBucket, Limit: Limit{Rate: 5000, Period: time.Hour, Burst: 5000}}
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+		used  int
+		want  []int // each rule's Remaining after the settle
+	}{
+		{"a log charged 990", []Rule{log}, 1000, []int{4000}},
+		{"a log charged 1,190 takes 1,000", []Rule{log}, 1200, []int{3990}},
+		{"two logs take 500 each", []Rule{log, log2}, 1200, []int{4490, 4490}},
+		{"a bucket beside a log takes it all", []Rule{log, bucket}, 1200, []int{3990, 3800}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := miniBackend(t)
+			ctx := t.Context()
+			var lim interface {
+				Reserve(context.Context, string, int) (*Reservation, error)
+			}
+			if len(tc.rules) == 1 {
+				lim = newLimiter(t, b.rdb, tc.rules[0].Strategy, tc.rules[0].Limit)
+			} else {
+				lim = newPolicy(t, b.rdb, tc.rules)
+			}
+			rv, err := lim.Reserve(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, rv.Result().Allowed)
+			res, err := rv.Settle(ctx, tc.used)
+			require.NoError(t, err, "settle %d of a reservation of 10", tc.used)
+			assert.Equal(t, slices.Min(tc.want), res.Remaining, "the settle's Result")
+			for i, r := range tc.rules {
+				got := remaining(t, newLimiter(t, b.rdb, r.Strategy, r.Limit), "k")
+				assert.Equal(t, tc.want[i], got, "rule %s: Remaining after a settle of %d", r.Name, tc.used)
+			}
+			_, err = rv.Settle(ctx, 10)
+			require.ErrorIs(t, err, ErrSettled, "settled once")
+		})
+	}
 }

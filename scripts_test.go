@@ -332,7 +332,11 @@ func TestParsePackedReply(t *testing.T) {
 		{2, 0, 10_000_000, 10_000_000, 0}, // a block: no rule
 		{3, 4, 30, 70, 1},
 	} {
-		want, wantWhy, err := p.parse([]any{v[0], v[1], v[2], v[3], v[4]}, p.own, nil)
+		array := []any{v[0], v[1], v[2], v[3], v[4]}
+		if v[0] == int64(reasonBlock) {
+			array = append(array, v[2]) // the block's time left (see noteBlock)
+		}
+		want, wantWhy, err := p.parse(array, p.own, nil)
 		require.NoError(t, err)
 		got, why, err := p.parse(packed(v), p.own, nil)
 		require.NoError(t, err)

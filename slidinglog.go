@@ -31,5 +31,6 @@ func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) (*Rat
 // n is an error wrapping ErrInvalidArgument; weigh calls with a
 // SlidingCounter or a bucket instead. A Policy with several sliding-log
 // rules writes n members in each, so there the bound is on n times their
-// number (a 16-rule policy wrote 16,000 members, 29 ms, in one call).
+// number (a 16-rule policy wrote 16,000 members, 29 ms, in one call). A
+// settle charges a log at most as many (see [Reservation.Settle]).
 const MaxSlidingLogN = 1000

@@ -26,6 +26,11 @@ const SettleTimeout = time.Second
 // denied call holds nothing; its metadata describe the rule that denied it
 // (a Policy's tokens rule, say), as for Allow.
 //
+// A reported cost past the reserved one is charged as Settle charges it: a
+// sliding log takes only what it can in one call, at most its Rate and
+// [redlimit.MaxSlidingLogN] entries (shared by a Policy's logs); the
+// other rules take it all.
+//
 // The limiter must have a Reserve method, as a [redlimit.RateLimiter] and
 // a [redlimit.Policy] do: the interceptor constructors panic otherwise. A
 // cost below 1 is an error of the limiter (codes.Unavailable, see

@@ -262,3 +262,46 @@ func TestCostAboveCapacity(t *testing.T) {
 		assert.ErrorIs(t, err, redlimit.ErrExceedsLimit)
 	}
 }
+
+// A reported overspend on a sliding log is charged as far as the log takes
+// it in one settle (min(used-n, Rate) entries, at most
+// redlimit.MaxSlidingLogN), and the settle succeeds: a call reserving 10
+// that reported 1,200 at 5,000 an hour was charged 10 (its settle refused,
+// seen only by WithOnError), one reporting 1,000 was charged 1,000.
+func TestCostSlidingLogOverspend(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.SetTime(hourStart)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewSlidingLog(rdb, redlimit.PerHour(5000), redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	var mu sync.Mutex
+	var settleErrs []error
+	opts := append(costOpts(), grpclimit.WithOnError(func(_ context.Context, _ string, err error) {
+		mu.Lock()
+		settleErrs = append(settleErrs, err)
+		mu.Unlock()
+	}))
+	h := &funcHealth{check: func(ctx context.Context) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		n, _ := strconv.Atoi(md.Get("x-tenant")[0])
+		grpclimit.Report(ctx, n)
+		return nil
+	}}
+	client := serveFunc(t, grpclimit.UnaryServerInterceptor(lim, opts...), grpclimit.StreamServerInterceptor(lim, opts...), h)
+	for _, tc := range []struct {
+		reported, charged int
+	}{{1000, 1000}, {1200, 1010}} {
+		tenant := strconv.Itoa(tc.reported)
+		_, err := client.Check(tenantCtx(t, tenant, 10), &healthpb.HealthCheckRequest{})
+		require.NoError(t, err)
+		res, err := lim.AllowN(context.Background(), tenant, 0)
+		require.NoError(t, err)
+		assert.Equal(t, tc.charged, 5000-res.Remaining, "reserved 10, reported %d: charged", tc.reported)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, settleErrs)
+}

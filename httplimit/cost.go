@@ -31,6 +31,11 @@ type costConfig struct {
 // request holds nothing and is not settled; its 429 carries the fields of
 // the rule that denied it (a Policy's tokens rule, say), as for Allow.
 //
+// A reported cost past the reserved one is charged as Settle charges it: a
+// sliding log takes only what it can in one call, at most its Rate and
+// [redlimit.MaxSlidingLogN] entries (shared by a Policy's logs); the
+// other rules take it all.
+//
 // The limiter must have a Reserve method, as a [redlimit.RateLimiter] and
 // a [redlimit.Policy] do: Middleware panics otherwise. A cost below 1 is
 // an error of the limiter (ErrInvalidArgument), answered by the error

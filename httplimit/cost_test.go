@@ -225,3 +225,37 @@ func TestCostAboveCapacity(t *testing.T) {
 	assert.Equal(t, http.StatusTeapot, rec.Code)
 	assert.ErrorIs(t, got, redlimit.ErrExceedsLimit)
 }
+
+// A reported overspend on a sliding log is charged as far as the log takes
+// it in one settle (min(used-n, Rate) entries, at most
+// redlimit.MaxSlidingLogN), and the settle succeeds: a request reserving 10
+// that reported 1,200 at 5,000 an hour was charged 10 (its settle refused,
+// seen only by WithOnSettleError), one reporting 1,000 was charged 1,000.
+func TestCostSlidingLogOverspend(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := redlimit.NewSlidingLog(rdb, redlimit.PerHour(5000), redlimit.WithFallback(redlimit.FallbackError))
+	require.NoError(t, err)
+	t.Cleanup(func() { lim.Close() })
+	var settleErrs []error
+	mw := httplimit.Middleware(lim, httplimit.WithCost(maxTokens), httplimit.WithKeyFunc(httplimit.HeaderKey("X-Tenant")),
+		httplimit.WithOnSettleError(func(_ *http.Request, err error) { settleErrs = append(settleErrs, err) }))
+	for _, tc := range []struct {
+		reported, charged int
+	}{{1000, 1000}, {1200, 1010}} {
+		tenant := strconv.Itoa(tc.reported)
+		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Report(r, tc.reported) }))
+		r := costRequest(10)
+		r.Header.Set("X-Tenant", tenant)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		require.Equal(t, http.StatusOK, rec.Code)
+		res, err := lim.AllowN(context.Background(), tenant, 0)
+		require.NoError(t, err)
+		assert.Equal(t, tc.charged, 5000-res.Remaining, "reserved 10, reported %d: charged", tc.reported)
+	}
+	assert.Empty(t, settleErrs)
+}

@@ -4,8 +4,9 @@
 -- (see functions.go) everything before it runs once, when the library is
 -- loaded, and everything from it on runs on every call, which is why it
 -- also sets rcall and write (redis.call itself; with several rules the
--- checks then set it to queue.lua's or written.lua's function) and clears
--- the queue of writes.
+-- checks then set it, and write_args, to queue.lua's or written.lua's
+-- functions) and clears write_args (a block's call set both to write
+-- nothing, see decide.lua) and the queue of writes.
 
 -- Numbers: the usual values are compared as strings (Lua interns them: a
 -- pointer comparison) before any conversion, whose strtod is a good part
@@ -20,7 +21,7 @@
 -- a string and a table slot): an absent one is its default.
 n, nrules, now, max_delay, block, rid, skew = 1, 1, 0, -1, 0, '', 0
 rcall = redis.call
-write, writes = rcall, nil
+write, write_args, writes = rcall, nil, nil
 local nargs = #ARGV
 if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
 if nargs > 1 and ARGV[2] ~= '1' then nrules = ARGV[2] + 0 end

@@ -18,8 +18,9 @@
 -- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
 -- ARGV[4]  max delay in µs the caller can wait (leaky bucket), -1 = any
 -- ARGV[5]  block in µs: once denied by a limit, deny everything for this
---          long (with a RetryAfter until the limit would allow the denied
---          n again, if that is later); 0 = off
+--          long (each call told a RetryAfter until the limit would allow
+--          its n again, if that is later); 0 = off. decide.lua makes the
+--          local block minus the block's time left while one lasts.
 -- ARGV[6]  reservation id, or '': record an admitted call as a reservation
 --          that settle.lua can settle once (see reserve.go)
 -- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);
@@ -37,8 +38,8 @@
 --          burst (bucket or queue capacity, >= 1); absent when the rules
 --          are written into the script (see writtenChecks in scripts.go)
 --
--- Reply: an array of five integers (Redis truncates Lua floats, so every
--- value is rounded here, times up):
+-- Reply: an array of five integers, six for a call a block denied (Redis
+-- truncates Lua floats, so every value is rounded here, times up):
 --   [1] code: 0 allowed, 1 denied by a limit, 2 denied by a block,
 --       3 denied because the wait would exceed the max delay, 5 denied
 --       by the call's share only (every rule would admit it at its full
@@ -49,14 +50,21 @@
 --       the rules)
 --   [3] when allowed: the delay, µs, to wait before acting (leaky bucket;
 --       else 0); when denied: the retry after, µs (the longest among the
---       denying rules: after it every rule allows the same n)
+--       denying rules: after it every rule allows the same n; by a block,
+--       the block's time left if longer)
 --   [4] reset after, µs: until every rule is back at its full allowance
+--       (and a block that lasts has ended)
 --   [5] the deciding rule, 1..k: when denied, the denying rule with the
 --       longest retry; when allowed, the rule with the fewest remaining;
---       0 for a block
+--       0 for a block (code 2) that lasts longer than the rules' retry,
+--       and for a look (n = 0) during a block
 --   [6..5+k] a reservation only: each rule's tag, what settling needs
 --       (the window, or the time of the events)
--- Except for an admitted reservation or a block, where Redis has its
+--   [6] a call denied by a block (code 2) only, in place of the tags: the
+--       block's time left, µs (RetryAfter [3] may be longer: when the
+--       rules allow this n)
+-- Except for an admitted reservation or a block (a call denied by one, or
+-- a look during one), where Redis has its
 -- struct library (miniredis has not), reply.lua sends the five as one
 -- string, struct.pack('<Bi8i8i8B', ...): 26 bytes, code and rule one byte
 -- each, the others signed 64-bit little-endian. A table reply costs Redis
@@ -89,8 +97,8 @@
 local n, nrules, now, max_delay, block, rid, skew, share
 
 -- Rounding: a decision rounds by arithmetic, not with math.floor and
--- math.ceil (settle.lua and a block's reply, off the hot path, still call
--- them). For every finite double x, x - x % 1 equals math.floor(x) and
+-- math.ceil (settle.lua, off the hot path, still calls them). For every
+-- finite double x, x - x % 1 equals math.floor(x) and
 -- x + (-x) % 1 equals math.ceil(x) (up to the sign of a zero), in Redis's
 -- Lua and in miniredis's (checked on 200,000 random doubles and edge
 -- values). For integers a and b > 0 below 2^53, (a - a % b) / b is

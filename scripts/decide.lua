@@ -7,20 +7,6 @@
 -- reservation and replies (see common.lua).
 
 local nkeys = nrules
-if block > 0 then
-  nkeys = nkeys + 1
-  local b = rcall('GET', KEYS[nkeys])
-  if b then
-    local left = b - now
-    if left > 0 then
-      if n == 0 then -- n = 0 only reports: never denied
-        return {0, 0, 0, math.ceil(left), 0}
-      end
-      return {2, 0, math.ceil(left), math.ceil(left), 0}
-    end
-  end
-end
-
 local n0 = n -- the call's n; a per-call rule counts min(n, 1) instead
 local denied, code = false, 0
 local min_now, min_after, fewest = nil, nil, 1
@@ -28,3 +14,25 @@ local delay, reset_ok, reset_denied = 0, 0, 0
 local retry, slowest = -1, 1
 local tags -- only for a reservation
 if rid ~= '' then tags = {} end
+
+-- The penalty block's key holds when the block ends (µs). While it lasts,
+-- the call is denied (n = 0 only reports), but the rules are checked all
+-- the same, writing nothing, so that the reply can tell this call's own
+-- RetryAfter and ResetAfter (reply.lua): the block's time left, or when
+-- the rules would allow this n (or be full) if later. block becomes minus
+-- the time left, which marks the call blocked; denied is set at once, so
+-- that no queued or held write is made (see queue.lua, written.lua), and a
+-- rule that writes at once (a single rule: write is redis.call) writes
+-- into nothing.
+if block > 0 then
+  nkeys = nkeys + 1
+  local b = rcall('GET', KEYS[nkeys])
+  if b then
+    local left = b - now
+    if left > 0 then
+      block, denied = -left, true
+      write = function() end
+      write_args = write
+    end
+  end
+end

@@ -13,18 +13,40 @@ if pack then pack = pack.pack end
 skew = skew or 0
 
 n = n0
+if block < 0 then
+  -- A block lasts (decide.lua), -block µs more: the call is denied, told
+  -- to retry when the block ends or, if later, when its n fits (the
+  -- longest retry among the rules that deny it, which then decides: else
+  -- rule 0, the block), and ResetAfter when the block ends or the rules
+  -- are full, whichever is later. n = 0 only reports (Remaining 0). The
+  -- time left follows, for the fallback's copy of the block (see
+  -- rescue.block). A table: a block is rare, and costs no struct.pack.
+  local left = -block
+  left = left + (-left) % 1 -- rounded up, as every time in the reply
+  if reset_denied < left then reset_denied = left end
+  reset_denied = reset_denied + (-reset_denied) % 1
+  if n == 0 then
+    return {skew, 0, 0, reset_denied, 0}
+  end
+  if retry > left then
+    retry = retry + (-retry) % 1
+  else
+    retry, slowest = left, 0
+  end
+  return {2 + skew, 0, retry, reset_denied, slowest, left}
+end
 if denied and n > 0 then
   -- n = 0 only reports: it is never denied (a lowered limit can leave a
   -- rule over its allowance) and never writes.
   -- A prefetch's denial (prefetch.go: its id starts with 'prefetch:') is not a
   -- call's: it sets no block.
-  -- The block lasts block; while it does, a call is told to retry when
-  -- this n would be allowed again, if that is later (the key's value), so
-  -- that a client that waits its RetryAfter is not denied again by the
-  -- limit, and after the block smaller calls are the limit's to decide.
+  -- The block lasts block: its key holds when it ends. This call is told
+  -- to retry then, or when its n would be allowed again if that is later,
+  -- so that a client that waits its RetryAfter is not denied again by the
+  -- limit; each call during the block is told its own (see above).
   if code == 1 and block > 0 and string.sub(rid, 1, 9) ~= 'prefetch:' then
     if retry < block then retry = block end
-    rcall('SET', KEYS[nkeys], now + retry, 'PX', ms(block))
+    rcall('SET', KEYS[nkeys], now + block, 'PX', ms(block))
     if reset_denied < retry then reset_denied = retry end
     min_now = 0
   end

@@ -1,10 +1,11 @@
 -- settle.lua ends the settle script (common.lua, the strategies' parts,
 -- rules.lua, this): it settles a reservation that reply.lua recorded, once.
 --
--- KEYS and ARGV as in common.lua, with n = 0, no block, ARGV[6] the
--- reservation id and ARGV[7] the events really used; then, after the
--- rules, ARGV[8+4k] the events reserved and ARGV[9+4k ..] each rule's tag
--- from the reservation's reply.
+-- KEYS and ARGV as in common.lua, with n = 0, no block: ARGV[5] is
+-- instead the most entries a charge adds to each sliding log (see
+-- adjust.sl), ARGV[6] the reservation id and ARGV[7] the events really
+-- used; then, after the rules, ARGV[8+4k] the events reserved and
+-- ARGV[9+4k ..] each rule's tag from the reservation's reply.
 --
 -- used < reserved gives back the difference, but never more than was taken
 -- and never past what still counts: a window only while it is the current
@@ -19,8 +20,9 @@
 -- bucket's debt beyond burst by the refill, a fixed window's count beyond
 -- rate by the window's end (it goes with the window), a sliding counter's
 -- by the next window as its weight falls, a sliding log's by its entries
--- leaving (it owes at most one full window, see adjust.sl). reserve.go bounds
--- used where these states need it (checkUsed).
+-- leaving (it owes at most one full window, and is charged at most
+-- ARGV[5] entries, see adjust.sl). reserve.go bounds used where these
+-- states need it (checkUsed).
 --
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed,
 -- never recorded, or forgotten by a Reset of every rule's state (nothing
@@ -96,8 +98,11 @@ adjust.sl = function(key, rate, period, tag)
     return
   end
   -- Entries past the limit: more than rate would add nothing (they all
-  -- leave the log together).
-  local add = math.min(delta, rate)
+  -- leave the log together). At most ARGV[5] (MaxSlidingLogN, shared by
+  -- the logs that count n: reserve.go's settleLogEntries), as a call
+  -- writes at most, so that a settle holds Redis no longer: the rest of
+  -- the charge is not the log's (reserve.go's Settle says so).
+  local add = math.min(delta, rate, tonumber(ARGV[5]))
   local in_window = redis.call('ZCOUNT', key, string.format('(%d', now - period), '+inf')
   local i = redis.call('ZCOUNT', key, now, now)
   local args = {'ZADD', key}
