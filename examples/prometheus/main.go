@@ -344,11 +344,11 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 		return t, err
 	}
 	// a probes Redis every 100ms and goes back after 2 good probes; the
-	// switch back is told to each of the 3 limiters that share the
-	// client's watch of its node (a, b and queue), each hook from a
-	// goroutine of its own: wait for all 3.
+	// switch back is told to each of the 4 limiters that share the
+	// client's watch of its node (all of them: one client, one clock),
+	// each hook from a goroutine of its own: wait for all 4.
 	timeout := time.After(5 * time.Second)
-	for range 3 {
+	for range 4 {
 		select {
 		case <-up:
 		case <-timeout:
@@ -439,13 +439,11 @@ func check(samples map[string]float64, made tally, outage bool) error {
 	want(`redlimit_decisions_total{degraded="true"}`, sum(samples, "redlimit_decisions_total", `degraded="true"`), float64(made.degraded))
 	if outage {
 		atLeast1("degraded decisions", float64(made.degraded))
-		// One switch each way, reported by each of the three limiters
-		// that share the client's watch of its node (api, api-b and
-		// queue: the same client and prefix); the shadow candidate, with
-		// a prefix of its own, has a watch of its own, which no failed
-		// call marked down.
-		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 3)
-		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 3)
+		// One switch each way, reported by each of the four limiters,
+		// which share the client's watch of its node (one client, one
+		// clock; the shadow candidate's prefix does not matter).
+		want(`redlimit_fallback_transitions_total{to="fallback"}`, sum(samples, "redlimit_fallback_transitions_total", `to="fallback"`), 4)
+		want(`redlimit_fallback_transitions_total{to="redis"}`, sum(samples, "redlimit_fallback_transitions_total", `to="redis"`), 4)
 		want("redlimit_fallback_active", sum(samples, "redlimit_fallback_active"), 0)
 	}
 	if err := errors.Join(errs...); err != nil {
