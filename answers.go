@@ -3,7 +3,6 @@ package redlimit
 import (
 	"hash/maphash"
 	"math"
-	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -13,109 +12,143 @@ import (
 
 // answers keeps, for the fallback (FallbackLocal), the last answer Redis
 // gave about each (key, rule) this limiter asked it about: the rule's
-// remaining allowance and the reset, so that a key's stand-in starts from
-// them when the key's node goes down, rather than full (a key at its limit
-// stays limited).
+// remaining allowance, when it was asked and answered, and the reset, so
+// that a key's stand-in starts from them when the key's node goes down,
+// rather than full (a key at its limit stays limited).
 //
-// It is a fixed table of slots indexed by a seeded hash of the key and
-// the rule, one answer a slot, the latest written over whatever was there:
-// its memory is bounded whatever keys arrive (as many slots as the
-// fallback keeps stand-ins, WithFallbackKeys, rounded down to a power of
-// two; 48 bytes each, allocated a stripe at a time on first use), keys
-// that Redis answers often (the busy ones) are the likeliest to be found,
-// and noting an answer allocates nothing. A slot holds the key's hash, not
+// It is a map per shard from a seeded hash of the key and the rule to
+// the answer, so its memory follows the (key, rule) pairs Redis answered
+// (40 bytes an answer in the map's slots, about 50 to 100 with their
+// spare room), up to as many as the fallback keeps stand-ins
+// (WithFallbackKeys); past that, a new answer takes the place of an
+// arbitrary one of its shard. Noting an answer takes its shard's lock and
+// allocates only when the map grows. An answer holds the key's hash, not
 // the key: two keys (or rules) whose 64-bit hashes agree would share an
 // answer, which the seed makes as unlikely as it is impossible to aim at.
 type answers struct {
-	seed    maphash.Seed
-	mask    uint64 // slots - 1
-	shift   uint   // a slot's stripe is its index >> shift
-	stripes []answerStripe
+	seed   maphash.Seed
+	per    int // answers a shard holds at most
+	shards [answerShards]answerShard
 }
 
-type answerStripe struct {
-	mu    sync.Mutex
-	slots []answer // nil until an answer is noted in the stripe
+// answerShards is the number of shards; a key's rules share one, so that
+// noting an answer takes one lock.
+const answerShards = 16
+
+type answerShard struct {
+	mu sync.Mutex
+	m  map[uint64]answer // by answerKey; nil until an answer is noted in the shard
 }
 
 // answer is what Redis last said of one rule of one key.
 type answer struct {
-	tag       uint64 // the key's hash, never 0; 0: an empty slot
 	sig       uint64 // the limits of the call (ruleSet.sig)
 	at        int64  // when Redis answered, monoNow
-	end       int64  // at + the answer's ResetAfter: of no use after it
-	remaining int64  // Result.Remaining, below the rule's capacity
-	rule      uint8  // the rule's index in its ruleSet
+	remaining int64  // the rule's remaining allowance, the whole limit's, below its capacity
+	rtt       uint32 // µs from when the call was sent to at (saturated: about 71 minutes)
+	life      uint32 // s from at to the answer's reset, rounded up: of no use after it
 }
 
-// answerStripe holds at most stripeSlots slots (24 KB), so that a limiter
-// that asked about a few keys holds little.
-const stripeSlots = 512
+// sent is when the call that Redis answered was sent, as monoNow.
+func (v *answer) sent() int64 { return v.at - int64(v.rtt)*int64(time.Microsecond) }
 
-func newAnswers(slots int) *answers {
-	n := uint64(1) << (bits.Len(uint(max(slots, 1))) - 1) // a power of two, at most slots
-	per := min(n, stripeSlots)
-	return &answers{
-		seed:    maphash.MakeSeed(),
-		mask:    n - 1,
-		shift:   uint(bits.TrailingZeros64(per)),
-		stripes: make([]answerStripe, n/per),
-	}
+// end is when the answer is of no use any more, as monoNow.
+func (v *answer) end() int64 { return v.at + int64(v.life)*int64(time.Second) }
+
+// ruleAnswers is what a script reply says of each rule of its call, beside
+// the Result, for the answers (see parse and scripts/common.lua).
+type ruleAnswers struct {
+	// left is each rule's remaining allowance before the call, the whole
+	// limit's (a priority share's kept part included); set only when has.
+	left [MaxRules]int64
+	has  bool // the reply carried left: several rules, or a call with a share
+	none bool // the reply is no rule's answer (a penalty block's)
 }
 
-// hash is the tag of the key whose first state key is state.
-func (a *answers) hash(state string) uint64 { return maphash.String(a.seed, state) | 1 }
+func newAnswers(max int) *answers {
+	return &answers{seed: maphash.MakeSeed(), per: (max + answerShards - 1) / answerShards}
+}
 
-// slot returns the stripe and the index in it of rule i of the key h.
-func (a *answers) slot(h uint64, i int) (*answerStripe, uint64) {
+// hash is the hash of the key whose first state key is state.
+func (a *answers) hash(state string) uint64 { return maphash.String(a.seed, state) }
+
+// shard returns the shard of the key h.
+func (a *answers) shard(h uint64) *answerShard { return &a.shards[h>>60] }
+
+// answerKey is the map key of rule i of the key h.
+func answerKey(h uint64, i int) uint64 {
 	x := h + uint64(i)*0x9e3779b97f4a7c15
-	x ^= x >> 29
-	x &= a.mask
-	return &a.stripes[x>>a.shift], x & (1<<a.shift - 1)
+	return x ^ x>>29
 }
 
-// note records Redis's answer res, of reason why, to a call on rs for the
-// key whose first state key is state: the deciding rule's Remaining (the
-// least over the rules, so at most the deciding rule's own) and the
+// note records Redis's answer res to a call of n on rs, sent at sent
+// (monoNow), for the key whose first state key is state: each rule's
+// remaining allowance after the call (from ra where the reply carried
+// each rule's, else Result.Remaining, a single rule's) and the
 // ResetAfter. A block's answer is not a rule's (the block is kept apart,
-// see rescue.block), and a rule found full says nothing a stand-in does
-// not know.
-func (a *answers) note(state string, rs *ruleSet, res *Result, why reason) {
-	if why == reasonBlock {
+// see rescue.block); a rule found full, or one with a warm-up (whose
+// stand-in follows its own curve), says nothing a stand-in does not know.
+func (a *answers) note(state string, rs *ruleSet, n int, res *Result, ra *ruleAnswers, sent int64) {
+	if ra.none {
 		return
 	}
-	i := 0
-	if len(rs.rules) > 1 {
-		for i = len(rs.rules) - 1; i > 0 && rs.rules[i].name != res.Rule; i-- {
+	var s *answerShard
+	var h uint64
+	var v answer
+	for i := range rs.rules {
+		ru := &rs.rules[i]
+		var left int64
+		switch {
+		case ra.has:
+			left = ra.left[i]
+			if res.Allowed && n > 0 {
+				left -= int64(ru.count(n))
+			}
+		case i == 0:
+			left = int64(res.Remaining)
+		default:
+			continue
 		}
+		if ru.alg.warm || left >= int64(ru.capacity()) {
+			continue
+		}
+		if s == nil {
+			now := monoNow()
+			v = answer{sig: rs.sig, at: now,
+				rtt:  uint32(min(max(now-sent, 0)/int64(time.Microsecond), math.MaxUint32)),
+				life: uint32(min((int64(res.ResetAfter)+int64(time.Second)-1)/int64(time.Second), math.MaxUint32))}
+			h = a.hash(state)
+			s = a.shard(h)
+			s.mu.Lock()
+			if s.m == nil {
+				s.m = make(map[uint64]answer)
+			}
+		}
+		v.remaining = max(left, 0)
+		k := answerKey(h, i)
+		if len(s.m) >= a.per {
+			if _, held := s.m[k]; !held {
+				for old := range s.m { // an arbitrary one makes room
+					delete(s.m, old)
+					break
+				}
+			}
+		}
+		s.m[k] = v
 	}
-	capacity := rs.rules[i].capacity()
-	if res.Remaining >= capacity {
-		return
+	if s != nil {
+		s.mu.Unlock()
 	}
-	h := a.hash(state)
-	st, j := a.slot(h, i)
-	now := monoNow()
-	v := answer{tag: h, sig: rs.sig, at: now, end: now + int64(res.ResetAfter), remaining: int64(max(res.Remaining, 0)), rule: uint8(i)}
-	st.mu.Lock()
-	if st.slots == nil {
-		st.slots = make([]answer, 1<<a.shift)
-	}
-	st.slots[j] = v
-	st.mu.Unlock()
 }
 
 // get returns the answer noted for rule i of the key h under the limits
 // sig, if one is, and it is still of use at now (before its reset).
 func (a *answers) get(h uint64, i int, sig uint64, now int64) (answer, bool) {
-	st, j := a.slot(h, i)
-	st.mu.Lock()
-	var v answer
-	if st.slots != nil {
-		v = st.slots[j]
-	}
-	st.mu.Unlock()
-	if v.tag != h || v.rule != uint8(i) || v.sig != sig || now >= v.end {
+	s := a.shard(h)
+	s.mu.Lock()
+	v, ok := s.m[answerKey(h, i)]
+	s.mu.Unlock()
+	if !ok || v.sig != sig || now >= v.end() {
 		return answer{}, false
 	}
 	return v, true
@@ -125,20 +158,34 @@ func (a *answers) get(h uint64, i int, sig uint64, now int64) (answer, bool) {
 // state (a Reset).
 func (a *answers) forget(state string) {
 	h := a.hash(state)
+	s := a.shard(h)
+	s.mu.Lock()
 	for i := range MaxRules {
-		st, j := a.slot(h, i)
-		st.mu.Lock()
-		if st.slots != nil && st.slots[j].tag == h && st.slots[j].rule == uint8(i) {
-			st.slots[j] = answer{}
-		}
-		st.mu.Unlock()
+		delete(s.m, answerKey(h, i))
 	}
+	s.mu.Unlock()
 }
 
-// recall starts set's stand-ins from the answers Redis gave about them
-// since set last looked (set.recalled): when the key's node went down,
-// the answers given while it was up, and after an answer to a call in
-// flight, that one. set.mu is held.
+// len returns the answers held.
+func (a *answers) len() int {
+	n := 0
+	for i := range a.shards {
+		s := &a.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// recall brings set's stand-ins up to the answers Redis gave about them
+// since set last looked (set.recalled). An answer to a call sent after
+// that (when the key's node went down, the answers given while it was up)
+// starts its stand-in afresh from it. An answer to a call sent before it
+// (a call in flight when the node was marked down, answered since) knows
+// nothing of what the stand-in admitted meanwhile: it may only lower the
+// stand-in, to what it says less what the stand-in admitted since it
+// started. set.mu is held.
 func (r *rescue) recall(set *localSet, state string, rs *ruleSet, now time.Time) {
 	a := r.answers
 	if a == nil {
@@ -147,14 +194,20 @@ func (r *rescue) recall(set *localSet, state string, rs *ruleSet, now time.Time)
 	mono := monoNow()
 	var h uint64
 	for i := range set.lims {
-		if h == 0 {
+		if i == 0 {
 			h = a.hash(state)
 		}
 		v, ok := a.get(h, i, rs.sig, mono)
 		if !ok || v.at <= set.recalled {
 			continue
 		}
-		r.startFrom(&set.lims[i], &rs.rules[i], v, now.Add(-time.Duration(mono-v.at)))
+		lr, ru := &set.lims[i], &rs.rules[i]
+		at := now.Add(-time.Duration(mono - v.at))
+		if v.sent() > set.recalled {
+			r.startFrom(lr, ru, v, at)
+			continue
+		}
+		r.lower(lr, ru, v, at, now)
 	}
 	set.recalled = mono
 }
@@ -183,7 +236,26 @@ func (r *rescue) startFrom(lr *localRule, ru *rule, v answer, at time.Time) {
 		k++
 	}
 	lr.lim = rate.NewLimiter(rate.Limit(lr.every), lr.burst)
+	lr.taken = 0
 	if k > 0 {
 		reserveAt(lr.lim, at, k) // a queue: k slots taken
+	}
+}
+
+// lower makes lr, the stand-in of ru, no fuller than the late answer v
+// (given at at, to a call sent before lr last decided) with the events lr
+// admitted since it started taken off, as v cannot count them: lr keeps
+// whichever of the two has less left at now.
+func (r *rescue) lower(lr *localRule, ru *rule, v answer, at, now time.Time) {
+	if lr.warm != nil {
+		return // a warming stand-in follows its curve (see startFrom)
+	}
+	late := *lr
+	r.startFrom(&late, ru, v, at)
+	if lr.taken > 0 {
+		reserveAt(late.lim, now, lr.taken)
+	}
+	if lr.queue && late.ahead(now) > lr.ahead(now) || !lr.queue && late.lim.TokensAt(now) < lr.lim.TokensAt(now) {
+		lr.lim = late.lim
 	}
 }

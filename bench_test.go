@@ -48,7 +48,7 @@ func BenchmarkParseReply(b *testing.B) {
 	l := benchLimiter(b)
 	reply := []any{int64(0), int64(9), int64(0), int64(100000), int64(1)}
 	for b.Loop() {
-		if _, _, err := l.parse(reply, l.own, nil); err != nil {
+		if _, _, err := l.parse(reply, l.own, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func BenchmarkParsePackedReply(b *testing.B) {
 	l := benchLimiter(b)
 	var reply any = packed([5]int64{0, 9, 0, 100000, 1})
 	for b.Loop() {
-		if _, _, err := l.parse(reply, l.own, nil); err != nil {
+		if _, _, err := l.parse(reply, l.own, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -352,19 +352,16 @@ func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []s
 	}
 }
 
-// evalCalendar is eval for rules with a calendar rule among them: the
-// rules are arguments, a calendar rule's window chosen for the call's
-// time (see scripts/calendar.lua); share is the call's priority share.
-func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
+// evalCalendar runs the decision script for rules with a calendar rule
+// among them (see engine.run): the rules are arguments, a calendar rule's
+// window chosen for the call's time (see scripts/calendar.lua); share is
+// the call's priority share.
+func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ruleSet, share int64) (any, error) {
 	var trailer []any
 	if share != 0 { // after the rules' arguments (see scripts/args.lua)
 		trailer = []any{share}
 	}
 	reply, args, err := e.runCalendar(ctx, rs.calScript, a.keys, a.args, len(a.args), rs, sent, trailer)
 	a.args = args // back to the pool
-	if err != nil {
-		return Result{}, 0, err
-	}
-	e.noteBlock(a.keys[0], rs, reply)
-	return e.parse(reply, rs, rc)
+	return reply, err
 }

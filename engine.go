@@ -709,7 +709,9 @@ var defaultArgs = [...]any{1, 1, argZero, argNoMaxDelay, argZero, argNoRID, argZ
 
 // eval runs the decision script (see scripts/common.lua for its layout).
 // share is the call's priority share, parts per million; 0 for all.
+// Every reply, whichever way the script ran, goes through answered.
 func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
+	sent := monoNow()
 	a := evalArgsPool.Get().(*evalArgs)
 	defer func() {
 		clear(a.keys)
@@ -743,13 +745,24 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 		a.keys = appendReserveKeys(a.keys, first, rs)
 	}
 	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
-	script := rs.script
 	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
 		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
 	}
-	if rs.calendar {
-		return e.evalCalendar(ctx, a, now, rs, rc, share)
+	reply, err := e.run(ctx, a, now, rs, share)
+	if err != nil {
+		return Result{}, 0, err
 	}
+	return e.answered(first, reply, n, sent, rs, rc)
+}
+
+// run runs the decision script of rs with a's keys and the call's
+// arguments: a calendar rule's (evalCalendar), a Redis Function, the
+// script with the rules written in, or the one they are arguments of.
+func (e *engine) run(ctx context.Context, a *evalArgs, now any, rs *ruleSet, share int64) (any, error) {
+	if rs.calendar {
+		return e.evalCalendar(ctx, a, now, rs, share)
+	}
+	script := rs.script
 	if script == nil {
 		script = e.script
 		if rs.warm {
@@ -770,27 +783,22 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	}
 	if rs.fn != nil && !e.noFunctions.Load() {
 		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {
-			if err != nil {
-				return Result{}, 0, err
-			}
-			return e.answered(first, reply, rs, rc)
+			return reply, err
 		}
 	}
-	reply, err := script.Run(ctx, e.rdb, a.keys, a.args...).Result()
-	if err != nil {
-		return Result{}, 0, err
-	}
-	return e.answered(first, reply, rs, rc)
+	return script.Run(ctx, e.rdb, a.keys, a.args...).Result()
 }
 
-// answered parses Redis's reply to a decision on rs for the key whose
-// first state key is first, and notes it for the fallback (see answers,
-// and noteBlock).
-func (e *engine) answered(first string, reply any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+// answered parses Redis's reply to a decision of n on rs, sent at sent
+// (monoNow), for the key whose first state key is first, and notes it for
+// the fallback (see answers, and noteBlock): the one place every
+// decision's reply passes.
+func (e *engine) answered(first string, reply any, n int, sent int64, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
 	e.noteBlock(first, rs, reply)
-	res, why, err := e.parse(reply, rs, rc)
+	var ra ruleAnswers
+	res, why, err := e.parse(reply, rs, rc, &ra)
 	if err == nil && e.rescue.answers != nil {
-		e.rescue.answers.note(first, rs, &res, why)
+		e.rescue.answers.note(first, rs, n, &res, &ra, sent)
 	}
 	return res, why, err
 }
@@ -849,19 +857,24 @@ const clockBehind = 64
 
 // packedReply is the length of a reply packed in one string (see
 // scripts/common.lua): code, remaining, delay or retry after, reset
-// after, deciding rule, as a byte, three little-endian int64 and a byte.
+// after, deciding rule, as a byte, three little-endian int64 and a byte;
+// then, for several rules or a call with a share, each rule's remaining
+// allowance as a little-endian int64.
 const packedReply = 26
 
 // parse decodes a script reply (see scripts/common.lua): code, remaining,
 // delay or retry after, reset after, deciding rule, as an array or packed
-// in one string; and for an admitted reservation (rc not nil, an array),
-// each rule's tag.
-func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+// in one string; for an admitted reservation (rc not nil, an array), each
+// rule's tag; and, for several rules or a call with a share, each rule's
+// remaining allowance, into ra (nil: not wanted).
+func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers) (Result, reason, error) {
 	var v [5]int64
+	k := len(rs.rules)
+	var left []int64 // in ra, when the reply carries them
 	switch r := reply.(type) {
 	case string:
-		if len(r) != packedReply {
-			return Result{}, 0, errorf("%s: script replied %d bytes, want %d", e.kind, len(r), packedReply)
+		if len(r) != packedReply && len(r) != packedReply+8*k {
+			return Result{}, 0, errorf("%s: script replied %d bytes, want %d or %d", e.kind, len(r), packedReply, packedReply+8*k)
 		}
 		if r[0] >= clockBehind {
 			e.behind()
@@ -870,6 +883,12 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			return Result{}, 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
 		}
 		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
+		if len(r) > packedReply && ra != nil {
+			ra.has = true
+			for i := range k {
+				ra.left[i] = le64(r[packedReply+8*i:])
+			}
+		}
 	case []any:
 		if len(r) > 0 {
 			if c, ok := r[0].(int64); ok && c >= clockBehind {
@@ -877,16 +896,20 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 				r[0] = c - clockBehind
 			}
 		}
-		want := 5
+		base := 5
 		switch {
 		case len(r) == 0:
 		case r[0] == int64(reasonBlock):
-			want++ // the block's time left (see noteBlock)
+			base++ // the block's time left (see noteBlock)
 		case rc != nil && r[0] == int64(reasonAllowed):
-			want += len(rs.rules)
+			base += k
 		}
-		if len(r) != want {
-			return Result{}, 0, errorf("%s: script replied %d values, want %d", e.kind, len(r), want)
+		if len(r) != base && len(r) != base+k {
+			return Result{}, 0, errorf("%s: script replied %d values, want %d or %d", e.kind, len(r), base, base+k)
+		}
+		if len(r) > base && ra != nil {
+			ra.has = true
+			left = ra.left[:k]
 		}
 		for i, x := range r {
 			n, ok := x.(int64)
@@ -896,8 +919,12 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 			switch {
 			case i < 5:
 				v[i] = n
-			case rc != nil && v[0] == int64(reasonAllowed):
+			case v[0] == int64(reasonBlock):
+				// i is 5: the block's time left, which noteBlock read
+			case i < base:
 				rc.tags = append(rc.tags, n)
+			case left != nil:
+				left[i-base] = n
 			}
 		}
 	default:
@@ -907,6 +934,13 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall) (Result, reason,
 	idx := int(v[4]) - 1
 	if idx < 0 || idx >= len(rs.rules) {
 		idx = 0 // a block: no rule decided
+	}
+	if ra != nil && (why == reasonBlock || v[4] == 0) {
+		// A block's answer (a call it denied, which may name the rule
+		// whose own retry is longer, or a look during one, which names
+		// none) tells no rule's allowance: its Remaining is 0 for the
+		// block.
+		ra.none = true
 	}
 	wait := micros(v[2])
 	res := Result{

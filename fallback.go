@@ -39,6 +39,10 @@ type localRule struct {
 	perCall  bool       // counts a call as one event (Rule.PerCall)
 	warm     *warmCurve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
 	sub      *subRing   // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
+	// taken is the events the stand-in admitted since it started (from
+	// Redis's answer, or full): what a late answer cannot count (see
+	// rescue.lower).
+	taken int
 }
 
 // ahead is how long an event would wait in a queue's stand-in at now:
@@ -232,7 +236,9 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		rc.local = hold
 	}
 	for i := range set.lims {
-		switch lr := &set.lims[i]; {
+		lr := &set.lims[i]
+		lr.taken += lr.count(n)
+		switch {
 		case lr.warm != nil:
 			lr.warm.take(lr.count(n), now)
 			if rc != nil {

@@ -76,10 +76,12 @@ const (
 	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
 	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
 	// Burst queued); SubWindowCounter keeps its sub-windows, in process,
-	// and never admits more than its share of Rate in any Period. A key's stand-in starts from Redis's last answer
-	// about it, if the limiter has one (its Remaining, scaled by the
-	// share), else full; nothing is written back, and Redis resumes from
-	// what it had. A key that Redis denied under a penalty block
+	// and never admits more than its share of Rate in any Period. A key's
+	// stand-in starts from Redis's last answer about it, if the limiter has
+	// one (each rule's remaining allowance, the whole limit's, scaled by the
+	// share), else full; an answer to a call sent before the stand-in last
+	// decided may only lower it; nothing is written back, and Redis resumes
+	// from what it had. A key that Redis denied under a penalty block
 	// ([WithBlock]) stays denied until the block ends.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).

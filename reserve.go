@@ -341,7 +341,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	if len(reply) == 1 {
 		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
 	}
-	res, _, err := e.parse(reply, rs, nil)
+	res, _, err := e.parse(reply, rs, nil, nil)
 	if err != nil {
 		return Result{}, err
 	}

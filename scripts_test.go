@@ -336,9 +336,9 @@ func TestParsePackedReply(t *testing.T) {
 		if v[0] == int64(reasonBlock) {
 			array = append(array, v[2]) // the block's time left (see noteBlock)
 		}
-		want, wantWhy, err := p.parse(array, p.own, nil)
+		want, wantWhy, err := p.parse(array, p.own, nil, nil)
 		require.NoError(t, err)
-		got, why, err := p.parse(packed(v), p.own, nil)
+		got, why, err := p.parse(packed(v), p.own, nil, nil)
 		require.NoError(t, err)
 		assert.Equal(t, want, got, "%v", v)
 		assert.Equal(t, wantWhy, why, "%v", v)
@@ -349,11 +349,11 @@ func TestParsePackedReply(t *testing.T) {
 		"integer": int64(1),
 		"nil":     nil,
 	} {
-		_, _, err := p.parse(reply, p.own, nil)
+		_, _, err := p.parse(reply, p.own, nil, nil)
 		assert.Error(t, err, name)
 	}
 	// An admitted reservation needs its tags: never packed.
-	_, _, err = p.parse(packed([5]int64{0, 9, 0, 1, 1}), p.own, &reserveCall{})
+	_, _, err = p.parse(packed([5]int64{0, 9, 0, 1, 1}), p.own, &reserveCall{}, nil)
 	assert.Error(t, err)
 }
 

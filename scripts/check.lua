@@ -20,7 +20,12 @@ if share and string.byte(strat) ~= 119 then
 end
 local ok, avail, w, reset_now, reset_next, tag, why = check(KEYS[i], rate, period, burst, strat, pxs)
 if kept > 0 and not ok and why ~= 3 and n <= avail + kept then why = 5 end
-if tags then tags[i] = tag or 0 end
+if tags then
+  tags[i] = avail + kept
+  if rid ~= '' then tags[nrules + i] = tag or 0 end
+elseif share then
+  tags = avail + kept -- one rule (see decide.lua)
+end
 local after = avail - n
 if per_call and counting then
   -- Remaining counts the call's units (n): a per-call rule limits it

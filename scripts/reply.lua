@@ -53,6 +53,22 @@ if denied and n > 0 then
   if min_now < 0 then min_now = 0 end
   -- (Rounded by arithmetic, see common.lua.)
   min_now, retry, reset_denied = min_now - min_now % 1, retry + (-retry) % 1, reset_denied + (-reset_denied) % 1
+  -- With several rules or a share, each rule's remaining allowance too
+  -- (see decide.lua: with one rule, tags is a table only for a
+  -- reservation); the layout for more than 3 rules is cut from one for
+  -- 16 (string.sub and unpack cost Redis about 500 instructions each).
+  if nrules > 1 or share then
+    if nrules == 1 then
+      if pack then return pack('<Bi8i8i8Bi8', code + skew, min_now, retry, reset_denied, slowest, rid == '' and tags or tags[1]) end
+      return {code + skew, min_now, retry, reset_denied, slowest, rid == '' and tags or tags[1]}
+    end
+    if pack then
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8', code + skew, min_now, retry, reset_denied, slowest, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8', code + skew, min_now, retry, reset_denied, slowest, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 9 + 2 * nrules), code + skew, min_now, retry, reset_denied, slowest, unpack(tags, 1, nrules))
+    end
+    return {code + skew, min_now, retry, reset_denied, slowest, unpack(tags, 1, nrules)}
+  end
   if pack then
     return pack('<Bi8i8i8B', code + skew, min_now, retry, reset_denied, slowest)
   end
@@ -61,6 +77,18 @@ end
 if n == 0 then
   if min_now < 0 then min_now = 0 end
   min_now, delay, reset_denied = min_now - min_now % 1, delay + (-delay) % 1, reset_denied + (-reset_denied) % 1
+  if nrules > 1 or share then
+    if nrules == 1 then
+      if pack then return pack('<Bi8i8i8Bi8', skew, min_now, delay, reset_denied, fewest, rid == '' and tags or tags[1]) end
+      return {skew, min_now, delay, reset_denied, fewest, rid == '' and tags or tags[1]}
+    end
+    if pack then
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8', skew, min_now, delay, reset_denied, fewest, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8', skew, min_now, delay, reset_denied, fewest, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 9 + 2 * nrules), skew, min_now, delay, reset_denied, fewest, unpack(tags, 1, nrules))
+    end
+    return {skew, min_now, delay, reset_denied, fewest, unpack(tags, 1, nrules)}
+  end
   if pack then
     return pack('<Bi8i8i8B', skew, min_now, delay, reset_denied, fewest)
   end
@@ -77,8 +105,23 @@ if writes then
 end
 if min_after < 0 then min_after = 0 end
 min_after, delay, reset_ok = min_after - min_after % 1, delay + (-delay) % 1, reset_ok + (-reset_ok) % 1
-if rid == '' and pack then
-  return pack('<Bi8i8i8B', skew, min_after, delay, reset_ok, fewest)
+if rid == '' then
+  if nrules > 1 or share then
+    if nrules == 1 then
+      if pack then return pack('<Bi8i8i8Bi8', skew, min_after, delay, reset_ok, fewest, tags) end
+      return {skew, min_after, delay, reset_ok, fewest, tags}
+    end
+    if pack then
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8', skew, min_after, delay, reset_ok, fewest, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8', skew, min_after, delay, reset_ok, fewest, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 9 + 2 * nrules), skew, min_after, delay, reset_ok, fewest, unpack(tags, 1, nrules))
+    end
+    return {skew, min_after, delay, reset_ok, fewest, unpack(tags, 1, nrules)}
+  end
+  if pack then
+    return pack('<Bi8i8i8B', skew, min_after, delay, reset_ok, fewest)
+  end
+  return {skew, min_after, delay, reset_ok, fewest}
 end
 local reply = {skew, min_after, delay, reset_ok, fewest}
 if rid ~= '' then
@@ -101,7 +144,10 @@ if rid ~= '' then
     -- Limiters that share the state share the set: its life only grows,
     -- so that a shorter one does not end a longer one's.
     if rcall('PTTL', rkey) < life then rcall('PEXPIRE', rkey, life) end
-    reply[5 + i] = tags[i]
+    reply[5 + i] = tags[nrules + i]
+  end
+  if nrules > 1 or share then
+    for i = 1, nrules do reply[5 + nrules + i] = tags[i] end
   end
 end
 return reply
