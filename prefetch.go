@@ -657,7 +657,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 	if l.e.rescue.isDown(pf.rv.state) {
 		err = ErrUnavailable
 	} else {
-		res, err = pf.rv.settleRedis(ctx, pf.used)
+		res, err = pf.rv.settleRedis(ctx, pf.used, nil)
 	}
 	l.mu.Lock()
 	if err != nil && !final && (errors.Is(err, ErrUnavailable) || outage.Is(err)) &&
