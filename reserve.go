@@ -508,5 +508,6 @@ func (r *Reservation) settleLocal(used int) Result {
 		}
 		res.ResetAfter = max(res.ResetAfter, seconds((float64(lr.burst)-tokens)/lr.every))
 	}
+	res.RuleResetAfter = res.ResetAfter // the fallback's stand-ins tell no rule's apart here
 	return res
 }

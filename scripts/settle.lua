@@ -33,7 +33,8 @@
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed,
 -- never recorded, or forgotten by a Reset of every rule's state (nothing
 -- changes); else the state after settling, as a decision with n = 0
--- replies under the key's rules now (the m rules, or else the
+-- replies (its five integers, and with several rules the deciding rule's
+-- own reset) under the key's rules now (the m rules, or else the
 -- reservation's) and its block: nothing left while a block lasts.
 
 local used = tonumber(ARGV[7])
@@ -253,13 +254,13 @@ for j = 1, m do
   local _, _, _, _, _, per_call = reported(j)
   if not per_call then counts = true end
 end
-local min_now, reset, fewest, delay = nil, 0, 1, 0
+local min_now, reset, fewest, delay, own = nil, 0, 1, 0, 0
 for j = 1, nr do
   local key, strat, rate, period, burst, per_call = reported(j)
-  local ok, avail, w, reset_now = check_by_code[strat](key, rate, period, burst, strat)
+  local ok, avail, w, reset_now, reset_next = check_by_code[strat](key, rate, period, burst, strat)
   if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
   if per_call and counts and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
-  if min_now == nil or avail < min_now then min_now, fewest = avail, j end
+  if min_now == nil or avail < min_now then min_now, fewest, own = avail, j, reset_next end
   if reset_now > reset then reset = reset_now end
 end
 if #KEYS > 2 * nrules + m then
@@ -270,4 +271,7 @@ if #KEYS > 2 * nrules + m then
   end
 end
 if min_now < 0 then min_now = 0 end
+if nr > 1 then -- the deciding rule's own reset, as reply.lua adds it
+  return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest, math.ceil(own)}
+end
 return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest}
