@@ -224,6 +224,7 @@ func TestDenyCacheKeepsRedisDenial(t *testing.T) {
 			want := first
 			want.RetryAfter -= 100 * time.Millisecond
 			want.ResetAfter -= 100 * time.Millisecond
+			want.RuleResetAfter -= 100 * time.Millisecond
 			assert.Equal(t, want, cached, "%s: the cached denial, 100ms after Redis's %+v", c.name, first)
 		}
 	})
@@ -494,14 +495,14 @@ func TestBlockRetryAfterOwnN(t *testing.T) {
 			require.False(t, own.Allowed, "the limit's answer: %+v", own)
 			res, err := lim.AllowN(ctx, "k", 10)
 			require.NoError(t, err)
-			assert.Equal(t, Result{Limit: res.Limit, RetryAfter: max(left, own.RetryAfter), ResetAfter: max(left, own.ResetAfter)}, res,
+			assert.Equal(t, Result{Limit: res.Limit, RetryAfter: max(left, own.RetryAfter), ResetAfter: max(left, own.ResetAfter), RuleResetAfter: max(left, own.ResetAfter)}, res,
 				"blocked AllowN(10); the limit alone answers %+v", own)
 
 			look, err := twin.AllowN(ctx, "k", 0)
 			require.NoError(t, err)
 			res0, err := lim.AllowN(ctx, "k", 0)
 			require.NoError(t, err)
-			assert.Equal(t, Result{Allowed: true, Limit: res0.Limit, ResetAfter: max(left, look.ResetAfter)}, res0,
+			assert.Equal(t, Result{Allowed: true, Limit: res0.Limit, ResetAfter: max(left, look.ResetAfter), RuleResetAfter: max(left, look.ResetAfter)}, res0,
 				"a look during the block; the limit alone reports %+v", look)
 
 			b.advance(res.RetryAfter)
@@ -617,6 +618,7 @@ func TestBlockDenyCache(t *testing.T) {
 				want := first
 				want.RetryAfter -= 100 * time.Millisecond
 				want.ResetAfter -= 100 * time.Millisecond
+				want.RuleResetAfter -= 100 * time.Millisecond
 				assert.Equal(t, want, cached, "100ms after Redis's %+v", first)
 				time.Sleep(cached.RetryAfter)
 				res, err := lim.AllowN(ctx, "k", 10)

@@ -332,13 +332,17 @@ func (e *engine) calendarNow(sent any) int64 {
 }
 
 // runCalendar runs script with args, whose first base are the call's,
-// then each rule's for the window of the call's time, then trailer; when
-// the script's time missed a calendar rule's window, again for the window
-// of the script's time.
-func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []string, args []any, base int, rs *ruleSet, sent any, trailer []any) (any, []any, error) {
+// then each rule's for the window of the call's time, then trailer, then,
+// when more is not nil, each rule's of more for the same window (a settle's
+// rules now, see Reservation.settleRedis); when the script's time missed a
+// calendar rule's window, again for the window of the script's time.
+func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []string, args []any, base int, rs *ruleSet, sent any, trailer []any, more *ruleSet) (any, []any, error) {
 	at := e.calendarNow(sent)
 	for miss := 0; ; miss++ {
 		args = append(appendRuleArgs(args[:base], rs, at), trailer...)
+		if more != nil {
+			args = appendRuleArgs(args, more, at)
+		}
 		reply, err := script.Run(ctx, e.rdb, keys, args...).Result()
 		server, missed := missedWindow(err)
 		if !missed {
@@ -361,7 +365,7 @@ func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ru
 	if share != 0 { // after the rules' arguments (see scripts/args.lua)
 		trailer = []any{share}
 	}
-	reply, args, err := e.runCalendar(ctx, rs.calScript, a.keys, a.args, len(a.args), rs, sent, trailer)
+	reply, args, err := e.runCalendar(ctx, rs.calScript, a.keys, a.args, len(a.args), rs, sent, trailer, nil)
 	a.args = args // back to the pool
 	return reply, err
 }

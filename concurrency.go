@@ -237,6 +237,7 @@ func (c *Concurrency) TryAcquire(ctx context.Context, key string) (*Lease, Resul
 		start = time.Now()
 	}
 	l, res, err := c.tryAcquire(ctx, key)
+	res.RuleResetAfter = res.ResetAfter // one limit
 	if f := c.e.cfg.observer; f != nil {
 		d := Decision{Context: ctx, Key: key, N: 1, Allowed: res.Allowed, Degraded: res.Degraded, Latency: time.Since(start), Err: err}
 		_, d.Priority = c.e.callShare(ctx)

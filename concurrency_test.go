@@ -121,31 +121,31 @@ func TestConcurrencyLimitResults(t *testing.T) {
 	limit := Limit{Rate: 2, Period: time.Second, Burst: 2}
 
 	a, res := mustTry(t, c, key)
-	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 1, ResetAfter: time.Second}, res)
+	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 1, ResetAfter: time.Second, RuleResetAfter: time.Second}, res)
 	require.Equal(t, time.Second, m.TTL(state), "TTL after the first acquire")
 
 	b.advance(100 * time.Millisecond)
 	_, res = mustTry(t, c, key)
-	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second}, res)
+	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second, RuleResetAfter: time.Second}, res)
 	require.Equal(t, time.Second, m.TTL(state), "TTL after the second acquire: the latest lease's")
 
 	b.advance(100 * time.Millisecond)
 	l, res, err := c.TryAcquire(ctx, key)
 	require.NoError(t, err)
 	require.Nil(t, l)
-	require.Equal(t, Result{Limit: limit, RetryAfter: 800 * time.Millisecond, ResetAfter: 900 * time.Millisecond}, res,
+	require.Equal(t, Result{Limit: limit, RetryAfter: 800 * time.Millisecond, ResetAfter: 900 * time.Millisecond, RuleResetAfter: 900 * time.Millisecond}, res,
 		"denied: retry when the oldest lease expires, reset when the latest does")
 
 	require.NoError(t, a.Release(ctx))
 	c1, res := mustTry(t, c, key)
-	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second}, res)
+	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second, RuleResetAfter: time.Second}, res)
 
 	// At 1.15 s the lease taken at 0.1 s has expired; the one taken at 0.2 s
 	// (c1) has not: the key is still there, with its TTL.
 	b.advance(950 * time.Millisecond)
 	require.Equal(t, 50*time.Millisecond, m.TTL(state))
 	_, res = mustTry(t, c, key)
-	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second}, res)
+	require.Equal(t, Result{Allowed: true, Limit: limit, Remaining: 0, ResetAfter: time.Second, RuleResetAfter: time.Second}, res)
 	members, err := b.rdb.ZRange(ctx, state, 0, -1).Result()
 	require.NoError(t, err)
 	require.Len(t, members, 2, "the expired lease was pruned")
@@ -462,7 +462,7 @@ func TestConcurrencyLimitFallbackPolicies(t *testing.T) {
 				case FallbackDeny:
 					require.NoError(t, err)
 					require.Nil(t, l)
-					require.Equal(t, Result{Limit: c.limit, RetryAfter: time.Hour, ResetAfter: time.Hour, Degraded: true}, res)
+					require.Equal(t, Result{Limit: c.limit, RetryAfter: time.Hour, ResetAfter: time.Hour, RuleResetAfter: time.Hour, Degraded: true}, res)
 				case FallbackError:
 					require.ErrorIs(t, err, ErrUnavailable)
 					require.Contains(t, err.Error(), "connect", "the error does not tell the cause")

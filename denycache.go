@@ -37,6 +37,7 @@ type denial struct {
 	until int64  // ns since epoch0 (monotonic): the entry ends
 	retry int64  // the same, for Redis's RetryAfter (at or after until)
 	reset int64  // the same, for ResetAfter
+	own   int64  // the same, for RuleResetAfter
 	n     int    // the n that was denied
 	sig   uint64 // the limits that denied it
 	res   Result // Redis's denial: its rule, limit and remaining
@@ -79,6 +80,7 @@ func (c *denyCache) lookup(key string, n int, sig uint64) (Result, bool) {
 	res := d.res
 	res.RetryAfter = time.Duration(d.retry - now)
 	res.ResetAfter = time.Duration(max(d.reset, d.retry) - now)
+	res.RuleResetAfter = time.Duration(max(d.own, d.retry) - now)
 	return res, true
 }
 
@@ -114,7 +116,7 @@ func (c *denyCache) remember(key string, n int, sig uint64, res Result, d time.D
 			delete(s.until, k)
 		}
 	}
-	s.until[key] = denial{until: now + int64(d), retry: now + int64(res.RetryAfter), reset: now + int64(res.ResetAfter), n: n, sig: sig, res: res}
+	s.until[key] = denial{until: now + int64(d), retry: now + int64(res.RetryAfter), reset: now + int64(res.ResetAfter), own: now + int64(res.RuleResetAfter), n: n, sig: sig, res: res}
 }
 
 // forget drops key, and any denial of any key still in flight.

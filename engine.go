@@ -858,23 +858,30 @@ const clockBehind = 64
 // packedReply is the length of a reply packed in one string (see
 // scripts/common.lua): code, remaining, delay or retry after, reset
 // after, deciding rule, as a byte, three little-endian int64 and a byte;
-// then, for several rules or a call with a share, each rule's remaining
-// allowance as a little-endian int64.
+// then, with several rules, the deciding rule's own reset after; then,
+// for several rules or a call with a share, each rule's remaining
+// allowance, each a little-endian int64.
 const packedReply = 26
 
 // parse decodes a script reply (see scripts/common.lua): code, remaining,
 // delay or retry after, reset after, deciding rule, as an array or packed
-// in one string; for an admitted reservation (rc not nil, an array), each
-// rule's tag; and, for several rules or a call with a share, each rule's
-// remaining allowance, into ra (nil: not wanted).
+// in one string; with several rules, the deciding rule's own reset after;
+// for an admitted reservation (rc not nil, an array), each rule's tag;
+// and, for several rules or a call with a share, each rule's remaining
+// allowance, into ra (nil: not wanted).
 func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers) (Result, reason, error) {
 	var v [5]int64
 	k := len(rs.rules)
+	own := int64(-1) // the deciding rule's own reset after, when the reply has it
 	var left []int64 // in ra, when the reply carries them
 	switch r := reply.(type) {
 	case string:
-		if len(r) != packedReply && len(r) != packedReply+8*k {
-			return Result{}, 0, errorf("%s: script replied %d bytes, want %d or %d", e.kind, len(r), packedReply, packedReply+8*k)
+		extra := 8 * k
+		if k > 1 {
+			extra += 8
+		}
+		if len(r) != packedReply && len(r) != packedReply+extra {
+			return Result{}, 0, errorf("%s: script replied %d bytes, want %d or %d", e.kind, len(r), packedReply, packedReply+extra)
 		}
 		if r[0] >= clockBehind {
 			e.behind()
@@ -883,10 +890,17 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers)
 			return Result{}, 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
 		}
 		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
-		if len(r) > packedReply && ra != nil {
-			ra.has = true
-			for i := range k {
-				ra.left[i] = le64(r[packedReply+8*i:])
+		if len(r) > packedReply {
+			at := packedReply
+			if k > 1 {
+				own = le64(r[at:])
+				at += 8
+			}
+			if ra != nil {
+				ra.has = true
+				for i := range k {
+					ra.left[i] = le64(r[at+8*i:])
+				}
 			}
 		}
 	case []any:
@@ -896,12 +910,16 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers)
 				r[0] = c - clockBehind
 			}
 		}
-		base := 5
+		base, ownAt := 5, -1
 		switch {
 		case len(r) == 0:
 		case r[0] == int64(reasonBlock):
 			base++ // the block's time left (see noteBlock)
-		case rc != nil && r[0] == int64(reasonAllowed):
+		case k > 1 && len(r) > base:
+			ownAt = base
+			base++
+		}
+		if len(r) > 0 && rc != nil && r[0] == int64(reasonAllowed) {
 			base += k
 		}
 		if len(r) != base && len(r) != base+k {
@@ -921,6 +939,8 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers)
 				v[i] = n
 			case v[0] == int64(reasonBlock):
 				// i is 5: the block's time left, which noteBlock read
+			case i == ownAt:
+				own = n
 			case i < base:
 				rc.tags = append(rc.tags, n)
 			case left != nil:
@@ -944,12 +964,17 @@ func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers)
 	}
 	wait := micros(v[2])
 	res := Result{
-		Allowed:    why == reasonAllowed,
-		ByPriority: why == reasonPriority,
-		Limit:      rs.rules[idx].limit,
-		Rule:       rs.rules[idx].name,
-		Remaining:  int(max(v[1], 0)),
-		ResetAfter: micros(v[3]),
+		Allowed:        why == reasonAllowed,
+		ByPriority:     why == reasonPriority,
+		Limit:          rs.rules[idx].limit,
+		Rule:           rs.rules[idx].name,
+		Remaining:      int(max(v[1], 0)),
+		ResetAfter:     micros(v[3]),
+		RuleResetAfter: micros(v[3]),
+	}
+	if own >= 0 && why != reasonBlock && v[4] != 0 {
+		// A block's answer has none: the block decides, till ResetAfter.
+		res.RuleResetAfter = micros(own)
 	}
 	if res.Allowed {
 		res.Delay = wait

@@ -101,7 +101,7 @@ func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet
 		return Result{Allowed: true, Limit: first.limit, Rule: first.name, Remaining: rs.maxN, Degraded: true}, reasonAllowed, nil
 	case FallbackDeny:
 		wait := e.cfg.pingInterval
-		return Result{Limit: first.limit, Rule: first.name, RetryAfter: wait, ResetAfter: wait, Degraded: true}, reasonLimit, nil
+		return Result{Limit: first.limit, Rule: first.name, RetryAfter: wait, ResetAfter: wait, RuleResetAfter: wait, Degraded: true}, reasonLimit, nil
 	case FallbackError:
 		if cause == nil {
 			cause = r.downCause(state)
@@ -282,9 +282,11 @@ func blockedLocked(set *localSet, verdicts *[MaxRules]verdict, n int, denied boo
 	res, longest := combine(set, verdicts, n, true, rs)
 	res.Remaining, res.Delay = 0, 0
 	res.ResetAfter = max(res.ResetAfter, left)
+	res.RuleResetAfter = max(res.RuleResetAfter, left)
 	if n == 0 || !denied || longest <= left {
 		first := &rs.rules[0]
 		res.Limit, res.Rule = first.limit, first.name
+		res.RuleResetAfter = res.ResetAfter // the block decides
 		longest = left
 	}
 	if n == 0 {
@@ -298,8 +300,8 @@ func blockedLocked(set *localSet, verdicts *[MaxRules]verdict, n int, denied boo
 // combine makes the stand-ins' verdicts on a call of n one Result, as the
 // script combines its rules': Remaining the least over the rules, the
 // deciding rule (the longest wait of those that deny; else the fewest
-// left), ResetAfter and Delay the longest. longest is the deciding denial's
-// wait.
+// left), ResetAfter and Delay the longest, RuleResetAfter the deciding
+// rule's. longest is the deciding denial's wait.
 func combine(set *localSet, verdicts *[MaxRules]verdict, n int, denied bool, rs *ruleSet) (res Result, longest time.Duration) {
 	res.Degraded = true
 	deciding, fewest := 0, math.MaxInt
@@ -335,6 +337,10 @@ func combine(set *localSet, verdicts *[MaxRules]verdict, n int, denied bool, rs 
 	}
 	res.Remaining = max(res.Remaining, 0)
 	res.Limit, res.Rule = rs.rules[deciding].limit, rs.rules[deciding].name
+	res.RuleResetAfter = verdicts[deciding].resetAfter
+	if denied {
+		res.RuleResetAfter = verdicts[deciding].resetNow
+	}
 	return res, longest
 }
 

@@ -21,6 +21,13 @@ type Result struct {
 	Shadowed   bool          // shadow mode (WithShadow): the limit would have denied, but Allowed is true
 	ByPriority bool          // denied (or, Shadowed, would have been) by the call's priority share alone (WithPriorityShares): the limit itself would have admitted it
 	Rule       string        // Policy: the deciding rule's name (see Policy); empty for a RateLimiter
+	// RuleResetAfter is ResetAfter of the deciding rule alone (the one Rule
+	// and Limit name): how long until that rule is back at its full
+	// allowance, with no more traffic, and a penalty block has ended. A
+	// Policy of a per-second and a per-hour rule, denied by the first: 1s,
+	// where ResetAfter waits for the hour. With one rule (a RateLimiter),
+	// and while a penalty block decides, it is ResetAfter.
+	RuleResetAfter time.Duration
 }
 
 // Limiter decides, per key, whether events may happen. All implementations

@@ -125,7 +125,7 @@ func WithPrefix(prefix string) Option {
 // per-customer override from a database. A zero Limit means the limiter's
 // own. An error from f is returned, wrapped, and no decision is made; an
 // invalid Limit from f is an error wrapping ErrInvalidLimit, never a panic.
-// f is called on every call (Reset included); keep it fast, for example a
+// f is called on every call (Reset and Reservation.Settle included); keep it fast, for example a
 // lookup in memory. How such limits share state, and cost no round trip:
 // see "Limits per key" in the package documentation. For a [Policy], use
 // [WithRulesFunc]. For a [Concurrency], the Limit's Rate is the key's max

@@ -71,8 +71,8 @@ func TestPolicyValidation(t *testing.T) {
 }
 
 // The Result of a policy: Remaining the least, RetryAfter the longest among
-// the denying rules, ResetAfter the longest, Rule and Limit the deciding
-// rule's; RetryAfter exact to the µs.
+// the denying rules, ResetAfter the longest, Rule, Limit and RuleResetAfter
+// the deciding rule's; RetryAfter exact to the µs.
 func TestPolicyResult(t *testing.T) {
 	b, _ := miniBackend(t)
 	p := newPolicy(t, b.rdb, []Rule{
@@ -84,12 +84,12 @@ func TestPolicyResult(t *testing.T) {
 	require.NoError(t, err)
 	// Allowed: the rule with the fewest remaining decides (1 token < 4 in the window).
 	assert.Equal(t, Result{Allowed: true, Limit: Limit{Rate: 10, Period: time.Second, Burst: 5}, Remaining: 1,
-		ResetAfter: time.Minute, Rule: "second"}, res)
+		ResetAfter: time.Minute, Rule: "second", RuleResetAfter: 400 * time.Millisecond}, res)
 	res, err = p.AllowN(ctx, "k", 3)
 	require.NoError(t, err)
 	// Denied by the bucket only (the window has 4 left): retry when 2 more tokens are there.
 	assert.Equal(t, Result{Limit: Limit{Rate: 10, Period: time.Second, Burst: 5}, Remaining: 1,
-		RetryAfter: 200 * time.Millisecond, ResetAfter: time.Minute, Rule: "second"}, res)
+		RetryAfter: 200 * time.Millisecond, ResetAfter: time.Minute, Rule: "second", RuleResetAfter: 400 * time.Millisecond}, res)
 	b.advance(200*time.Millisecond - time.Microsecond)
 	res, err = p.AllowN(ctx, "k", 3)
 	require.NoError(t, err)
@@ -103,7 +103,7 @@ func TestPolicyResult(t *testing.T) {
 	res, err = p.AllowN(ctx, "k", 2)
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: PerMinute(8), Remaining: 0, RetryAfter: time.Minute - 200*time.Millisecond,
-		ResetAfter: time.Minute - 200*time.Millisecond, Rule: "minute"}, fill(res))
+		ResetAfter: time.Minute - 200*time.Millisecond, Rule: "minute", RuleResetAfter: time.Minute - 200*time.Millisecond}, fill(res))
 }
 
 // fill puts Burst into a result's fixed-window limit, as the engine does.

@@ -246,11 +246,12 @@ func (pf *prefetch) valid(now int64, n int, sig uint64) bool {
 // result is the answer to a call served from pf.
 func (pf *prefetch) result(now int64) Result {
 	return Result{
-		Allowed:    true,
-		Limit:      pf.res.Limit,
-		Rule:       pf.res.Rule,
-		Remaining:  pf.k - pf.used,
-		ResetAfter: max(pf.res.ResetAfter-time.Duration(now-pf.start), 0),
+		Allowed:        true,
+		Limit:          pf.res.Limit,
+		Rule:           pf.res.Rule,
+		Remaining:      pf.k - pf.used,
+		ResetAfter:     max(pf.res.ResetAfter-time.Duration(now-pf.start), 0),
+		RuleResetAfter: max(pf.res.RuleResetAfter-time.Duration(now-pf.start), 0),
 	}
 }
 
@@ -657,7 +658,7 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 	if l.e.rescue.isDown(pf.rv.state) {
 		err = ErrUnavailable
 	} else {
-		res, err = pf.rv.settleRedis(ctx, pf.used)
+		res, err = pf.rv.settleRedis(ctx, pf.used, nil)
 	}
 	l.mu.Lock()
 	if err != nil && !final && (errors.Is(err, ErrUnavailable) || outage.Is(err)) &&

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -140,7 +141,11 @@ func (r *Reservation) Result() Result {
 // reports it for a Critical call, which no share limits, whatever the
 // reservation's priority: with [WithPriorityShares], its Remaining
 // includes the headroom kept for higher priorities (a Normal call, the
-// default, sees less). A reservation taken in shadow mode that the limit
+// default, sees less). It is under the key's limits now: with
+// [WithLimitFunc] or [WithRulesFunc], Settle calls the function, settles
+// the rules the reservation took from and reports those it returns (or,
+// if it fails, the reservation's); and during a penalty block
+// ([WithBlock]) it has nothing left until the block ends. A reservation taken in shadow mode that the limit
 // denied holds nothing: Settle returns its Result and touches nothing.
 //
 // Outages: a reservation taken by the in-process fallback (Result().Degraded)
@@ -196,7 +201,7 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 		}
 		return Result{}, r.queueSettle(used, err)
 	}
-	res, err := r.settleRedis(ctx, used)
+	res, err := r.settleRedis(ctx, used, r.rulesNow(ctx))
 	switch {
 	case err == nil:
 		r.done = true
@@ -239,7 +244,7 @@ func (r *Reservation) queueSettle(used int, err error) error {
 // or the reservation expired or was reset).
 func (r *Reservation) requeued(used int) requeued {
 	return requeued{state: r.state, until: r.until, do: func(ctx context.Context) bool {
-		_, err := r.settleRedis(ctx, used)
+		_, err := r.settleRedis(ctx, used, nil)
 		switch {
 		case err == nil, errors.Is(err, ErrSettled):
 			return false
@@ -301,34 +306,78 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 var settleScript = redis.NewScript(decisionHead(calendarFiles) +
 	readScripts("args.lua") + strategyTable(calendarFiles) + readScripts("rules.lua", "settle.lua"))
 
-func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error) {
+// rulesNow returns the rules that decide r's key now (WithLimitFunc,
+// WithRulesFunc), which Settle's Result reports under, as AllowN(ctx,
+// key, 0) would; nil when they are the reservation's, or when the
+// function that gives them fails (the settle is made all the same,
+// reported under the reservation's rules).
+func (r *Reservation) rulesNow(ctx context.Context) *ruleSet {
+	if r.e.cfg.limitFunc == nil && r.e.cfg.rulesFunc == nil {
+		return nil
+	}
+	rs, err := r.e.rulesFor(ctx, r.key)
+	if err != nil || sameRules(rs, r.rs) {
+		return nil
+	}
+	return rs
+}
+
+// sameRules reports whether a and b are the same rules, in the same order.
+func sameRules(a, b *ruleSet) bool {
+	return a == b || slices.Equal(a.rules, b.rules)
+}
+
+// settleRedis settles r with used in Redis, and returns the key's state
+// after it as a look (n = 0) reports it: under the rules now, or r's own
+// when now is nil, and its penalty block (see scripts/settle.lua).
+func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (Result, error) {
 	e, rs := r.e, r.rs
-	keys := make([]string, 0, 2*len(rs.rules))
+	report := rs
+	if now != nil {
+		report = now
+	}
+	keys := make([]string, 0, 2*len(rs.rules)+len(report.rules)+1)
 	for i := range rs.rules {
 		keys = append(keys, ruleKey(r.state, rs, i))
 	}
 	keys = appendReserveKeys(keys, r.state, rs)
-	now := argZero
+	first := r.state
+	if now != nil {
+		first = e.stateKey(r.key, &now.rules[0])
+		for i := range now.rules {
+			keys = append(keys, ruleKey(first, now, i))
+		}
+	}
+	if e.cfg.block > 0 {
+		keys = append(keys, blockKeyOf(first, report))
+	}
+	at := argZero
 	if e.clock != nil {
 		us, err := e.clock.nowMicros(ctx)
 		if err != nil {
 			return Result{}, r.settleErr(ctx, err)
 		}
-		now = us
+		at = us
 	}
-	args := make([]any, 0, 8+5*len(rs.rules))
-	args = append(args, 0, len(rs.rules), now, argNoMaxDelay, settleLogEntries(rs), r.id, used)
+	args := make([]any, 0, 10+5*len(rs.rules)+4*len(report.rules))
+	args = append(args, 0, len(rs.rules), at, argNoMaxDelay, settleLogEntries(rs), r.id, used)
+	trailer := r.settleTrailer(now)
 	var out any
 	var err error
-	if rs.calendar {
+	if rs.calendar || now != nil && now.calendar {
 		// A calendar rule's window goes in its arguments, before the tags:
-		// they follow as a trailer (see settleTrailer).
-		out, _, err = e.runCalendar(ctx, settleScript, keys, args, len(args), rs, now, r.settleTrailer())
+		// they follow as a trailer (see settleTrailer), then the rules now.
+		out, _, err = e.runCalendar(ctx, settleScript, keys, args, len(args), rs, at, trailer, now)
 	} else {
 		for i := range rs.rules {
 			args = append(args, rs.rules[i].args[:]...)
 		}
-		args = append(args, r.settleTrailer()...)
+		args = append(args, trailer...)
+		if now != nil {
+			for i := range now.rules {
+				args = append(args, now.rules[i].args[:]...)
+			}
+		}
 		out, err = settleScript.Run(ctx, e.rdb, keys, args...).Result()
 	}
 	if err != nil {
@@ -341,7 +390,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 	if len(reply) == 1 {
 		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
 	}
-	res, _, err := e.parse(reply, rs, nil, nil)
+	res, _, err := e.parse(reply, report, nil, nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -350,12 +399,22 @@ func (r *Reservation) settleRedis(ctx context.Context, used int) (Result, error)
 }
 
 // settleTrailer returns the settle script's arguments after the rules':
-// the events reserved and each rule's tag.
-func (r *Reservation) settleTrailer() []any {
-	t := make([]any, 0, 1+len(r.tags))
+// the events reserved and each rule's tag; then, with now (the rules the
+// reply reports, see settleRedis), their number, which their arguments
+// follow.
+func (r *Reservation) settleTrailer(now *ruleSet) []any {
+	k := len(r.rs.rules)
+	t := make([]any, 0, 2+k)
 	t = append(t, r.n)
-	for _, tag := range r.tags {
+	for i := range k {
+		var tag int64 // 0, as the script records a missing one
+		if i < len(r.tags) {
+			tag = r.tags[i]
+		}
 		t = append(t, tag)
+	}
+	if now != nil {
+		t = append(t, len(now.rules))
 	}
 	return t
 }
@@ -449,5 +508,6 @@ func (r *Reservation) settleLocal(used int) Result {
 		}
 		res.ResetAfter = max(res.ResetAfter, seconds((float64(lr.burst)-tokens)/lr.every))
 	}
+	res.RuleResetAfter = res.ResetAfter // the fallback's stand-ins tell no rule's apart here
 	return res
 }

@@ -530,6 +530,112 @@ func TestSettleResultIsReport(t *testing.T) {
 	}
 }
 
+// Settle's Result is the key's state as AllowN(ctx, key, 0) reports it,
+// under the key's rules now, from WithLimitFunc or WithRulesFunc (a lowered
+// rate on the same state, another period's state, a warm-up, a calendar
+// quota), not the reservation's, and during a penalty block (WithBlock):
+// nothing left until it ends. (Settle reported the reservation's rules,
+// 11 left where AllowN(0) said 6, and during a block the window's 4 left
+// where AllowN(4) was blocked: TestPropertyFoundSettleResultUnderThePlanNow,
+// TestPropertyFoundSettleResultDuringBlock.)
+func TestSettleResultUnderTheRulesNow(t *testing.T) {
+	l := Limit{Rate: 10, Period: time.Second, Burst: 10}
+	nows := map[string]Limit{
+		"lowered":      {Rate: 6, Period: time.Second},
+		"other period": {Rate: 100, Period: time.Minute},
+		"warm-up":      {Rate: 10, Period: time.Second, WarmUp: 2 * time.Second},
+		"own":          {}, // the reservation's: a block only
+	}
+	type limiter interface {
+		Limiter
+		Reserve(context.Context, string, int) (*Reservation, error)
+	}
+	type plan func(*testing.T, redis.UniversalClient, *atomic.Bool, ...Option) limiter
+	cases := map[string]plan{}
+	for _, s := range Strategies() {
+		for name, now := range nows {
+			if now.WarmUp != 0 && s != TokenBucket && s != LeakyBucket {
+				continue
+			}
+			cases[s.String()+"/"+name] = func(t *testing.T, rdb redis.UniversalClient, switched *atomic.Bool, opts ...Option) limiter {
+				return newLimiter(t, rdb, s, l, append(opts, WithLimitFunc(func(context.Context, string) (Limit, error) {
+					if switched.Load() {
+						return now, nil
+					}
+					return Limit{}, nil
+				}))...)
+			}
+		}
+	}
+	policies := map[string][2][]Rule{
+		"policy": {
+			{{Strategy: LeakyBucket, Limit: l}, {Strategy: FixedWindow, Limit: PerHour(1000)}},
+			{{Name: "minute", Strategy: FixedWindow, Limit: PerMinute(8)}, {Strategy: SlidingCounter, Limit: PerHour(50)}, {Strategy: TokenBucket, Limit: l}},
+		},
+		"policy to a calendar": {
+			{{Strategy: TokenBucket, Limit: l}, {Strategy: FixedWindow, Limit: PerHour(1000)}},
+			{{Strategy: SlidingLog, Limit: PerMinute(9)}, {Name: "daily", Strategy: FixedWindow, Limit: Daily(30, nil)}},
+		},
+		"policy from a calendar": {
+			{{Name: "daily", Strategy: FixedWindow, Limit: Daily(30, nil)}, {Strategy: SubWindowCounter, Limit: l}},
+			{{Strategy: TokenBucket, Limit: PerMinute(12)}},
+		},
+	}
+	for name, rules := range policies {
+		cases[name] = func(t *testing.T, rdb redis.UniversalClient, switched *atomic.Bool, opts ...Option) limiter {
+			return newPolicy(t, rdb, rules[0], append(opts, WithRulesFunc(func(context.Context, string) ([]Rule, error) {
+				if switched.Load() {
+					return rules[1], nil
+				}
+				return nil, nil
+			}))...)
+		}
+	}
+	for name, make := range cases {
+		for _, block := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/block %v", name, block), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				ctx := t.Context()
+				var switched atomic.Bool
+				var opts []Option
+				if block {
+					opts = append(opts, WithBlock(time.Hour))
+				}
+				lim := make(t, b.rdb, &switched, opts...)
+				_, err := lim.AllowN(ctx, "k", 2)
+				require.NoError(t, err)
+				b.advance(150 * time.Millisecond)
+				rv, err := lim.Reserve(ctx, "k", 5)
+				require.NoError(t, err)
+				require.True(t, rv.Result().Allowed)
+				switched.Store(true)
+				_, err = lim.AllowN(ctx, "k", 1)
+				require.NoError(t, err)
+				if block {
+					// Use the rules now up: the denial sets the block.
+					for i := 0; ; i++ {
+						res, err := lim.AllowN(ctx, "k", 1)
+						require.NoError(t, err)
+						if !res.Allowed {
+							break
+						}
+						require.Less(t, i, 200, "never denied")
+					}
+				}
+				b.advance(250 * time.Millisecond)
+				got, err := rv.Settle(ctx, 3)
+				require.NoError(t, err)
+				want, err := lim.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				assert.Equal(t, want, got, "Settle's Result against AllowN(0)")
+				if block {
+					assert.Zero(t, got.Remaining, "during the block")
+				}
+			})
+		}
+	}
+}
+
 // Settle's used is bounded only where the state needs it, on Redis and in
 // the fallback: past it the settle is refused, nothing changes, and the
 // reservation stays pending, so that a smaller used settles it; the most

@@ -167,8 +167,10 @@ const (
 	// HeaderRemaining is Result.Remaining: the calls that could still be
 	// allowed now for the same key.
 	HeaderRemaining = "ratelimit-remaining"
-	// HeaderReset is Result.ResetAfter in whole seconds, rounded up: when
-	// the key is back at its full allowance without more traffic.
+	// HeaderReset is Result.RuleResetAfter (ResetAfter for a Result that
+	// names no rule) in whole seconds, rounded up:
+	// when the policy that decided (a Policy's deciding rule, whose quota
+	// HeaderLimit is) is back at its full allowance without more traffic.
 	HeaderReset = "ratelimit-reset"
 	// HeaderRetryAfter is Result.RetryAfter in whole seconds, rounded up and
 	// at least 1; set on denials only. The RetryInfo detail of the status
@@ -490,7 +492,7 @@ func denied(res redlimit.Result) error {
 func (in *interceptor) headers(res redlimit.Result, rules []redlimit.Rule) metadata.MD {
 	md := metadata.MD{
 		HeaderRemaining: {strconv.Itoa(res.Remaining)},
-		HeaderReset:     {seconds(res.ResetAfter)},
+		HeaderReset:     {seconds(ratelimitfields.ResetAfter(res))},
 	}
 	list, deciding := in.policies.Policies(res, rules)
 	if v := ratelimitfields.Format(list); v != "" {

@@ -55,8 +55,8 @@ func wantHeaders(t *testing.T, what string, header metadata.MD, policy, limit, r
 
 // A redlimit.Policy: ratelimit-policy lists every rule, in order and named
 // as the rules, as httplimit's RateLimit-Policy field does; the other
-// entries describe the deciding rule (the fewest remaining), with the reset
-// of the Result (until every rule is full again: the hour).
+// entries describe the deciding rule (the fewest remaining), with its own
+// reset (until the bucket is full again, not the hour).
 func TestPolicyHeaders(t *testing.T) {
 	t.Parallel()
 	p := miniPolicy(t, hourStart, []redlimit.Rule{
@@ -68,8 +68,30 @@ func TestPolicyHeaders(t *testing.T) {
 	for i, remaining := range []string{"9", "8"} {
 		header, err := s.check(t)
 		require.NoError(t, err, "call %d", i+1)
-		wantHeaders(t, "call", header, policy, "10", remaining, "3600", "")
+		wantHeaders(t, "call", header, policy, "10", remaining, "1", "")
 	}
+}
+
+// A Policy of a per-second and a per-hour rule, denied by the per-second
+// rule: ratelimit-limit is its quota and ratelimit-reset its own reset, 1s,
+// not the hour's (it said 3600 beside the per-second quota, and a client
+// honouring it waited an hour; issue 36 item 12).
+func TestPolicyDeniedBySecond(t *testing.T) {
+	t.Parallel()
+	p := miniPolicy(t, hourStart.Add(10*time.Minute), []redlimit.Rule{
+		{Name: "rps", Strategy: redlimit.FixedWindow, Limit: redlimit.PerSecond(2)},
+		{Name: "rph", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(3)},
+	})
+	s := newServer(t, p)
+	const policy = `"rps";q=2;w=1, "rph";q=3;w=3600`
+	for i, remaining := range []string{"1", "0"} {
+		header, err := s.check(t)
+		require.NoError(t, err, "call %d", i+1)
+		wantHeaders(t, "call", header, policy, "2", remaining, "1", "")
+	}
+	header, err := s.check(t)
+	wantCode(t, "call 3", err, codes.ResourceExhausted)
+	wantHeaders(t, "call 3", header, policy, "2", "0", "1", "1")
 }
 
 // A Policy denied by its hour rule: ratelimit-limit is the hour's q, and
@@ -134,11 +156,11 @@ func TestPolicyRulesFunc(t *testing.T) {
 		key                                    string
 		policy, limit, remaining, reset, retry string
 	}{
-		{"anon", `"second";q=2;w=1, "hour";q=20;w=3600`, "2", "1", "3600", ""},
-		{"paid", `"second";q=10;w=1, "hour";q=1000;w=3600`, "10", "9", "3600", ""},
+		{"anon", `"second";q=2;w=1, "hour";q=20;w=3600`, "2", "1", "1", ""},
+		{"paid", `"second";q=10;w=1, "hour";q=1000;w=3600`, "10", "9", "1", ""},
 		{"trial", `"second";q=10;w=1, "hour";q=1;w=3600`, "1", "0", "3600", ""},
 		{"trial", `"second";q=10;w=1, "hour";q=1;w=3600`, "1", "0", "3600", "3600"},
-		{"enterprise", `"minute";q=600;w=60, "token-bucket-1s";q=100;w=2`, "100", "99", "60", ""},
+		{"enterprise", `"minute";q=600;w=60, "token-bucket-1s";q=100;w=2`, "100", "99", "1", ""},
 	} {
 		header, err := s.check(t, "x-api-key", tt.key)
 		if tt.retry == "" {

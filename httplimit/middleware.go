@@ -80,7 +80,8 @@
 // and w in whole seconds even for periods under a second (10 per 100ms is
 // q=100;w=1); see [Quota] for each strategy and the rounding. RateLimit
 // names the policy that decided, with r the events remaining now and t the
-// seconds until the key is back at its full allowance (rounded up).
+// seconds until that policy (a Policy's deciding rule: its
+// Result.RuleResetAfter) is back at its full allowance (rounded up).
 //
 // A single-strategy limiter of this module has one policy, named after its
 // strategy ("fixed-window", "sliding-log", "sliding-counter",
@@ -174,8 +175,9 @@ const (
 	// remaining now; see [WithXRateLimitHeaders].
 	HeaderXRateLimitRemaining = "X-RateLimit-Remaining"
 	// HeaderXRateLimitReset is the legacy field with the seconds (a delta,
-	// not a Unix time) until the key is back at its full allowance, rounded
-	// up; see [WithXRateLimitHeaders].
+	// not a Unix time) until the policy that decided is back at its full
+	// allowance, rounded up, as the RateLimit field's t; see
+	// [WithXRateLimitHeaders].
 	HeaderXRateLimitReset = "X-RateLimit-Reset"
 )
 

@@ -662,9 +662,9 @@ func TestPolicyNameRealLimiter(t *testing.T) {
 		{"strategy named as default", redlimit.SlidingLog, redlimit.PerMinute(50), nil,
 			[]httplimit.Option{httplimit.WithPolicyName(httplimit.DefaultPolicyName)}, `"default";q=50;w=60`, `"default";r=49;t=60`},
 		{"policy", 0, redlimit.Limit{}, rules,
-			nil, policy, `"burst";r=19;t=3600`},
+			nil, policy, `"burst";r=19;t=1`},
 		{"policy named: the rules' names", 0, redlimit.Limit{}, rules,
-			[]httplimit.Option{httplimit.WithPolicyName("per-ip")}, policy, `"burst";r=19;t=3600`},
+			[]httplimit.Option{httplimit.WithPolicyName("per-ip")}, policy, `"burst";r=19;t=1`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

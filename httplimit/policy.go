@@ -42,7 +42,7 @@ func Quota(s redlimit.Strategy, l redlimit.Limit) (q, w int64, ok bool) {
 
 // formatRateLimit returns the value of the RateLimit field: the policy
 // named name, which decided res, with its remaining quota r and the
-// seconds t until the key is back at its full allowance.
+// seconds t until that policy is back at its full allowance.
 func formatRateLimit(name string, res redlimit.Result) string {
 	return ratelimitfields.String(name) + ";r=" + strconv.FormatInt(remaining(res), 10) +
 		";t=" + strconv.FormatInt(resetSeconds(res), 10)
@@ -54,8 +54,11 @@ func remaining(res redlimit.Result) int64 {
 	return min(int64(max(res.Remaining, 0)), ratelimitfields.MaxInteger)
 }
 
-// resetSeconds is res.ResetAfter in whole seconds, rounded up (at most
-// 10 digits, so always a Structured Field Integer).
+// resetSeconds is ratelimitfields.ResetAfter in whole seconds, rounded up (at
+// most 10 digits, so always a Structured Field Integer): the reset of the
+// policy that decided, which the RateLimit field names, not the latest of
+// a redlimit.Policy's rules (a per-second rule's t=3600 beside an hourly
+// one).
 func resetSeconds(res redlimit.Result) int64 {
-	return ceilSeconds(res.ResetAfter)
+	return ceilSeconds(ratelimitfields.ResetAfter(res))
 }

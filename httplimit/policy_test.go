@@ -33,7 +33,8 @@ func miniPolicy(t *testing.T, rules []redlimit.Rule, opts ...redlimit.Option) *r
 
 // A redlimit.Policy: RateLimit-Policy lists every rule, and RateLimit
 // reports the deciding one, with the Result's remaining (the least over the
-// rules) and reset (until every rule is full again: here the hour).
+// rules) and the deciding rule's own reset (until the bucket is full again,
+// not the hour).
 func TestPolicyHeaders(t *testing.T) {
 	t.Parallel()
 	p := miniPolicy(t, []redlimit.Rule{
@@ -51,12 +52,39 @@ func TestPolicyHeaders(t *testing.T) {
 	rec := do()
 	assert.Equal(t, http.StatusOK, rec.Code)
 	assert.Equal(t, `"burst";q=10;w=1, "hourly";q=100;w=3600`, rec.Header().Get(httplimit.HeaderRateLimitPolicy))
-	assert.Equal(t, `"burst";r=2;t=3600`, rec.Header().Get(httplimit.HeaderRateLimit))
+	assert.Equal(t, `"burst";r=2;t=1`, rec.Header().Get(httplimit.HeaderRateLimit))
 	do()
 	do()
 	rec = do()
 	assert.Equal(t, http.StatusTooManyRequests, rec.Code)
-	assert.Equal(t, `"burst";r=0;t=3600`, rec.Header().Get(httplimit.HeaderRateLimit))
+	assert.Equal(t, `"burst";r=0;t=1`, rec.Header().Get(httplimit.HeaderRateLimit))
+}
+
+// A 429 of a Policy of a per-second and a per-hour rule, denied by the
+// per-second rule: RateLimit names it with its own reset, t=1, not the
+// hour's (it said "rps";r=0;t=3600, and a client honouring it waited an
+// hour; issue 36 item 12); so does X-RateLimit-Reset.
+func TestPolicyRateLimitDecidingReset(t *testing.T) {
+	t.Parallel()
+	p := miniPolicy(t, []redlimit.Rule{
+		{Name: "rps", Strategy: redlimit.FixedWindow, Limit: redlimit.PerSecond(2)},
+		{Name: "rph", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(3)},
+	})
+	h := httplimit.Middleware(p, httplimit.WithXRateLimitHeaders(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	do := func(ip string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = ip + ":1234"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	do("192.0.2.1")
+	do("192.0.2.1")
+	rec := do("192.0.2.1")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	assert.Equal(t, `"rps";r=0;t=1`, rec.Header().Get(httplimit.HeaderRateLimit), "denied by the second")
+	assert.Equal(t, "1", rec.Header().Get(httplimit.HeaderXRateLimitReset))
+	assert.Equal(t, "2", rec.Header().Get(httplimit.HeaderXRateLimitLimit))
 }
 
 // With redlimit.WithRulesFunc, RateLimit-Policy lists the rules the
@@ -103,16 +131,16 @@ func TestRulesFuncHeaders(t *testing.T) {
 		steps []step
 	}{
 		{"free caller, the policy's own rules", []step{
-			{"anon", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=1;t=3600`, "2", ""},
-			{"anon", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=0;t=3600`, "2", ""},
-			{"anon", http.StatusTooManyRequests, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=0;t=3600`, "2", "1"},
+			{"anon", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=1;t=1`, "2", ""},
+			{"anon", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=0;t=1`, "2", ""},
+			{"anon", http.StatusTooManyRequests, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=0;t=1`, "2", "1"},
 		}},
 		{"free plan from the rules function", []step{
-			{"free", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=1;t=3600`, "2", ""},
+			{"free", http.StatusOK, `"second";q=2;w=1, "hour";q=20;w=3600`, `"second";r=1;t=1`, "2", ""},
 		}},
 		{"paid caller", []step{
-			{"paid", http.StatusOK, `"second";q=10;w=1, "hour";q=1000;w=3600`, `"second";r=9;t=3600`, "10", ""},
-			{"paid", http.StatusOK, `"second";q=10;w=1, "hour";q=1000;w=3600`, `"second";r=8;t=3600`, "10", ""},
+			{"paid", http.StatusOK, `"second";q=10;w=1, "hour";q=1000;w=3600`, `"second";r=9;t=1`, "10", ""},
+			{"paid", http.StatusOK, `"second";q=10;w=1, "hour";q=1000;w=3600`, `"second";r=8;t=1`, "10", ""},
 		}},
 		{"trial caller, decided by the hour", []step{
 			{"trial", http.StatusOK, `"second";q=10;w=1, "hour";q=3;w=3600`, `"hour";r=2;t=3600`, "3", ""},
@@ -121,7 +149,7 @@ func TestRulesFuncHeaders(t *testing.T) {
 			{"trial", http.StatusTooManyRequests, `"second";q=10;w=1, "hour";q=3;w=3600`, `"hour";r=0;t=3600`, "3", "3600"},
 		}},
 		{"enterprise caller, other rules", []step{
-			{"enterprise", http.StatusOK, `"minute";q=600;w=60, "token-bucket-1s";q=100;w=2`, `"token-bucket-1s";r=99;t=60`, "100", ""},
+			{"enterprise", http.StatusOK, `"minute";q=600;w=60, "token-bucket-1s";q=100;w=2`, `"token-bucket-1s";r=99;t=1`, "100", ""},
 		}},
 	}
 	for _, tt := range tests {

@@ -36,7 +36,10 @@ if per_call and counting then
   if after >= 1 then after = 2 ^ 53 end
 end
 if min_now == nil or avail < min_now then min_now = avail end
-if min_after == nil or after < min_after then min_after, fewest = after, i end
+if min_after == nil or after < min_after then
+  min_after, fewest = after, i
+  if nrules > 1 then tags.f = reset_next end -- see decide.lua
+end
 if reset_now > reset_denied then reset_denied = reset_now end
 if ok then
   if w > delay then delay = w end
@@ -48,5 +51,8 @@ else
   else
     code = 1
   end
-  if w > retry then retry, slowest = w, i end
+  if w > retry then
+    retry, slowest = w, i
+    if nrules > 1 then tags.s = reset_next end -- a denial's reset_next is its reset_now
+  end
 end

@@ -63,6 +63,9 @@
 --   [6] a call denied by a block (code 2) only, in place of the tags: the
 --       block's time left, µs (RetryAfter [3] may be longer: when the
 --       rules allow this n)
+--   then, with several rules (not for a block): the deciding rule's own
+--       reset after, µs, until that rule alone is full again (and a block
+--       this call set has ended);
 --   then, with several rules or a share (not for a block): each rule's
 --       remaining allowance before the call, the whole limit's (what the
 --       share keeps out included), for the fallback's memory of Redis's
@@ -71,8 +74,8 @@
 -- a look during one), where Redis has its
 -- struct library (miniredis has not), reply.lua sends the five as one
 -- string, struct.pack('<Bi8i8i8B', ...): 26 bytes, code and rule one byte
--- each, the others signed 64-bit little-endian; each rule's remaining
--- allowance follows as 8 more bytes. A table reply costs Redis
+-- each, the others signed 64-bit little-endian; the deciding rule's reset
+-- and each rule's remaining allowance follow as 8 more bytes each. A table reply costs Redis
 -- about 5,000 instructions more (it probes the table for err, ok, double,
 -- map and more before reading it as an array), and go-redis allocations
 -- for the array and its numbers.

@@ -5,7 +5,13 @@
 -- instead the most entries a charge adds to each sliding log (see
 -- adjust.sl), ARGV[6] the reservation id and ARGV[7] the events really
 -- used; then, after the rules, ARGV[8+4k] the events reserved and
--- ARGV[9+4k ..] each rule's tag from the reservation's reply.
+-- ARGV[9+4k ..] each rule's tag from the reservation's reply. What the
+-- reply reports (see below) may follow: ARGV[9+5k] m, the number of the
+-- key's rules now when they are not the reservation's (WithLimitFunc,
+-- WithRulesFunc), then their arguments as a rule's (ARGV[10+5k ..]),
+-- with their state keys after the reservations' (KEYS[2k+1 .. 2k+m]);
+-- and last in KEYS, the penalty block key of the key's rules now (with
+-- WithBlock).
 --
 -- used < reserved gives back the difference, but never more than was taken
 -- and never past what still counts: a window only while it is the current
@@ -27,15 +33,32 @@
 -- Reply: {-1} when the reservation is unknown: settled already, lapsed,
 -- never recorded, or forgotten by a Reset of every rule's state (nothing
 -- changes); else the state after settling, as a decision with n = 0
--- replies.
+-- replies (its five integers, and with several rules the deciding rule's
+-- own reset) under the key's rules now (the m rules, or else the
+-- reservation's) and its block: nothing left while a block lasts.
 
 local used = tonumber(ARGV[7])
 local base = 8 + 4 * nrules
 local reserved = tonumber(ARGV[base])
+-- reported(j) is the key, code, rate, period, burst and per-call mark of
+-- rule j of the rules the reply reports, m of them: the key's rules now.
+local m = tonumber(ARGV[base + nrules + 1]) or 0
+local function reported(j)
+  if m == 0 then return KEYS[j], rule(j) end
+  local a = base + nrules - 2 + 4 * j
+  local code = ARGV[a]
+  local per_call = string.byte(code) == STAR
+  if per_call then code = string.sub(code, 2) end
+  return KEYS[2 * nrules + j], code, ARGV[a + 1] + 0, ARGV[a + 2] + 0, ARGV[a + 3] + 0, per_call
+end
 -- A calendar rule's window is checked before anything is written (see
 -- calendar.lua): a miss is an error, and the caller settles again.
 for i = 1, nrules do
   local strat, _, period, burst = rule(i)
+  if strat == 'cw' then cw_window(period, burst) end
+end
+for j = 1, m do
+  local _, strat, _, period, burst = reported(j)
   if strat == 'cw' then cw_window(period, burst) end
 end
 -- KEYS[nrules + i]: rule i's reservations. A rule whose set no longer has
@@ -221,15 +244,34 @@ for i = 1, nrules do
   end
 end
 
--- The state after settling, as n = 0 reports it.
-local min_now, reset, fewest, delay = nil, 0, 1, 0
-for i = 1, nrules do
-  local strat, rate, period, burst, per_call = rule(i)
-  local ok, avail, w, reset_now = check_by_code[strat](KEYS[i], rate, period, burst, strat)
+-- The state after settling, as n = 0 reports it (check.lua, reply.lua):
+-- under the reported rules; during a block, nothing left, the reset not
+-- before the block's end, and no rule deciding.
+local nr = m
+if nr == 0 then nr = nrules end
+local counts = m == 0 and counting
+for j = 1, m do
+  local _, _, _, _, _, per_call = reported(j)
+  if not per_call then counts = true end
+end
+local min_now, reset, fewest, delay, own = nil, 0, 1, 0, 0
+for j = 1, nr do
+  local key, strat, rate, period, burst, per_call = reported(j)
+  local ok, avail, w, reset_now, reset_next = check_by_code[strat](key, rate, period, burst, strat)
   if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
-  if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
-  if min_now == nil or avail < min_now then min_now, fewest = avail, i end
+  if per_call and counts and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
+  if min_now == nil or avail < min_now then min_now, fewest, own = avail, j, reset_next end
   if reset_now > reset then reset = reset_now end
 end
+if #KEYS > 2 * nrules + m then
+  local b = redis.call('GET', KEYS[#KEYS])
+  if b and b - now > 0 then
+    if reset < b - now then reset = b - now end
+    return {0, 0, 0, math.ceil(reset), 0}
+  end
+end
 if min_now < 0 then min_now = 0 end
+if nr > 1 then -- the deciding rule's own reset, as reply.lua adds it
+  return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest, math.ceil(own)}
+end
 return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest}

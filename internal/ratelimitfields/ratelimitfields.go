@@ -294,3 +294,15 @@ func String(s string) string {
 	b.WriteByte('"')
 	return b.String()
 }
+
+// ResetAfter is how long until the policy that decided res is back at its
+// full allowance, the reset the fields give: a redlimit.Policy's deciding
+// rule's own (Result.RuleResetAfter: a per-second rule's second, not an
+// hourly rule's hour beside it); else, a Result that names no rule (a
+// single limit, or a Limiter of another package), Result.ResetAfter.
+func ResetAfter(res redlimit.Result) time.Duration {
+	if res.Rule != "" {
+		return res.RuleResetAfter
+	}
+	return res.ResetAfter
+}
