@@ -133,26 +133,39 @@ adjust.sl = function(key, rate, period, tag)
   if ttl <= ms(period) then redis.call('PEXPIRE', key, ms(period) + 1) end
 end
 adjust.tb = function(key, rate, period, tag, taken)
-  local d, lag = bucket_read(key, rate)
+  local d, lag, _, y, w = bucket_read(key, rate)
   if delta < 0 then
-    -- Tokens are alike, so what the reservation still holds is bounded
-    -- from below: after the refill has paid back what was used before it
-    -- (at tag), it pays back the reservation's own taken events; other
-    -- traffic only delays that. Giving back at most that never re-credits
-    -- refill, however the key was used since (a reservation recorded
-    -- without its tag, 0, gives back nothing).
-    local paid = now + lag - tag
-    if paid < 0 then paid = 0 end
-    local back = math.min(-delta * period, taken * period - paid * rate)
+    -- The reservation's events are, in the raw queue (see bucket.lua),
+    -- the taken events from its tag on: left is what the refill has still
+    -- to pass to their end, rounded down with the tag. Past the earliest
+    -- gap (W) the refill may be up to Y - D further on. What it has not
+    -- passed of them is theirs to give back, never refill that happened
+    -- (a reservation recorded without its tag, 0, gives back nothing).
+    local t = now + lag
+    local left = (tag - t) * rate + taken * period
+    if w and t >= w then left = left - (y - d) end
+    local back = math.min(-delta * period, left, d)
     if back <= 0 then return end
     d = d - back
+    local behind = y - ((tag - t) * rate + taken * period) -- taken after them, or more
+    if behind < period then
+      -- No whole event behind them (none taken after this reservation):
+      -- the events given back come off the end of the raw queue.
+      y = y - back
+    else
+      -- A gap where they were (rounded down: earlier is safe).
+      local g = tag + floor_div(taken * period - back, rate)
+      if not w or g < w then w = g end
+    end
   else
     d = d + delta * period
+    y = y + delta * period
   end
-  if d <= 0 then
+  if y <= 0 then
     redis.call('DEL', key)
   else
-    local value, px = bucket_write(d, rate, period, nil, lag)
+    if d < 0 then d = 0 end
+    local value, px = bucket_write(d, rate, period, nil, lag, y, w)
     redis.call('SET', key, value, 'PX', px)
   end
 end
