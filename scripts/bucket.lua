@@ -204,6 +204,21 @@ local function check_tb(key, rate, period, burst, code, pxs)
     return true, avail, delay, reset_now, reset_now
   end
   local take = n * period
+  if leaky and nrules > 1 then
+    -- A policy's leaky bucket takes its slot at the policy's Delay, which
+    -- is known once every rule has allowed: its write waits (slots.lua),
+    -- in writes.lb (no local more in the chunk, see bucket_read's note).
+    -- check.lua adds the rule's index and whether it counts calls.
+    if not writes then writes, nw = {}, 0 end
+    local p = writes.lb
+    if not p then
+      p = {}
+      writes.lb = p
+    end
+    local r = {key, used, y, w, lag, rate, period, cap, pxs, take, 0, false, delay}
+    p[#p + 1] = r
+    return true, avail, delay, reset_now, ceil_div(used + take, rate) + lag, now + lag + (y - y % rate) / rate, r
+  end
   local value, px, life, stored = bucket_write(used + take, rate, period, pxs, lag, y + take, w)
   write('SET', key, value, 'PX', px)
   -- Remaining (avail - n) is what a call at once finds: D as stored,
