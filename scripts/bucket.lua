@@ -175,7 +175,7 @@ local function check_tb(key, rate, period, burst, code, pxs)
   local over = used + n * period - cap
   -- The key lives at least a period after the state's time (bucket_write),
   -- by which this rate refills rate * period of D: a state holding more
-  -- (a ms more, as the state's time may be the start of its ms) may have
+  -- (a ms more: the compact state rounds D up, and PX is in ms) may have
   -- been written at a higher rate, with a shorter life than this rule
   -- needs. Then, unless this call writes it (a single rule that allows
   -- n > 0), the key is made to live until full at this rate. Never with
@@ -190,34 +190,39 @@ local function check_tb(key, rate, period, burst, code, pxs)
     local left = rcall('PTTL', key)
     if left >= 0 and left * 1000 + 1000 + reset_now / 1024 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
   end
-  if over > 0 then
-    return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now
-  end
-  local delay = 0
-  if leaky then
-    delay = reset_now
-    if max_delay >= 0 and delay > max_delay then
-      return false, avail, delay - max_delay, reset_now, reset_now, 0, 3
-    end
-  end
-  if n == 0 then
-    return true, avail, delay, reset_now, reset_now
-  end
   local take = n * period
+  -- A policy's leaky bucket takes its slot at the policy's Delay, known
+  -- once every rule is checked (slots.lua): its write, and what the
+  -- other leaky rules' queues make of its Remaining and RetryAfter, wait
+  -- in writes.lb (no local more in the chunk, see bucket_read's note),
+  -- returned last, for check.lua to add the rule's index and whether it
+  -- counts calls.
+  local slot
   if leaky and nrules > 1 then
-    -- A policy's leaky bucket takes its slot at the policy's Delay, which
-    -- is known once every rule has allowed: its write waits (slots.lua),
-    -- in writes.lb (no local more in the chunk, see bucket_read's note).
-    -- check.lua adds the rule's index and whether it counts calls.
     if not writes then writes, nw = {}, 0 end
     local p = writes.lb
     if not p then
       p = {}
       writes.lb = p
     end
-    local r = {key, used, y, w, lag, rate, period, cap, pxs, take, 0, false, delay}
-    p[#p + 1] = r
-    return true, avail, delay, reset_now, ceil_div(used + take, rate) + lag, now + lag + (y - y % rate) / rate, r
+    slot = {key, used, y, w, lag, rate, period, cap, pxs, take, 0, false, reset_now}
+    p[#p + 1] = slot
+  end
+  if over > 0 then
+    return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now, nil, nil, slot
+  end
+  local delay = 0
+  if leaky then
+    delay = reset_now
+    if max_delay >= 0 and delay > max_delay then
+      return false, avail, delay - max_delay, reset_now, reset_now, 0, 3, slot
+    end
+  end
+  if n == 0 then
+    return true, avail, delay, reset_now, reset_now, nil, nil, slot
+  end
+  if slot then
+    return true, avail, delay, reset_now, ceil_div(used + take, rate) + lag, now + lag + (y - y % rate) / rate, nil, slot
   end
   local value, px, life, stored = bucket_write(used + take, rate, period, pxs, lag, y + take, w)
   write('SET', key, value, 'PX', px)

@@ -238,11 +238,31 @@ end
 local min_now, reset, fewest, delay = nil, 0, 1, 0
 for i = 1, nrules do
   local strat, rate, period, burst, per_call = rule(i)
-  local ok, avail, w, reset_now = check_by_code[strat](KEYS[i], rate, period, burst, strat)
+  local ok, avail, w, reset_now, _, _, _, slot = check_by_code[strat](KEYS[i], rate, period, burst, strat)
+  if slot then slot[11], slot[12] = i, per_call and counting end
   if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
   if per_call and counting and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
   if min_now == nil or avail < min_now then min_now, fewest = avail, i end
   if reset_now > reset then reset = reset_now end
+end
+-- A policy's leaky rules: each holds only what fits behind the longest
+-- queue (see slots.lua).
+if writes and writes.lb then
+  local p = writes.lb
+  local q = 0
+  for j = 1, #p do
+    if p[j][13] > q then q = p[j][13] end
+  end
+  for j = 1, #p do
+    local r = p[j]
+    if q > r[13] then
+      local d = (q - r[5]) * r[6]
+      if d < r[2] then d = r[2] end
+      local room = floor_div(r[8] - d, r[7])
+      if r[12] and room >= 1 then room = 2 ^ 53 end
+      if room < min_now then min_now, fewest = room, r[11] end
+    end
+  end
 end
 if min_now < 0 then min_now = 0 end
 return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest}
