@@ -165,6 +165,41 @@ func TestBucketRemainingIsAdmitted(t *testing.T) {
 	}
 }
 
+// A lowered rate that keeps a key alive longer than the compact state can
+// tell its time (83 minutes) stores it as text: 3 of 16 used at 6 an
+// hour, lowered to 2 an hour with Burst 3, AllowN(3) is told to retry in
+// about 1h30m, and is allowed then (read as written in the future, the compact
+// state gave no refill, and the retry was denied again).
+func TestBucketLoweredRateLongKeepAlive(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lowered := false
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 6, Period: time.Hour, Burst: 16},
+				WithLimitFunc(func(context.Context, string) (Limit, error) {
+					if lowered {
+						return Limit{Rate: 2, Period: time.Hour, Burst: 3}, nil
+					}
+					return Limit{}, nil
+				}))
+			ctx := t.Context()
+			res, err := lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			lowered = true
+			b.advance(time.Microsecond) // the key's expiry, in whole ms, then comes after the retry
+			res, err = lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			require.False(t, res.Allowed)
+			assert.Equal(t, 90*time.Minute-time.Microsecond, res.RetryAfter)
+			b.advance(res.RetryAfter)
+			res, err = lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "after its RetryAfter: %+v", res)
+		})
+	}
+}
+
 // The Remaining of an allowed call can be taken at once. The reply's
 // Remaining came from the exact use, the state stores it rounded up: a
 // fresh key's AllowN(n) said Burst - n, and AllowN(Burst - n) right after

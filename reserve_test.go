@@ -1079,6 +1079,41 @@ func TestBucketRefundAfterRefund(t *testing.T) {
 		b, _ := miniBackend(t)
 		prefetchRefundAfterRefund(t, b)
 	})
+	// What was not refilled still comes back: both cancelled at once, in
+	// either order, give back all 8; the second cancelled 150 ms after the
+	// first (its 3 events then at the front, 1.5 refilled) gives back 1.5.
+	for _, tc := range []struct {
+		name   string
+		wait   time.Duration
+		second bool // cancel the second reservation first
+	}{
+		{"at once", 0, false},
+		{"at once, newest first", 0, true},
+		{"150ms apart", 150 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 8, Period: 800 * time.Millisecond, Burst: 8})
+			ctx := t.Context()
+			first, err := lim.Reserve(ctx, "k", 5)
+			require.NoError(t, err)
+			second, err := lim.Reserve(ctx, "k", 3)
+			require.NoError(t, err)
+			if tc.second {
+				first, second = second, first
+			}
+			require.NoError(t, first.Cancel(ctx))
+			b.advance(tc.wait)
+			require.NoError(t, second.Cancel(ctx))
+			assert.Equal(t, 8, remaining(t, lim, "k"))
+			res, err := lim.AllowN(ctx, "k", 8)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "a 9th at once")
+		})
+	}
 }
 
 func TestBucketRefundAfterRefundRedis(t *testing.T) {

@@ -188,7 +188,17 @@ local function check_tb(key, rate, period, burst, code, pxs)
     -- 1024th of its refill time of being full at this rate, so that at
     -- most that refill is forgotten. (-1: no expiry, set by hand.)
     local left = rcall('PTTL', key)
-    if left >= 0 and left * 1000 + 1000 + reset_now / 1024 < reset_now then rcall('PEXPIRE', key, ms(reset_now)) end
+    if left >= 0 and left * 1000 + 1000 + reset_now / 1024 < reset_now then
+      if reset_now <= 5000000000 then
+        rcall('PEXPIRE', key, ms(reset_now))
+      else
+        -- Longer than the compact state tells its time (a key read
+        -- 83 minutes after its write was taken as written in the future,
+        -- with no refill): the same state as text, exact, as of now.
+        local value, px = bucket_write(used, rate, period, nil, lag, y, w)
+        rcall('SET', key, value, 'PX', px)
+      end
+    end
   end
   local take = n * period
   -- A policy's leaky bucket takes its slot at the policy's Delay, known
