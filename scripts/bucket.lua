@@ -210,13 +210,9 @@ local function check_tb(key, rate, period, burst, code, pxs)
   local slot
   if leaky and nrules > 1 then
     if not writes then writes, nw = {}, 0 end
-    local p = writes.lb
-    if not p then
-      p = {}
-      writes.lb = p
-    end
-    slot = {key, used, y, w, lag, rate, period, cap, pxs, take, 0, false, reset_now}
-    p[#p + 1] = slot
+    -- A list: slot[15] is the leaky rule checked before (no table more).
+    slot = {key, used, y, w, lag, rate, period, cap, pxs, take, 0, false, reset_now, 0, writes.lb}
+    writes.lb = slot
   end
   if over > 0 then
     return false, avail, ceil_div(over, rate) + lag, reset_now, reset_now, nil, nil, slot

@@ -250,11 +250,13 @@ end
 if writes and writes.lb then
   local p = writes.lb
   local q = 0
-  for j = 1, #p do
-    if p[j][13] > q then q = p[j][13] end
+  local r = p
+  while r do
+    if r[13] > q then q = r[13] end
+    r = r[15]
   end
-  for j = 1, #p do
-    local r = p[j]
+  r = p
+  while r do
     if q > r[13] then
       local d = (q - r[5]) * r[6]
       if d < r[2] then d = r[2] end
@@ -262,6 +264,7 @@ if writes and writes.lb then
       if r[12] and room >= 1 then room = 2 ^ 53 end
       if room < min_now then min_now, fewest = room, r[11] end
     end
+    r = r[15]
   end
 end
 if min_now < 0 then min_now = 0 end
