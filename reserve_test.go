@@ -1164,6 +1164,7 @@ func refundAfterRefund(t *testing.T, b *backend, s Strategy) {
 	b.advance(450 * time.Millisecond)
 	n, took := useUp(t, lim, "k", func() { require.NoError(t, second.Cancel(ctx)) })
 	refilled := int(took / (l.Period / time.Duration(l.Rate)))
+	t.Logf("admitted %d at one instant (%v), against Burst %d", n, took, l.Burst)
 	assert.LessOrEqual(t, n, l.Burst+refilled, "admitted at one instant (%v), against Burst %d", took, l.Burst)
 }
 
@@ -1187,5 +1188,6 @@ func prefetchRefundAfterRefund(t *testing.T, b *backend) {
 	b.advance(3 * time.Second)            // full again
 	n, took := useUp(t, lim, "k", func() { require.NoError(t, hot.Close()) })
 	refilled := int(took / (l.Period / time.Duration(l.Rate)))
+	t.Logf("admitted %d at one instant (%v), against Burst %d", n, took, l.Burst)
 	assert.LessOrEqual(t, n, l.Burst+refilled, "admitted at one instant (%v), against Burst %d", took, l.Burst)
 }
