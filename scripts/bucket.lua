@@ -228,7 +228,9 @@ local function check_tb(key, rate, period, burst, code, pxs)
     return true, avail, delay, reset_now, reset_now, nil, nil, slot
   end
   if slot then
-    return true, avail, delay, reset_now, ceil_div(used + take, rate) + lag, now + lag + (y - y % rate) / rate, nil, slot
+    local tag = 0
+    if rid ~= '' then tag = now + lag + (y - y % rate) / rate end
+    return true, avail, delay, reset_now, ceil_div(used + take, rate) + lag, tag, nil, slot
   end
   local value, px, life, stored = bucket_write(used + take, rate, period, pxs, lag, y + take, w)
   write('SET', key, value, 'PX', px)

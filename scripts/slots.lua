@@ -84,7 +84,7 @@ elseif p then
       r = r[15]
     end
     -- Remaining: what a call at once could take, behind the new longest
-    -- queue (check.lua counted it from the rule's own queue).
+    -- queue.
     r = p
     while r do
       local d = r[2]
