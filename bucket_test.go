@@ -3,6 +3,8 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,6 +163,116 @@ func TestBucketRemainingIsAdmitted(t *testing.T) {
 			require.True(t, got.Allowed, "step %d: Remaining %d, then AllowN(%d) denied: %+v", i, res.Remaining, res.Remaining, got)
 		}
 	}
+}
+
+// A lowered rate that keeps a key alive longer than the compact state can
+// tell its time (83 minutes) stores it as text: 3 of 16 used at 6 an
+// hour, lowered to 2 an hour with Burst 3, AllowN(3) is told to retry in
+// about 1h30m, and is allowed then (read as written in the future, the compact
+// state gave no refill, and the retry was denied again).
+func TestBucketLoweredRateLongKeepAlive(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lowered := false
+			lim := newLimiter(t, b.rdb, s, Limit{Rate: 6, Period: time.Hour, Burst: 16},
+				WithLimitFunc(func(context.Context, string) (Limit, error) {
+					if lowered {
+						return Limit{Rate: 2, Period: time.Hour, Burst: 3}, nil
+					}
+					return Limit{}, nil
+				}))
+			ctx := t.Context()
+			res, err := lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			lowered = true
+			b.advance(time.Microsecond) // the key's expiry, in whole ms, then comes after the retry
+			res, err = lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			require.False(t, res.Allowed)
+			assert.Equal(t, 90*time.Minute-time.Microsecond, res.RetryAfter)
+			b.advance(res.RetryAfter)
+			res, err = lim.AllowN(ctx, "k", 3)
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "after its RetryAfter: %+v", res)
+		})
+	}
+}
+
+// The Remaining of an allowed call can be taken at once. The reply's
+// Remaining came from the exact use, the state stores it rounded up: a
+// fresh key's AllowN(n) said Burst - n, and AllowN(Burst - n) right after
+// was denied (171 of 200 keys at Limit{11, 1m, Burst 15} on miniredis, 571
+// to 989 of 2,000 at Limit{10, 24h, Burst 1000} on real Redis).
+func TestBucketRemainingAtOnce(t *testing.T) {
+	b, _ := miniBackend(t)
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			for _, l := range []Limit{
+				{Rate: 11, Period: time.Minute, Burst: 15},
+				{Rate: 1000, Period: 100_003 * time.Microsecond, Burst: 1000}, // an event: 100,003 of D, rounded to tens
+			} {
+				failures := remainingAtOnce(t, b, s, l, 200)
+				assert.Zero(t, failures, "%v: keys of 200 whose Remaining was denied right after", l)
+			}
+		})
+	}
+}
+
+func TestBucketRemainingAtOnceRedis(t *testing.T) {
+	b := realBackend(t)
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		for _, l := range []Limit{
+			{Rate: 10, Period: 24 * time.Hour, Burst: 1000},
+			{Rate: 1000, Period: time.Minute, Burst: 1000}, // the compact state, rounded
+		} {
+			t.Run(fmt.Sprintf("%v/%v", s, l), func(t *testing.T) {
+				failures := remainingAtOnce(t, b, s, l, 2000)
+				assert.Zero(t, failures, "keys of 2,000 whose Remaining was denied right after")
+			})
+		}
+	}
+}
+
+// remainingAtOnce takes, on each of keys fresh keys (on miniredis at a
+// random µs of a ms), n events, then the Remaining the answer said, at
+// once; then (on miniredis, after an event's refill and a random part of
+// another) one more, and again its Remaining at once. It returns on how many keys
+// that was denied.
+func remainingAtOnce(t *testing.T, b *backend, s Strategy, l Limit, keys int) int {
+	lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(uint64(keys), uint64(l.Rate)))
+	failures := 0
+	for i := range keys {
+		key := strconv.Itoa(i)
+		if b.exact {
+			b.advance(time.Duration(rng.IntN(1000)) * time.Microsecond)
+		}
+		res, err := lim.AllowN(ctx, key, 1+rng.IntN(l.Burst-1))
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		got, err := lim.AllowN(ctx, key, res.Remaining)
+		require.NoError(t, err)
+		if !got.Allowed {
+			failures++
+			continue
+		}
+		if !b.exact {
+			continue // used up: no refill to speak of
+		}
+		b.advance(l.Period/time.Duration(l.Rate) + time.Duration(rng.Int64N(int64(l.Period/time.Duration(l.Rate)))))
+		res, err = lim.Allow(ctx, key)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		got, err = lim.AllowN(ctx, key, res.Remaining)
+		require.NoError(t, err)
+		if !got.Allowed {
+			failures++
+		}
+	}
+	return failures
 }
 
 // On real Redis, 16 goroutines sending AllowN(1500) at 1e8 bytes per

@@ -37,7 +37,7 @@
 //	                window's events were even
 //	TokenBucket     exact: Burst at once, then       88 bytes (one integer: the       1 (allowed only)
 //	                Rate per Period, to the event    tokens used; 136 when the key
-//	                even at byte rates               must live over 5.8 days)
+//	                even at byte rates               must live over 83 minutes)
 //	LeakyBucket     exact spacing of Period/Rate;    as TokenBucket                   1 (allowed only)
 //	                callers wait Result.Delay
 //	SubWindowCounter

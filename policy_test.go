@@ -465,3 +465,72 @@ func TestPolicyBlockFollowsRuleSet(t *testing.T) {
 	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1000), WithBlock(time.Second))
 	assert.Equal(t, lim.stateKey("k")+blockSuffix, lim.blockKey("k", lim.own))
 }
+
+// A policy's leaky buckets each take their slot at the policy's Delay: one
+// call per 100 ms beside 10 per 10 ms, after 500 events in the fast queue,
+// lets calls out 100 ms apart (the slow rule's spacing), not 1 ms apart
+// behind the fast queue (500, 501, 502 ms). Both ways the rules come: as
+// arguments and written in.
+func TestPolicyLeakySlots(t *testing.T) {
+	rules := []Rule{
+		{Name: "slow", Strategy: LeakyBucket, Limit: Limit{Rate: 1, Period: 100 * time.Millisecond, Burst: 10}, PerCall: true},
+		{Name: "fast", Strategy: LeakyBucket, Limit: Limit{Rate: 10, Period: 10 * time.Millisecond, Burst: 1000}},
+	}
+	for _, baked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("baked=%v", baked), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			var opts []Option
+			if !baked {
+				// A limit function makes the rules come as arguments.
+				opts = append(opts, WithRulesFunc(func(context.Context, string) ([]Rule, error) { return rules, nil }))
+			}
+			p := newPolicy(t, b.rdb, rules, opts...)
+			ctx := t.Context()
+			var delays []time.Duration
+			for _, n := range []int{500, 1, 1, 1} {
+				res, err := p.AllowN(ctx, "k", n)
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				delays = append(delays, res.Delay)
+			}
+			assert.Equal(t, []time.Duration{0, 500 * time.Millisecond, 600 * time.Millisecond, 700 * time.Millisecond}, delays)
+			// The slow queue holds 1 s (Burst 10 at 100 ms): two slots
+			// more, at 800 and 900 ms (those it skipped are gone).
+			for i, want := range []time.Duration{800 * time.Millisecond, 900 * time.Millisecond} {
+				res, err := p.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "call %d", 5+i)
+				assert.Equal(t, want, res.Delay, "call %d", 5+i)
+			}
+			res, err := p.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "the slow queue is full")
+			assert.Equal(t, "slow", res.Rule)
+			assert.Equal(t, 100*time.Millisecond, res.RetryAfter, "its next slot")
+		})
+	}
+}
+
+// A leaky rule whose queue cannot hold the wait another rule makes denies
+// the call, told to retry when it can.
+func TestPolicyLeakySlotsQueueFull(t *testing.T) {
+	b, _ := miniBackend(t)
+	p := newPolicy(t, b.rdb, []Rule{
+		{Name: "slow", Strategy: LeakyBucket, Limit: Limit{Rate: 1, Period: 100 * time.Millisecond, Burst: 3}, PerCall: true},
+		{Name: "fast", Strategy: LeakyBucket, Limit: Limit{Rate: 10, Period: 10 * time.Millisecond, Burst: 1000}},
+	})
+	ctx := t.Context()
+	res, err := p.AllowN(ctx, "k", 500)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	res, err = p.Allow(ctx, "k") // 500 ms out: the slow queue holds 300 ms
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	assert.Equal(t, "slow", res.Rule)
+	assert.Equal(t, 300*time.Millisecond, res.RetryAfter)
+	b.advance(res.RetryAfter)
+	res, err = p.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, res.Allowed, "after its RetryAfter")
+	assert.Equal(t, 200*time.Millisecond, res.Delay)
+}

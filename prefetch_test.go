@@ -518,8 +518,9 @@ func TestPrefetchCloseRealRedis(t *testing.T) {
 	}
 	unused := lim.PrefetchStats().Unused
 	require.Positive(t, unused)
-	// Remaining is rounded down, and the bucket's state is rounded up to
-	// 8 digits (a hundred-millionth of a token here): one less at most.
+	// Remaining is rounded down, and the bucket's state is rounded up by
+	// about a ten-millionth of what is used (a thousandth of a token
+	// here): one less at most.
 	assert.InDelta(t, l.Burst-300-int(unused), redisRemaining(t, rdb, TokenBucket, l, key), 1)
 	require.NoError(t, lim.Close())
 	assert.InDelta(t, l.Burst-300, redisRemaining(t, rdb, TokenBucket, l, key), 1)

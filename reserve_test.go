@@ -1167,3 +1167,133 @@ func TestSettleSlidingLogOverspend(t *testing.T) {
 		})
 	}
 }
+
+// A refund after an earlier one gives back no refill that happened. Reserve
+// 5, Reserve 3, Cancel the first: the second's events move up to the front
+// of the queue and are refilled by 300 ms, not 800 ms as their tag said.
+// At 450 ms the bucket is full and used up; the second's Cancel gave back
+// its 3 all the same: 11 admitted at one instant against Burst 8. The same
+// through a prefetch (WithPrefetch), whose give-back is such a refund.
+func TestBucketRefundAfterRefund(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			refundAfterRefund(t, b, s)
+		})
+	}
+	t.Run("prefetch", func(t *testing.T) {
+		b, _ := miniBackend(t)
+		prefetchRefundAfterRefund(t, b)
+	})
+	// What was not refilled still comes back: both cancelled at once, in
+	// either order, give back all 8; the second cancelled 150 ms after the
+	// first (its 3 events then at the front, 1.5 refilled) gives back 1.5.
+	for _, tc := range []struct {
+		name   string
+		wait   time.Duration
+		second bool // cancel the second reservation first
+	}{
+		{"at once", 0, false},
+		{"at once, newest first", 0, true},
+		{"150ms apart", 150 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := miniBackend(t)
+			lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 8, Period: 800 * time.Millisecond, Burst: 8})
+			ctx := t.Context()
+			first, err := lim.Reserve(ctx, "k", 5)
+			require.NoError(t, err)
+			second, err := lim.Reserve(ctx, "k", 3)
+			require.NoError(t, err)
+			if tc.second {
+				first, second = second, first
+			}
+			require.NoError(t, first.Cancel(ctx))
+			b.advance(tc.wait)
+			require.NoError(t, second.Cancel(ctx))
+			assert.Equal(t, 8, remaining(t, lim, "k"))
+			res, err := lim.AllowN(ctx, "k", 8)
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			res, err = lim.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed, "a 9th at once")
+		})
+	}
+}
+
+func TestBucketRefundAfterRefundRedis(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			refundAfterRefund(t, realBackend(t), s)
+		})
+	}
+	t.Run("prefetch", func(t *testing.T) {
+		prefetchRefundAfterRefund(t, realBackend(t))
+	})
+}
+
+// useUp takes all that lim has for key now, then cancels the reservation
+// rv and takes what is left after it; it returns how many events it took
+// in all, and how long that took (real Redis refills meanwhile).
+func useUp(t *testing.T, lim Limiter, key string, giveBack func()) (int, time.Duration) {
+	t.Helper()
+	ctx := t.Context()
+	start := time.Now()
+	n := remaining(t, lim, key)
+	res, err := lim.AllowN(ctx, key, n)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	giveBack()
+	for {
+		res, err := lim.Allow(ctx, key)
+		require.NoError(t, err)
+		if !res.Allowed {
+			break
+		}
+		n++
+	}
+	return n, time.Since(start)
+}
+
+func refundAfterRefund(t *testing.T, b *backend, s Strategy) {
+	l := Limit{Rate: 8, Period: 800 * time.Millisecond, Burst: 8}
+	lim := newLimiter(t, b.rdb, s, l, WithPrefix(prefixFor(t)))
+	ctx := t.Context()
+	first, err := lim.Reserve(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, first.Result().Allowed)
+	second, err := lim.Reserve(ctx, "k", 3)
+	require.NoError(t, err)
+	require.True(t, second.Result().Allowed)
+	require.NoError(t, first.Cancel(ctx))
+	b.advance(450 * time.Millisecond)
+	n, took := useUp(t, lim, "k", func() { require.NoError(t, second.Cancel(ctx)) })
+	refilled := int(took / (l.Period / time.Duration(l.Rate)))
+	t.Logf("admitted %d at one instant (%v), against Burst %d", n, took, l.Burst)
+	assert.LessOrEqual(t, n, l.Burst+refilled, "admitted at one instant (%v), against Burst %d", took, l.Burst)
+}
+
+func prefetchRefundAfterRefund(t *testing.T, b *backend) {
+	l := Limit{Rate: 800, Period: 8 * time.Second, Burst: 800} // one event per 10 ms
+	prefix := WithPrefix(prefixFor(t))
+	lim := newLimiter(t, b.rdb, TokenBucket, l, prefix)
+	hot := newLimiter(t, b.rdb, TokenBucket, l, prefix, WithPrefetch(100, time.Minute))
+	ctx := t.Context()
+	first, err := lim.Reserve(ctx, "k", 500)
+	require.NoError(t, err)
+	require.True(t, first.Result().Allowed)
+	for i := 0; hot.PrefetchStats().Held == 0; i++ {
+		require.Less(t, i, 1000, "no prefetch taken")
+		res, err := hot.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	require.Positive(t, hot.PrefetchStats().Unused)
+	require.NoError(t, first.Cancel(ctx)) // the prefetch's events move up
+	b.advance(3 * time.Second)            // full again
+	n, took := useUp(t, lim, "k", func() { require.NoError(t, hot.Close()) })
+	refilled := int(took / (l.Period / time.Duration(l.Rate)))
+	t.Logf("admitted %d at one instant (%v), against Burst %d", n, took, l.Burst)
+	assert.LessOrEqual(t, n, l.Burst+refilled, "admitted at one instant (%v), against Burst %d", took, l.Burst)
+}

@@ -45,9 +45,10 @@ func decisionCall(checks string) string {
 // argumentChecks checks rules passed as arguments, of the strategies whose
 // files are in files: their table check_by_code (strategyTable), the queue of writes
 // (queue.lua, with several rules), rules.lua, then check.lua in a loop over
-// them.
+// them, and with the buckets' file, slots.lua (a policy's leaky buckets'
+// slots at its Delay).
 func argumentChecks(files []string) string {
-	return strategyTable(files) +
+	checks := strategyTable(files) +
 		"if nrules > 1 then\n" + mustRead("queue.lua") + "write, write_args = queue, queue_args\nend\n" +
 		mustRead("rules.lua") +
 		"for i = 1, nrules do\n" +
@@ -56,6 +57,10 @@ func argumentChecks(files []string) string {
 		"local pxs\n" +
 		mustRead("check.lua") +
 		"end\n"
+	if slices.Contains(files, strategyFiles[LeakyBucket]) {
+		checks += mustRead("slots.lua")
+	}
+	return checks
 }
 
 // strategyTable returns the Lua line that makes check_by_code, the table from a
@@ -202,6 +207,9 @@ func writtenChecks(rs *ruleSet) string {
 		b.WriteString("end\n")
 	}
 	if several {
+		if slices.ContainsFunc(rs.rules, func(r rule) bool { return r.alg.strategy == LeakyBucket }) {
+			b.WriteString(mustRead("slots.lua")) // before the held writes: it may deny
+		}
 		for range rs.rules {
 			b.WriteString(commitHeld)
 		}

@@ -18,7 +18,8 @@ if share and string.byte(strat) ~= 119 then
   kept = c - ((c - r) / 1000000 * share + floor_div(r * share, 1000000))
   if bucket then burst = burst - kept else rate = rate - kept end
 end
-local ok, avail, w, reset_now, reset_next, tag, why = check(KEYS[i], rate, period, burst, strat, pxs)
+local ok, avail, w, reset_now, reset_next, tag, why, slot = check(KEYS[i], rate, period, burst, strat, pxs)
+if slot then slot[11], slot[12] = i, per_call and counting end -- a policy's leaky rule (slots.lua)
 if kept > 0 and not ok and why ~= 3 and n <= avail + kept then why = 5 end
 if tags then
   tags[i] = avail + kept

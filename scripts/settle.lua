@@ -156,26 +156,39 @@ adjust.sl = function(key, rate, period, tag)
   if ttl <= ms(period) then redis.call('PEXPIRE', key, ms(period) + 1) end
 end
 adjust.tb = function(key, rate, period, tag, taken)
-  local d, lag = bucket_read(key, rate)
+  local d, lag, _, y, w = bucket_read(key, rate)
   if delta < 0 then
-    -- Tokens are alike, so what the reservation still holds is bounded
-    -- from below: after the refill has paid back what was used before it
-    -- (at tag), it pays back the reservation's own taken events; other
-    -- traffic only delays that. Giving back at most that never re-credits
-    -- refill, however the key was used since (a reservation recorded
-    -- without its tag, 0, gives back nothing).
-    local paid = now + lag - tag
-    if paid < 0 then paid = 0 end
-    local back = math.min(-delta * period, taken * period - paid * rate)
+    -- The reservation's events are, in the raw queue (see bucket.lua),
+    -- the taken events from its tag on: left is what the refill has still
+    -- to pass to their end, rounded down with the tag. Past the earliest
+    -- gap (W) the refill may be up to Y - D further on. What it has not
+    -- passed of them is theirs to give back, never refill that happened
+    -- (a reservation recorded without its tag, 0, gives back nothing).
+    local t = now + lag
+    local left = (tag - t) * rate + taken * period
+    if w and t >= w then left = left - (y - d) end
+    local back = math.min(-delta * period, left, d)
     if back <= 0 then return end
     d = d - back
+    local behind = y - ((tag - t) * rate + taken * period) -- taken after them, or more
+    if behind < period then
+      -- No whole event behind them (none taken after this reservation):
+      -- the events given back come off the end of the raw queue.
+      y = y - back
+    else
+      -- A gap where they were (rounded down: earlier is safe).
+      local g = tag + floor_div(taken * period - back, rate)
+      if not w or g < w then w = g end
+    end
   else
     d = d + delta * period
+    y = y + delta * period
   end
-  if d <= 0 then
+  if y <= 0 then
     redis.call('DEL', key)
   else
-    local value, px = bucket_write(d, rate, period, nil, lag)
+    if d < 0 then d = 0 end
+    local value, px = bucket_write(d, rate, period, nil, lag, y, w)
     redis.call('SET', key, value, 'PX', px)
   end
 end
@@ -255,9 +268,12 @@ for j = 1, m do
   if not per_call then counts = true end
 end
 local min_now, reset, fewest, delay, own = nil, 0, 1, 0, 0
+local nexts = {}
 for j = 1, nr do
   local key, strat, rate, period, burst, per_call = reported(j)
-  local ok, avail, w, reset_now, reset_next = check_by_code[strat](key, rate, period, burst, strat)
+  local ok, avail, w, reset_now, reset_next, _, _, slot = check_by_code[strat](key, rate, period, burst, strat)
+  if slot then slot[11], slot[12] = j, per_call and counts end
+  nexts[j] = reset_next
   if ok and w > delay then delay = w end -- a leaky bucket's queue ahead
   if per_call and counts and avail >= 1 then avail = 2 ^ 53 end -- see check.lua
   if min_now == nil or avail < min_now then min_now, fewest, own = avail, j, reset_next end
@@ -268,6 +284,30 @@ if #KEYS > 2 * nrules + m then
   if b and b - now > 0 then
     if reset < b - now then reset = b - now end
     return {0, 0, 0, math.ceil(reset), 0}
+  end
+end
+-- A policy's leaky rules: each holds only what fits behind the longest
+-- queue (see slots.lua).
+if writes and writes.lb then
+  local p = writes.lb
+  local q = 0
+  local r = p
+  while r do
+    if r[13] > q then q = r[13] end
+    r = r[15]
+  end
+  r = p
+  while r do
+    if q > r[13] then
+      local d = (q - r[5]) * r[6]
+      if d < r[2] then d = r[2] end
+      local room = floor_div(r[8] - d, r[7])
+      if r[12] and room >= 1 then room = 2 ^ 53 end
+      if room < min_now then min_now, fewest, own = room, r[11], nexts[r[11]] end
+    end
+    r = r[15]
+  end
+end
   end
 end
 if min_now < 0 then min_now = 0 end

@@ -68,9 +68,9 @@ func TestInspectAndReset(t *testing.T) {
 		"remaining":   "7",
 		"retry-after": "0s",
 		"reset-after": "300ms",
-		// 3 tokens used (D = 3 × 1s in µs, then the write time in ms): the
+		// 3 tokens used (D = 3 × 1s in µs, then the write time in µs): the
 		// bucket is full again in 300ms; the key lives one period.
-		`"` + state + `"`:               "string 1s 30000000456000250",
+		`"` + state + `"`:               "string 1s 300000006000250000",
 		`"` + state + blockSuffix + `"`: "(missing) - -",
 	} {
 		got := field(stdout, name)
@@ -111,10 +111,10 @@ func TestInspectStrategies(t *testing.T) {
 		// then the window's last digit.
 		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 20", "2", "3.75s"},
 		// T = 500ms: 2 events are used, D = 2 × 2s = 4000000 (µs units),
-		// written as its 8 digits, an exponent 0 and the write time in ms
-		// modulo 1e9; the key lives at least one period.
-		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 2s 40000000456000250", "2", "1s"},
-		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 2s 40000000456000250", "2", "1s"},
+		// written as its digits, an exponent 0 and the write time in µs
+		// modulo 1e10, 10 digits; the key lives at least one period.
+		{redlimit.TokenBucket, "p:{u}:tb2000000", "string 2s 400000006000250000", "2", "1s"},
+		{redlimit.LeakyBucket, "p:{u}:lb2000000", "string 2s 400000006000250000", "2", "1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.strategy.String(), func(t *testing.T) {
@@ -233,7 +233,7 @@ func TestKeysQuoted(t *testing.T) {
 	// The key holds runs of two spaces, which field would squeeze.
 	assert.Regexp(t, `(?m)^key +`+regexp.QuoteMeta(quoted)+`\n`, stdout, "inspect: the key is not quoted")
 	assert.Equal(t, "0", field(stdout, "remaining"), "inspect: remaining is not 0 (but the key's forged 999?):\n%s", stdout)
-	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(state)+` +string +1s +100000000456000250\n`, stdout, "inspect: no quoted row of the state key")
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(state)+` +string +1s +1000000006000250000\n`, stdout, "inspect: no quoted row of the state key")
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
 	assert.Len(t, lines, 13, "inspect: want 8 lines of decision, a blank one, a header and 3 Redis keys:\n%s", stdout)
 	for _, name := range []string{"allowed", "remaining"} {
