@@ -308,8 +308,6 @@ if writes and writes.lb then
     r = r[15]
   end
 end
-  end
-end
 if min_now < 0 then min_now = 0 end
 if nr > 1 then -- the deciding rule's own reset, as reply.lua adds it
   return {0, math.floor(min_now), math.ceil(delay), math.ceil(reset), fewest, math.ceil(own)}
