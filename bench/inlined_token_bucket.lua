@@ -3,9 +3,11 @@
 -- the engine costs Redis (the row "token bucket inlined (no engine)").
 -- It does what the library's script does on its common path, with the same
 -- storage and the same arithmetic (scripts/bucket.lua): the integer form of
--- the state, n >= 1, no max delay, block or reservation, the clock never
--- going back. Not covered: the text form of the state, a leaky bucket's
--- delay, a Policy's other rules.
+-- the state (D rounded up to M * 10^E, the write time in µs modulo 10^10)
+-- while the key lives at most 83 minutes, else its text form "<D>:<t>",
+-- n >= 1, no max delay, block or reservation, the clock never going back.
+-- Not covered: the text form after a refund, a leaky bucket's delay, a
+-- Policy's other rules.
 --
 -- KEYS[1] the state; ARGV: n, rate, period (µs), burst. Reply as the
 -- library's: code, remaining, retry after, reset after, rule.
@@ -17,12 +19,18 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local used = 0
 local v = redis.call('GET', key)
 if v then
-  local len = #v
-  local me = tonumber(string.sub(v, 1, len - 9))
-  local e = me % 10
-  local d0 = (me - e) / 10 * 10 ^ e
-  local d = (math.floor(now / 1000) - tonumber(string.sub(v, len - 8))) % 1000000000
-  local elapsed = d * 1000 + now % 1000
+  local elapsed, d0
+  local sep = string.find(v, ':', 1, true)
+  if sep then -- "<D>:<t>", a key that lives past 83 minutes
+    d0 = tonumber(string.sub(v, 1, sep - 1))
+    elapsed = now - tonumber(string.sub(v, sep + 1))
+  else
+    local len = #v
+    local me = tonumber(string.sub(v, 1, len - 10)) -- M * 10 + E
+    local e = me % 10
+    d0 = (me - e) / 10 * 10 ^ e
+    elapsed = (now - tonumber(string.sub(v, len - 9))) % 10000000000
+  end
   used = d0 - elapsed * rate
   if used < 0 then used = 0 end
 end
@@ -37,11 +45,14 @@ local after = used + n * period
 local life = math.ceil(after / rate)
 local ttl = life
 if ttl < period then ttl = period end
-local at_ms = after + (now % 1000) * rate
-local e, p = 0, 1
-while at_ms > 99999999 * p do e, p = e + 1, p * 10 end
-local m = at_ms
-if e > 0 then m = math.ceil(at_ms / p) end
-redis.call('SET', key, string.format('%d%d%09d', m, e, math.floor(now / 1000) % 1000000000),
-  'PX', math.ceil(ttl / 1000))
+local value = string.format('%.17g:%d', after, now)
+if ttl <= 5000000000 then
+  local e, p = 0, 1
+  while after > 92233719 * p do e, p = e + 1, p * 10 end
+  local m = after
+  if e > 0 then m = math.ceil(after / p) end
+  if e > 0 and math.ceil(m * p / rate) > ttl then ttl = math.ceil(m * p / rate) end
+  value = string.format('%d%010d', m * 10 + e, now % 10000000000)
+end
+redis.call('SET', key, value, 'PX', math.ceil(ttl / 1000))
 return {0, avail - n, 0, life, 1}
