@@ -23,8 +23,8 @@
 // buckets, and a Concurrency; a tenth of the calls reserve and settle,
 // or cancel. It exits 1 when a check fails.
 //
-// It needs redis-server on the PATH; it listens on a free loopback port
-// and is stopped by its PID.
+// It needs redis-server on the PATH, which it starts on a free loopback
+// port and stops by its PID (internal/redistest, as the other commands).
 package main
 
 import (
@@ -34,9 +34,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -47,6 +45,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 func main() {
@@ -125,15 +124,18 @@ type report struct {
 
 func run(cfg config) (*report, error) {
 	redis.SetLogger(quiet{}) // a restart makes every connection complain
-	srv, err := startRedis(0)
+	srv, err := redistest.StartServer("--maxmemory", "1gb")
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop()
-	rep := &report{cfg: cfg, startVersion: srv.version}
+	defer srv.Close()
+	rep := &report{cfg: cfg}
+	if v, err := redistest.ServerVersion(); err == nil {
+		rep.startVersion = "Redis " + v.String()
+	}
 	rep.goroutines[0] = runtime.NumGoroutine()
 
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
 	var transitions atomic.Uint64
 	lims, conc, err := makeLimiters(rdb, func(redlimit.Transition) { transitions.Add(1) })
 	if err != nil {
@@ -212,7 +214,7 @@ func run(cfg config) (*report, error) {
 			if err := scanTTL(); err != nil {
 				fail(err)
 			}
-			if err := srv.restart(); err != nil {
+			if err := restart(srv); err != nil {
 				fail(fmt.Errorf("restarting redis-server: %w", err))
 				return
 			}
@@ -464,70 +466,14 @@ func waitRedis(rdb *redis.Client) error {
 	}
 }
 
-// server is a redis-server child process on a loopback port.
-type server struct {
-	addr, port, version string
-	cmd                 *exec.Cmd
-}
-
-func startRedis(port int) (*server, error) {
-	if port == 0 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		port = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
+// restart kills the server (SIGKILL, by its PID), waits a second and
+// starts it again on the same port, empty (no persistence).
+func restart(srv *redistest.Server) error {
+	if err := srv.Kill(); err != nil {
+		return err
 	}
-	s := &server{port: strconv.Itoa(port), addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	if err := s.start(); err != nil {
-		return nil, err
-	}
-	out, err := exec.Command("redis-server", "--version").Output()
-	if err == nil {
-		s.version = strings.TrimSpace(string(out))
-		if i := strings.Index(s.version, " sha="); i > 0 {
-			s.version = s.version[:i]
-		}
-	}
-	return s, nil
-}
-
-func (s *server) start() error {
-	s.cmd = exec.Command("redis-server", "--port", s.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--maxmemory", "1gb")
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("starting redis-server (is it on the PATH?): %w", err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return fmt.Errorf("redis-server on %s did not listen within 5s", s.addr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// restart kills the server by its PID, waits a second and starts it again
-// on the same port, empty.
-func (s *server) restart() error {
-	s.stop()
 	time.Sleep(time.Second)
-	return s.start()
-}
-
-func (s *server) stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	s.cmd.Wait()
-	s.cmd = nil
+	return srv.Restart()
 }
 
 func mb(b uint64) string { return fmt.Sprintf("%.1f MB", float64(b)/(1<<20)) }
