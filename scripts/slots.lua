@@ -66,7 +66,7 @@ elseif p then
       if n0 == 0 and room < min_after then min_after, fewest = room, r[11] end
       r = r[15]
     end
-  elseif writing then
+  else -- writing, allowed
     local q2 = 0 -- the longest queue after this call
     r = p
     while r do
