@@ -215,3 +215,36 @@ func ExampleWithClientClock() {
 	// allowed: true
 	// allowed: false
 }
+
+// A Policy's result names the deciding rule, and RuleResetAfter is that
+// rule's own reset, where ResetAfter is the longest of all rules: a
+// per-second rule that denies beside an hourly one is full again in a
+// second (httplimit's RateLimit field says t=1).
+func ExampleResult_ruleResetAfter() {
+	m, _ := miniredis.Run() // an embedded Redis; use your own in production
+	defer m.Close()
+	m.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) // a fixed clock, for this example's output
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	p, err := redlimit.NewPolicy(rdb, []redlimit.Rule{
+		{Name: "rps", Strategy: redlimit.FixedWindow, Limit: redlimit.PerSecond(2)},
+		{Name: "hour", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(100)},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+
+	for range 3 {
+		res, err := p.Allow(context.Background(), "user:42")
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v rule=%s reset-after=%v rule-reset-after=%v\n", res.Allowed, res.Rule, res.ResetAfter, res.RuleResetAfter)
+	}
+	// Output:
+	// allowed=true rule=rps reset-after=1h0m0s rule-reset-after=1s
+	// allowed=true rule=rps reset-after=1h0m0s rule-reset-after=1s
+	// allowed=false rule=rps reset-after=1h0m0s rule-reset-after=1s
+}
