@@ -357,15 +357,16 @@ func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []s
 }
 
 // evalCalendar runs the decision script for rules with a calendar rule
-// among them (see engine.run): the rules are arguments, a calendar rule's
-// window chosen for the call's time (see scripts/calendar.lua); share is
-// the call's priority share.
-func (e *engine) evalCalendar(ctx context.Context, a *evalArgs, sent any, rs *ruleSet, share int64) (any, error) {
+// among them (calendarRunner): the rules are arguments, a calendar rule's
+// window chosen for the call's time (see scripts/calendar.lua), then the
+// call's priority share.
+func (e *engine) evalCalendar(r *request) (any, error) {
 	var trailer []any
-	if share != 0 { // after the rules' arguments (see scripts/args.lua)
-		trailer = []any{share}
+	if r.share != 0 { // after the rules' arguments (see scripts/args.lua)
+		trailer = []any{r.share}
 	}
-	reply, args, err := e.runCalendar(ctx, rs.calScript, a.keys, a.args, len(a.args), rs, sent, trailer, nil)
+	a := &r.args
+	reply, args, err := e.runCalendar(r.ctx, r.rs.calScript, a.keys, a.args, len(a.args), r.rs, r.now, trailer, nil)
 	a.args = args // back to the pool
 	return reply, err
 }

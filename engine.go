@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -143,6 +142,7 @@ type ruleSet struct {
 	// WithRedisFunctions, is the same as a Redis Function.
 	script *redis.Script
 	fn     *redisFunction
+	run    runner // asks Redis (runner.go)
 }
 
 func newRuleSet(rules []rule) *ruleSet {
@@ -182,8 +182,10 @@ func newRuleSet(rules []rule) *ruleSet {
 		}
 	}
 	rs.sig = h
+	rs.run = argsRunner{warm: rs.warm}
 	if rs.calendar {
 		rs.calScript = calendarScript(rules)
+		rs.run = calendarRunner{}
 	}
 	// The penalty block is the rule set's, whatever the order of its rules
 	// (a WithRulesFunc may build them from a map): it is kept beside the
@@ -218,6 +220,7 @@ type engine struct {
 	evict      *evictWatch // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
+	decide     decider     // the decision's stages (buildPipeline)
 	limits     limitCache  // WithLimitFunc's limits, validated
 	closed     atomic.Bool
 	// noFunctions: the server cannot run the rules' Redis Function
@@ -279,6 +282,7 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 	if cfg.prefetch.size > 0 {
 		e.prefetcher = newPrefetcher(e)
 	}
+	e.decide = e.buildPipeline()
 	// A node that another limiter on the client marked down is down for
 	// this one too: its hook is told at once.
 	e.rescue.flush()
@@ -605,71 +609,6 @@ const (
 	reasonPriority  reason = 5 // denied by the call's priority share only (WithPriorityShares)
 )
 
-// decide makes one decision: from the deny cache, from Redis, or from the
-// fallback while Redis is down. rc, when not nil, records an admitted call
-// as a reservation. share is the call's priority share in parts per
-// million, 0 for all (see callShare).
-func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
-	state := e.stateKey(key, &rs.rules[0])
-	// A denial answers only calls of the same share: one remembered for a
-	// Sheddable call must not deny a Critical one.
-	sig := rs.sig
-	if share != 0 {
-		sig ^= uint64(share) * 0x9e3779b97f4a7c15
-	}
-	if e.denies != nil && n > 0 {
-		if res, ok := e.denies.lookup(state, n, sig); ok {
-			return res, reasonDenyCache, nil
-		}
-	}
-	// Prefetched events serve only calls that may use all of the limit: a
-	// call with a share asks Redis, which counts the prefetched events as
-	// used, so that they never serve it past its share.
-	prefetching := e.prefetcher != nil && rc == nil && n > 0 && share == 0
-	if prefetching {
-		if res, ok := e.prefetcher.serve(state, n, rs); ok {
-			return res, reasonAllowed, nil
-		}
-	}
-	if e.rescue.isDown(state) {
-		return e.rescue.decide(state, n, maxDelay, rs, rc, nil, share)
-	}
-	var epoch uint64
-	if e.denies != nil {
-		epoch = e.denies.epoch.Load()
-	}
-	var res Result
-	var why reason
-	var err error
-	if prefetching {
-		res, why, err = e.prefetcher.eval(ctx, key, state, n, rs)
-	} else {
-		res, why, err = e.eval(ctx, state, n, maxDelay, rs, rc, share)
-	}
-	if err != nil {
-		if ctxErr := callerDone(ctx); ctxErr != nil {
-			return Result{}, 0, errorf("%s %q: %w", e.kind, key, ctxErr)
-		}
-		if !e.rescue.outage(ctx, err, state) {
-			return Result{}, 0, errorf("%s %q: %w", e.kind, key, err)
-		}
-		return e.rescue.decide(state, n, maxDelay, rs, rc, err, share)
-	}
-	e.evict.poke()
-	if e.cfg.block > 0 && why == reasonLimit && !prefetching {
-		// The call set the block (a prefetch's denial sets none): the
-		// fallback keeps it, should the node go down meanwhile. (A call
-		// the block denies brings its time left: see noteBlock.)
-		e.rescue.block(state, rs, e.cfg.block)
-	}
-	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
-		// Until RetryAfter this n is denied, by the limit or the block:
-		// a blocked call's RetryAfter is its own n's too.
-		e.denies.remember(state, n, sig, res, res.RetryAfter, epoch)
-	}
-	return res, why, nil
-}
-
 // callerDone returns the caller's context error, if the context is done or
 // its deadline has passed (a socket deadline set from it can fire a moment
 // before the context's own timer does).
@@ -684,15 +623,11 @@ func callerDone(ctx context.Context) error {
 }
 
 // evalArgs holds the keys and arguments of one script call. go-redis
-// copies them into its command, so they are reused through a pool.
+// copies them into its command, so they are reused (see request).
 type evalArgs struct {
 	keys []string
 	args []any
 }
-
-var evalArgsPool = sync.Pool{New: func() any {
-	return &evalArgs{keys: make([]string, 0, 4), args: make([]any, 0, 12)}
-}}
 
 var (
 	argZero       any = int64(0)
@@ -707,86 +642,58 @@ var (
 // of rules; TestBakedScriptSendsNoRules fails if they drift apart).
 var defaultArgs = [...]any{1, 1, argZero, argNoMaxDelay, argZero, argNoRID, argZero}
 
-// eval runs the decision script (see scripts/common.lua for its layout).
-// share is the call's priority share, parts per million; 0 for all.
-// Every reply, whichever way the script ran, goes through answered.
-func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, share int64) (Result, reason, error) {
+// eval asks Redis for r's decision with its rule set's runner (see
+// scripts/common.lua for the script's keys and arguments). Every reply,
+// whichever runner made it, goes through answered.
+func (e *engine) eval(r *request) error {
 	sent := monoNow()
-	a := evalArgsPool.Get().(*evalArgs)
-	defer func() {
-		clear(a.keys)
-		clear(a.args)
-		a.keys, a.args = a.keys[:0], a.args[:0]
-		evalArgsPool.Put(a)
-	}()
+	rs := r.rs
+	a := &r.args
 	for i := range rs.rules {
-		a.keys = append(a.keys, ruleKey(first, rs, i))
+		a.keys = append(a.keys, ruleKey(r.state, rs, i))
 	}
-	now := argZero
+	r.now = argZero
 	if e.clock != nil {
-		us, err := e.clock.nowMicros(ctx)
+		us, err := e.clock.nowMicros(r.ctx)
 		if err != nil {
-			return Result{}, 0, err
+			return err
 		}
-		now = us
+		r.now = us
 	}
 	md := argNoMaxDelay
-	if maxDelay >= 0 {
-		md = int64(maxDelay / time.Microsecond)
+	if r.maxDelay >= 0 {
+		md = int64(r.maxDelay / time.Microsecond)
 	}
 	block := argZero
 	if e.cfg.block > 0 {
 		block = e.cfg.argBlock
-		a.keys = append(a.keys, blockKeyOf(first, rs))
+		a.keys = append(a.keys, blockKeyOf(r.state, rs))
 	}
 	ridArg, life := argNoRID, argZero
-	if rc != nil {
-		ridArg, life = rc.id, e.cfg.argReserveTTL
-		a.keys = appendReserveKeys(a.keys, first, rs)
+	if r.rc != nil {
+		ridArg, life = r.rc.id, e.cfg.argReserveTTL
+		a.keys = appendReserveKeys(a.keys, r.state, rs)
 	}
-	a.args = append(a.args, n, len(rs.rules), now, md, block, ridArg, life)
+	a.args = append(a.args, r.n, len(rs.rules), r.now, md, block, ridArg, life)
 	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
-		defer func(sent time.Time) { e.delayRTT.Store(int64(time.Since(sent))) }(time.Now())
+		defer func(start time.Time) { e.delayRTT.Store(int64(time.Since(start))) }(time.Now())
 	}
-	reply, err := e.run(ctx, a, now, rs, share)
+	reply, err := rs.run.run(e, r)
 	if err != nil {
-		return Result{}, 0, err
+		return err
 	}
-	return e.answered(first, reply, n, sent, rs, rc)
+	r.res, r.why, err = e.answered(r.state, reply, r.n, sent, rs, r.rc)
+	return err
 }
 
-// run runs the decision script of rs with a's keys and the call's
-// arguments: a calendar rule's (evalCalendar), a Redis Function, the
-// script with the rules written in, or the one they are arguments of.
-func (e *engine) run(ctx context.Context, a *evalArgs, now any, rs *ruleSet, share int64) (any, error) {
-	if rs.calendar {
-		return e.evalCalendar(ctx, a, now, rs, share)
-	}
-	script := rs.script
-	if script == nil {
-		script = e.script
-		if rs.warm {
-			script = warmScript()
-		}
-		for i := range rs.rules {
-			a.args = append(a.args, rs.rules[i].args[:]...)
-		}
-	} else {
-		// The rules are written in: leave out the trailing arguments
-		// that are their defaults (see scripts/common.lua).
-		for share == 0 && len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
-			a.args = a.args[:len(a.args)-1]
-		}
-	}
-	if share != 0 { // after the rules' arguments, or ARGV[8] (see scripts/common.lua)
-		a.args = append(a.args, share)
-	}
-	if rs.fn != nil && !e.noFunctions.Load() {
-		if reply, err, ok := e.fcall(ctx, rs.fn, a.keys, a.args); ok {
-			return reply, err
-		}
-	}
-	return script.Run(ctx, e.rdb, a.keys, a.args...).Result()
+// evalState asks Redis, as eval, for n events of the key whose first state
+// key is state, under rs (rc: as a reservation), for a caller outside the
+// pipeline (the prefetcher taking a prefetch, or asking alone).
+func (e *engine) evalState(ctx context.Context, state string, n int, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
+	r := newRequest(ctx, "", state, n, -1, rs, rc)
+	defer r.free()
+	err := e.eval(r)
+	return r.res, r.why, err
 }
 
 // answered parses Redis's reply to a decision of n on rs, sent at sent

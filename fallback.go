@@ -85,11 +85,38 @@ func (r *rescue) forget(state string) {
 	}
 }
 
-// decide answers without Redis, by the fallback policy. cause is the error
-// of the call, or nil for a call not sent because its node is down; rc, when
-// not nil, takes an admitted call as an in-process reservation; share is
-// the call's priority share (see callShare).
-func (r *rescue) decide(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, cause error, share int64) (Result, reason, error) {
+// stage decides a call with the fallback while its node is marked down,
+// and when Redis fails to answer it; the others go on to Redis.
+func (r *rescue) stage(q *request, next decider) error {
+	if r.isDown(q.state) {
+		return r.decide(q, nil)
+	}
+	err := next(q)
+	if err == nil {
+		return nil
+	}
+	e := r.e
+	if ctxErr := callerDone(q.ctx); ctxErr != nil {
+		return errorf("%s %q: %w", e.kind, q.key, ctxErr)
+	}
+	if !r.outage(q.ctx, err, q.state) {
+		return errorf("%s %q: %w", e.kind, q.key, err)
+	}
+	return r.decide(q, err)
+}
+
+// decide answers q without Redis, by the fallback policy. cause is the
+// error of the call, or nil for a call not sent because its node is down;
+// q.rc, when not nil, takes an admitted call as an in-process reservation.
+func (r *rescue) decide(q *request, cause error) error {
+	var err error
+	q.res, q.why, err = r.decideState(q.state, q.n, q.maxDelay, q.rs, q.rc, cause, q.share)
+	return err
+}
+
+// decideState is decide for n events of the key whose first state key is
+// state, under rs; share is the call's priority share (see callShare).
+func (r *rescue) decideState(state string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall, cause error, share int64) (Result, reason, error) {
 	e := r.e
 	first := &rs.rules[0]
 	if r.gone.Load() {

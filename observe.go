@@ -92,50 +92,44 @@ func (e *engine) observeExceeds(ctx context.Context, key string, n int, rs *rule
 	e.cfg.observer(Decision{Context: ctx, Strategy: r.alg.strategy, Rule: r.name, Key: key, N: n, Err: err, Priority: prio})
 }
 
-// call makes one decision and applies shadow mode and the observer.
-func (e *engine) call(ctx context.Context, key string, n int, maxDelay time.Duration, rs *ruleSet, rc *reserveCall) (Result, reason, error) {
-	var start time.Time
-	if e.cfg.observer != nil {
-		start = time.Now()
-	}
-	share, prio := e.callShare(ctx)
-	var res Result
-	var why reason
-	var err error
-	if share != 0 && n > 0 {
-		err = e.checkShare(n, rs, share, prio)
-	}
-	if err == nil {
-		res, why, err = e.decide(ctx, key, n, maxDelay, rs, rc, share)
-	}
-	shadowed := err == nil && e.cfg.shadow && !res.Allowed && why != reasonMaxDelay
-	if shadowed {
-		res.Allowed, res.Shadowed, res.RetryAfter = true, true, 0
-	}
-	if f := e.cfg.observer; f != nil {
-		st := rs.rules[0].alg.strategy
-		for i := range rs.rules {
-			if rs.rules[i].name == res.Rule {
-				st = rs.rules[i].alg.strategy
-			}
+// observeStage tells the observer of each decision, with its latency.
+func (e *engine) observeStage(r *request, next decider) error {
+	start := time.Now()
+	err := next(r)
+	rs := r.rs
+	st := rs.rules[0].alg.strategy
+	for i := range rs.rules {
+		if rs.rules[i].name == r.res.Rule {
+			st = rs.rules[i].alg.strategy
 		}
-		f(Decision{
-			Context:  ctx,
-			Strategy: st,
-			Rule:     res.Rule,
-			Key:      key,
-			N:        n,
-			Allowed:  res.Allowed,
-			DeniedBy: deniedBy(why),
-			Degraded: res.Degraded,
-			Shadowed: shadowed,
-			Latency:  time.Since(start),
-			Err:      err,
-			Priority: prio,
-		})
 	}
-	if shadowed {
-		why = reasonAllowed
+	e.cfg.observer(Decision{
+		Context:  r.ctx,
+		Strategy: st,
+		Rule:     r.res.Rule,
+		Key:      r.key,
+		N:        r.n,
+		Allowed:  r.res.Allowed,
+		DeniedBy: deniedBy(r.why),
+		Degraded: r.res.Degraded,
+		Shadowed: r.shadowed,
+		Latency:  time.Since(start),
+		Err:      err,
+		Priority: r.prio,
+	})
+	return err
+}
+
+// shadowStage admits what the limit denied, marked Shadowed (WithShadow);
+// the deny reason stays for the observer. A call that its deadline
+// denies is still denied: it could not wait.
+func shadowStage(r *request, next decider) error {
+	if err := next(r); err != nil {
+		return err
 	}
-	return res, why, err
+	if !r.res.Allowed && r.why != reasonMaxDelay {
+		r.shadowed = true
+		r.res.Allowed, r.res.Shadowed, r.res.RetryAfter = true, true, 0
+	}
+	return nil
 }

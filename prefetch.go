@@ -288,9 +288,31 @@ func (l *prefetcher) serveUnlock(en *prefetchEntry, pf *prefetch, now int64, n i
 	return res, true
 }
 
+// stage serves a call from the key's prefetch when it can. Prefetched
+// events serve only calls that may use all of the limit: a call with a
+// share asks Redis, which counts the prefetched events as used, so that
+// they never serve it past its share; a reservation asks Redis too.
+func (l *prefetcher) stage(r *request, next decider) error {
+	r.prefetching = r.rc == nil && r.n > 0 && r.share == 0
+	if r.prefetching {
+		if res, ok := l.serve(r.state, r.n, r.rs); ok {
+			r.res, r.why = res, reasonAllowed
+			return nil
+		}
+	}
+	return next(r)
+}
+
+// ask asks Redis for r, which prefetches may serve (engine.ask).
+func (l *prefetcher) ask(r *request) error {
+	var err error
+	r.res, r.why, err = l.eval(r.ctx, r.key, r.state, r.n, r.rs)
+	return err
+}
+
 // eval decides n events for key in Redis: by taking a prefetch when the key
-// is hot, else by one call. It is what decide does instead of engine.eval
-// when prefetches are on and the call was not served from a prefetch.
+// is hot, else by one call. It is what a call that prefetches may serve
+// asks, instead of its runner, when it was not served from a prefetch.
 func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *ruleSet) (Result, reason, error) {
 	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	for {
@@ -469,7 +491,7 @@ func (l *prefetcher) sawWindow(en *prefetchEntry, rs *ruleSet, start int64, res 
 // keeps what Redis reports left.
 func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string, n int, rs *ruleSet) (Result, reason, error) {
 	start := monoNow()
-	res, why, err := l.e.eval(ctx, state, n, -1, rs, nil, 0)
+	res, why, err := l.e.evalState(ctx, state, n, rs, nil)
 	if err == nil {
 		en.mu.Lock()
 		en.remaining = res.Remaining
@@ -489,7 +511,7 @@ func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string
 // as a prefetch. A denied prefetch (pf nil) holds nothing.
 func (l *prefetcher) take(ctx context.Context, key, state string, k int, rs *ruleSet, start int64) (Result, reason, *prefetch, error) {
 	rc := &reserveCall{id: prefetchIDPrefix + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)}
-	res, why, err := l.e.eval(ctx, state, k, -1, rs, rc, 0)
+	res, why, err := l.e.evalState(ctx, state, k, rs, rc)
 	if err != nil || !res.Allowed {
 		return res, why, nil, err
 	}

@@ -86,6 +86,17 @@ func shareOf(capacity int64, ppm int64) int64 {
 	return q*ppm + r*ppm/shareScale
 }
 
+// shareStage rejects a call that its priority share can never admit (see
+// checkShare); the others go on.
+func (e *engine) shareStage(r *request, next decider) error {
+	if r.share != 0 && r.n > 0 {
+		if err := e.checkShare(r.n, r.rs, r.share, r.prio); err != nil {
+			return err
+		}
+	}
+	return next(r)
+}
+
 // checkShare rejects a call of n events that its share of rs's rules can
 // never admit at once (see checkCount): more than floor(share × capacity)
 // of a rule that counts n and takes a share. A bucket with a warm-up takes

@@ -150,8 +150,10 @@ func bake(rs *ruleSet, functions bool) {
 	}
 	baked.m[checks] = b
 	rs.script = b.script
+	rs.run = writtenRunner{script: b.script}
 	if functions {
 		rs.fn = b.fn
+		rs.run = functionRunner{fn: b.fn, script: b.script}
 	}
 }
 

@@ -1,0 +1,85 @@
+package redlimit
+
+import "github.com/redis/go-redis/v9"
+
+// runner asks Redis to decide a request under its rule set, with the keys
+// and the call's arguments that engine.eval put in r.args (see
+// scripts/common.lua), and returns Redis's reply as it came. Each rule set
+// has one, chosen when the rule set is made (newRuleSet, bake); what every
+// reply goes through after it is engine.answered's.
+type runner interface {
+	run(e *engine, r *request) (any, error)
+}
+
+// argsRunner runs the engine's script (or, for a warm-up rule, the script
+// that holds warm-up) with the rules as arguments: the runner of limits
+// from WithLimitFunc and WithRulesFunc, and of rule sets past
+// maxBakedScripts.
+type argsRunner struct{ warm bool }
+
+func (ar argsRunner) run(e *engine, r *request) (any, error) {
+	script := e.script
+	if ar.warm {
+		script = warmScript()
+	}
+	a := &r.args
+	for i := range r.rs.rules {
+		a.args = append(a.args, r.rs.rules[i].args[:]...)
+	}
+	appendShare(r)
+	return script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
+}
+
+// writtenRunner runs the script with the rules written in (see bake).
+type writtenRunner struct{ script *redis.Script }
+
+func (wr writtenRunner) run(e *engine, r *request) (any, error) {
+	trimDefaults(r)
+	return wr.script.Run(r.ctx, e.rdb, r.args.keys, r.args.args...).Result()
+}
+
+// functionRunner runs the Redis Function with the rules written in
+// (WithRedisFunctions), or the same script where the server cannot run it.
+type functionRunner struct {
+	fn     *redisFunction
+	script *redis.Script
+}
+
+func (fr functionRunner) run(e *engine, r *request) (any, error) {
+	trimDefaults(r)
+	a := &r.args
+	if !e.noFunctions.Load() {
+		if reply, err, ok := e.fcall(r.ctx, fr.fn, a.keys, a.args); ok {
+			return reply, err
+		}
+	}
+	return fr.script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
+}
+
+// calendarRunner runs the script of rules with a calendar rule among them:
+// the rules are arguments, a calendar rule's window chosen for the call's
+// time (see evalCalendar).
+type calendarRunner struct{}
+
+func (calendarRunner) run(e *engine, r *request) (any, error) {
+	return e.evalCalendar(r)
+}
+
+// trimDefaults leaves out the trailing arguments of a script with the
+// rules written in that are their defaults (see scripts/common.lua), then
+// adds the call's priority share, if any.
+func trimDefaults(r *request) {
+	a := &r.args
+	for r.share == 0 && len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
+		a.args = a.args[:len(a.args)-1]
+	}
+	appendShare(r)
+}
+
+// appendShare adds the call's priority share after the other arguments (the
+// rules', or ARGV[8]: see scripts/common.lua), if it has one.
+func appendShare(r *request) {
+	if r.share != 0 {
+		r.args.args = append(r.args.args, r.share)
+	}
+}
