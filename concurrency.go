@@ -606,6 +606,23 @@ type Lease struct {
 	elem *list.Element
 }
 
+// releaseLocal ends l, a lease of the in-process fallback. Once Redis
+// answers again, what the outage made goes as it empties (while it lasts,
+// an idle semaphore is kept for the key's next lease, and dropped when
+// room is needed).
+func (c *Concurrency) releaseLocal(l *Lease) {
+	if !l.sem.release(l) || c.e.rescue.isDown(l.state) {
+		return
+	}
+	c.local.RemoveIf(l.state, func(s *localSem) bool {
+		if s != l.sem {
+			return false // dropped already, and made again
+		}
+		dead, _ := s.retire(c.e.cfg.now())
+		return dead
+	})
+}
+
 // Release gives the slot back. It is idempotent: only the first call does
 // anything, and releasing a lease that already expired is harmless (it
 // cannot free another holder's slot). A Release whose ctx is already done
@@ -637,18 +654,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	defer c.wake(l.key)
 	switch {
 	case l.sem != nil:
-		if l.sem.release(l) && !c.e.rescue.isDown(l.state) {
-			// Redis answers again: what the outage made goes as it
-			// empties (while it lasts, an idle semaphore is kept for
-			// the key's next lease, and dropped when room is needed).
-			c.local.RemoveIf(l.state, func(s *localSem) bool {
-				if s != l.sem {
-					return false // dropped already, and made again
-				}
-				dead, _ := s.retire(c.e.cfg.now())
-				return dead
-			})
-		}
+		c.releaseLocal(l)
 		return nil
 	case l.free:
 		return nil

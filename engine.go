@@ -118,6 +118,36 @@ func (r *rule) capacity() int {
 	return r.limit.Rate
 }
 
+// sigOf identifies the limits of rules (FNV-1a of their strategies, limits
+// and calendars), for the deny cache and the fallback.
+func sigOf(rules []rule) uint64 {
+	h := uint64(14695981039346656037)
+	mix := func(v int64) {
+		for i := 0; i < 8; i++ {
+			h ^= uint64(byte(v >> (8 * i)))
+			h *= 1099511628211
+		}
+	}
+	for i := range rules {
+		r := &rules[i]
+		mix(int64(r.alg.strategy))
+		mix(int64(r.limit.Rate))
+		mix(int64(r.limit.Period))
+		mix(int64(r.limit.Burst))
+		mix(int64(r.limit.WarmUp))
+		mix(int64(btoi(r.perCall)))
+		if r.limit.SubWindows != 0 {
+			mix(int64(r.limit.SubWindows))
+		}
+		if r.limit.isCalendar() {
+			for _, c := range r.suffix {
+				mix(int64(c))
+			}
+		}
+	}
+	return h
+}
+
 // ruleSet is the rules of one decision, with what the engine derives from
 // them once.
 type ruleSet struct {
@@ -146,14 +176,7 @@ type ruleSet struct {
 }
 
 func newRuleSet(rules []rule) *ruleSet {
-	rs := &ruleSet{rules: rules, maxN: MaxRate}
-	h := uint64(14695981039346656037)
-	mix := func(v int64) {
-		for i := 0; i < 8; i++ {
-			h ^= uint64(byte(v >> (8 * i)))
-			h *= 1099511628211
-		}
-	}
+	rs := &ruleSet{rules: rules, maxN: MaxRate, sig: sigOf(rules)}
 	for i := range rules {
 		r := &rules[i]
 		if !r.perCall {
@@ -165,23 +188,8 @@ func newRuleSet(rules []rule) *ruleSet {
 		}
 		rs.queue = rs.queue || r.alg.queue
 		rs.warm = rs.warm || r.alg.warm
-		mix(int64(r.alg.strategy))
-		mix(int64(r.limit.Rate))
-		mix(int64(r.limit.Period))
-		mix(int64(r.limit.Burst))
-		mix(int64(r.limit.WarmUp))
-		mix(int64(btoi(r.perCall)))
-		if r.limit.SubWindows != 0 {
-			mix(int64(r.limit.SubWindows))
-		}
-		if r.limit.isCalendar() {
-			rs.calendar = true
-			for _, c := range r.suffix {
-				mix(int64(c))
-			}
-		}
+		rs.calendar = rs.calendar || r.limit.isCalendar()
 	}
-	rs.sig = h
 	rs.run = argsRunner{warm: rs.warm}
 	if rs.calendar {
 		rs.calScript = calendarScript(rules)
@@ -778,85 +786,111 @@ const packedReply = 26
 // allowance, into ra (nil: not wanted).
 func (e *engine) parse(reply any, rs *ruleSet, rc *reserveCall, ra *ruleAnswers) (Result, reason, error) {
 	var v [5]int64
-	k := len(rs.rules)
 	own := int64(-1) // the deciding rule's own reset after, when the reply has it
-	var left []int64 // in ra, when the reply carries them
+	var err error
 	switch r := reply.(type) {
 	case string:
-		extra := 8 * k
-		if k > 1 {
-			extra += 8
-		}
-		if len(r) != packedReply && len(r) != packedReply+extra {
-			return Result{}, 0, errorf("%s: script replied %d bytes, want %d or %d", e.kind, len(r), packedReply, packedReply+extra)
-		}
-		if r[0] >= clockBehind {
-			e.behind()
-		}
-		if rc != nil && r[0]&^clockBehind == byte(reasonAllowed) {
-			return Result{}, 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
-		}
-		v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
-		if len(r) > packedReply {
-			at := packedReply
-			if k > 1 {
-				own = le64(r[at:])
-				at += 8
-			}
-			if ra != nil {
-				ra.has = true
-				for i := range k {
-					ra.left[i] = le64(r[at+8*i:])
-				}
-			}
-		}
+		own, err = e.parsePacked(r, &v, rs, rc, ra)
 	case []any:
-		if len(r) > 0 {
-			if c, ok := r[0].(int64); ok && c >= clockBehind {
-				e.behind()
-				r[0] = c - clockBehind
-			}
-		}
-		base, ownAt := 5, -1
-		switch {
-		case len(r) == 0:
-		case r[0] == int64(reasonBlock):
-			base++ // the block's time left (see noteBlock)
-		case k > 1 && len(r) > base:
-			ownAt = base
-			base++
-		}
-		if len(r) > 0 && rc != nil && r[0] == int64(reasonAllowed) {
-			base += k
-		}
-		if len(r) != base && len(r) != base+k {
-			return Result{}, 0, errorf("%s: script replied %d values, want %d or %d", e.kind, len(r), base, base+k)
-		}
-		if len(r) > base && ra != nil {
-			ra.has = true
-			left = ra.left[:k]
-		}
-		for i, x := range r {
-			n, ok := x.(int64)
-			if !ok {
-				return Result{}, 0, errorf("%s: script reply %d is %T, want an integer", e.kind, i, x)
-			}
-			switch {
-			case i < 5:
-				v[i] = n
-			case v[0] == int64(reasonBlock):
-				// i is 5: the block's time left, which noteBlock read
-			case i == ownAt:
-				own = n
-			case i < base:
-				rc.tags = append(rc.tags, n)
-			case left != nil:
-				left[i-base] = n
-			}
-		}
+		own, err = e.parseArray(r, &v, rs, rc, ra)
 	default:
-		return Result{}, 0, errorf("%s: script replied %T, want an array or a string", e.kind, reply)
+		err = errorf("%s: script replied %T, want an array or a string", e.kind, reply)
 	}
+	if err != nil {
+		return Result{}, 0, err
+	}
+	return resultOf(&v, own, rs, ra)
+}
+
+// parsePacked decodes a reply packed in one string into v (see parse),
+// and returns the deciding rule's own reset after, or -1.
+func (e *engine) parsePacked(r string, v *[5]int64, rs *ruleSet, rc *reserveCall, ra *ruleAnswers) (int64, error) {
+	k := len(rs.rules)
+	extra := 8 * k
+	if k > 1 {
+		extra += 8
+	}
+	if len(r) != packedReply && len(r) != packedReply+extra {
+		return 0, errorf("%s: script replied %d bytes, want %d or %d", e.kind, len(r), packedReply, packedReply+extra)
+	}
+	if r[0] >= clockBehind {
+		e.behind()
+	}
+	if rc != nil && r[0]&^clockBehind == byte(reasonAllowed) {
+		return 0, errorf("%s: script replied an admitted reservation without its tags", e.kind)
+	}
+	*v = [5]int64{int64(r[0] &^ clockBehind), le64(r[1:]), le64(r[9:]), le64(r[17:]), int64(r[25])}
+	own := int64(-1)
+	if len(r) > packedReply {
+		at := packedReply
+		if k > 1 {
+			own = le64(r[at:])
+			at += 8
+		}
+		if ra != nil {
+			ra.has = true
+			for i := range k {
+				ra.left[i] = le64(r[at+8*i:])
+			}
+		}
+	}
+	return own, nil
+}
+
+// parseArray decodes a reply of an array of integers into v, rc's tags and
+// ra (see parse), and returns the deciding rule's own reset after, or -1.
+func (e *engine) parseArray(r []any, v *[5]int64, rs *ruleSet, rc *reserveCall, ra *ruleAnswers) (int64, error) {
+	k := len(rs.rules)
+	if len(r) > 0 {
+		if c, ok := r[0].(int64); ok && c >= clockBehind {
+			e.behind()
+			r[0] = c - clockBehind
+		}
+	}
+	base, ownAt := 5, -1
+	switch {
+	case len(r) == 0:
+	case r[0] == int64(reasonBlock):
+		base++ // the block's time left (see noteBlock)
+	case k > 1 && len(r) > base:
+		ownAt = base
+		base++
+	}
+	if len(r) > 0 && rc != nil && r[0] == int64(reasonAllowed) {
+		base += k
+	}
+	if len(r) != base && len(r) != base+k {
+		return 0, errorf("%s: script replied %d values, want %d or %d", e.kind, len(r), base, base+k)
+	}
+	var left []int64 // in ra, when the reply carries them
+	if len(r) > base && ra != nil {
+		ra.has = true
+		left = ra.left[:k]
+	}
+	own := int64(-1)
+	for i, x := range r {
+		n, ok := x.(int64)
+		if !ok {
+			return 0, errorf("%s: script reply %d is %T, want an integer", e.kind, i, x)
+		}
+		switch {
+		case i < 5:
+			v[i] = n
+		case v[0] == int64(reasonBlock):
+			// i is 5: the block's time left, which noteBlock read
+		case i == ownAt:
+			own = n
+		case i < base:
+			rc.tags = append(rc.tags, n)
+		case left != nil:
+			left[i-base] = n
+		}
+	}
+	return own, nil
+}
+
+// resultOf makes the Result of a decoded reply v (see parse).
+func resultOf(v *[5]int64, own int64, rs *ruleSet, ra *ruleAnswers) (Result, reason, error) {
 	why := reason(v[0])
 	idx := int(v[4]) - 1
 	if idx < 0 || idx >= len(rs.rules) {

@@ -234,7 +234,12 @@ func (w *evictWatch) sample() []serverInfo {
 		infos = append(infos, si)
 		mu.Unlock()
 	})
-	now := time.Now()
+	return w.compare(infos, time.Now())
+}
+
+// compare updates each node's count of evicted keys from infos, read at
+// now, and returns the infos of the nodes whose evictions began a spell.
+func (w *evictWatch) compare(infos []serverInfo, now time.Time) []serverInfo {
 	var found []serverInfo
 	w.mu.Lock()
 	defer w.mu.Unlock()

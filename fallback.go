@@ -254,6 +254,15 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 		cancelAll(set, &verdicts, now)
 		return res, reasonAllowed, nil
 	}
+	takeLocked(set, &verdicts, n, rc, now)
+	res.Allowed = true
+	return res, reasonAllowed, nil
+}
+
+// takeLocked takes n events, which every stand-in of set admitted (their
+// verdicts), and, for a reservation (rc not nil), holds what it needs to
+// give them back. set.mu is held.
+func takeLocked(set *localSet, verdicts *[MaxRules]verdict, n int, rc *reserveCall, now time.Time) {
 	if rc != nil {
 		hold := &localHold{set: set, states: make([]string, len(set.lims)), paidAt: make([]time.Time, len(set.lims)), tags: make([]int64, len(set.lims))}
 		for i := range set.lims {
@@ -280,8 +289,6 @@ func (r *rescue) decideLocked(set *localSet, n int, maxDelay time.Duration, rs *
 			lr.lim.AllowN(now, lr.count(n)) // checked above, under the set's lock
 		}
 	}
-	res.Allowed = true
-	return res, reasonAllowed, nil
 }
 
 // blockLeftLocked returns how long the key's penalty block lasts from now;

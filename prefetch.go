@@ -353,20 +353,26 @@ func (l *prefetcher) eval(ctx context.Context, key, state string, n int, rs *rul
 		if !l.startFetch(ctx, en, f, key, state, k, n, rs, now, epoch) {
 			return l.direct(ctx, en, state, n, rs)
 		}
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-			return Result{}, 0, ctx.Err()
-		}
-		switch {
-		case f.err != nil:
-			return Result{}, 0, f.err
-		case f.decided:
-			return f.res, f.why, nil
-		}
-		// Fewer than k left: the call is decided on its own.
-		return l.direct(ctx, en, state, n, rs)
+		return l.await(ctx, en, f, state, n, rs)
 	}
+}
+
+// await returns the decision of the prefetch request f that the call of n
+// events started: the call's own events from it, or, when fewer than the
+// prefetch's were left, the call decided on its own.
+func (l *prefetcher) await(ctx context.Context, en *prefetchEntry, f *prefetchRequest, state string, n int, rs *ruleSet) (Result, reason, error) {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return Result{}, 0, ctx.Err()
+	}
+	switch {
+	case f.err != nil:
+		return Result{}, 0, f.err
+	case f.decided:
+		return f.res, f.why, nil
+	}
+	return l.direct(ctx, en, state, n, rs)
 }
 
 // startFetch takes a prefetch of k events for the key of en apart from the
