@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/evictwatch"
 )
 
 // CheckRedis reads maxmemory and maxmemory-policy (CONFIG GET) on every
@@ -58,7 +60,7 @@ func CheckRedis(ctx context.Context, rdb redis.UniversalClient) error {
 			return nil
 		})
 	} else {
-		err = forEachMaster(ctx, rdb, check)
+		err = evictwatch.ForEachMaster(ctx, rdb, check)
 	}
 	if err != nil {
 		errs = append(errs, errorf("check redis: %w", err))
@@ -88,17 +90,11 @@ func checkServer(ctx context.Context, c redis.Cmdable, addr string) error {
 	if err != nil {
 		return errorf("check redis %s: maxmemory %q is not a number", name, limit)
 	}
-	if !evicts(bytes, policy) {
+	if !evictwatch.Evicts(bytes, policy) {
 		return nil
 	}
 	return errorf("Redis %s has maxmemory %d and maxmemory-policy %s: once full it deletes keys, limiter keys among them, which come back with a full allowance (use noeviction, or a Redis of its own for limits): %w",
 		name, bytes, policy, ErrEvictionPolicy)
-}
-
-// evicts tells whether a server with maxmemory bytes and policy may evict
-// keys: 0 is no limit (on a 64-bit server).
-func evicts(bytes int64, policy string) bool {
-	return bytes > 0 && policy != "noeviction"
 }
 
 // refusedCommand tells whether err is a server refusing a command
@@ -112,28 +108,4 @@ func refusedCommand(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(msg, "unknown command") ||
 		strings.Contains(msg, "unknown subcommand")
-}
-
-// forEachMaster calls f for every master behind rdb, with its address:
-// concurrently for each master of a cluster and each live shard of a
-// ring; once for a *redis.Client with its Addr; once with rdb and "" for
-// any other client. It returns an error when the masters cannot be listed.
-func forEachMaster(ctx context.Context, rdb redis.UniversalClient, f func(ctx context.Context, c redis.Cmdable, addr string)) error {
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			f(ctx, m, m.Options().Addr)
-			return nil
-		})
-	case *redis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, s *redis.Client) error {
-			f(ctx, s, s.Options().Addr)
-			return nil
-		})
-	case *redis.Client:
-		f(ctx, c, c.Options().Addr)
-		return nil
-	}
-	f(ctx, rdb, "")
-	return nil
 }

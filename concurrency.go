@@ -409,7 +409,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit 
 	if err != nil {
 		return Result{}, 0, err
 	}
-	c.e.evict.poke()
+	c.e.evict.Poke()
 	if len(reply) != 4 {
 		return Result{}, 0, errorf("concurrency: script replied %d values, want 4", len(reply))
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/evictwatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -202,14 +203,7 @@ func TestRefusedFuncLeavesNoWatch(t *testing.T) {
 			}
 		}
 		nodeWatches.Unlock()
-		evictWatches.Lock()
-		for k := range evictWatches.m {
-			if k.rdb == redis.UniversalClient(rdb) {
-				evicts++
-			}
-		}
-		evictWatches.Unlock()
-		return nodes, evicts
+		return nodes, evictwatch.Watching(rdb)
 	}
 	rulesFunc := WithRulesFunc(func(context.Context, string) ([]Rule, error) { return nil, nil })
 	_, err := NewTokenBucket(rdb, PerSecond(1), rulesFunc, WithEvictionCheck(time.Hour))

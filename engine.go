@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/calldelay"
+	"github.com/redlimit/redlimit/internal/evictwatch"
 )
 
 // algorithm is what one strategy adds to the shared engine.
@@ -224,8 +225,8 @@ type engine struct {
 	clock  *clientClock  // nil: the server's TIME
 
 	rescue     *rescue
-	settles    *requeue    // settles that an outage interrupted (reserve.go)
-	evict      *evictWatch // WithEvictionCheck (evict.go)
+	settles    *requeue          // settles that an outage interrupted (reserve.go)
+	evict      *evictwatch.Watch // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
 	decide     decider     // the decision's stages (buildPipeline)
@@ -556,7 +557,7 @@ func (e *engine) Close() error {
 			err = errors.Join(err, errorf("close: %d settles could not be made (Redis unavailable): their reservations stand as taken until their lifetime ends: %w", n, ErrUnavailable))
 		}
 		e.rescue.close()
-		e.evict.leave(e)
+		e.evict.Leave(e)
 		if e.clock != nil {
 			e.clock.close() // after the prefetches, whose give-back may read it
 		}

@@ -158,15 +158,14 @@ func TestEvictionNoticedRedis(t *testing.T) {
 			mu.Unlock()
 		}))
 	w := lim.evict
-	w.logf = func(format string, v ...any) {
+	w.SetLogf(func(format string, v ...any) {
 		mu.Lock()
 		logged = append(logged, fmt.Sprintf(format, v...))
 		mu.Unlock()
-	}
+	})
 	sampled := func() bool { // a sample has found a baseline for the server
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return w.nodes[s.Addr] != nil
+		known, _ := w.Node(s.Addr)
+		return known
 	}
 	reports := func() int {
 		mu.Lock()
@@ -189,9 +188,9 @@ func TestEvictionNoticedRedis(t *testing.T) {
 	// Several more samples, on a server that went on evicting throughout.
 	for range 10 {
 		fillRedis(t, rdb, "more", 500)
-		w.state.Store(evictDue) // the next decision samples at once
+		w.MakeDue() // the next decision samples at once
 		decide()
-		w.wg.Wait()
+		w.Wait()
 	}
 
 	mu.Lock()
@@ -229,15 +228,15 @@ func TestEvictionQuietRedis(t *testing.T) {
 	for range 3 {
 		_, err := lim.Allow(ctx, "user")
 		require.NoError(t, err)
-		w.wg.Wait()
-		require.Eventually(t, func() bool { return w.state.Load() == evictDue }, 10*time.Second, time.Millisecond)
+		w.Wait()
+		require.Eventually(t, func() bool { return w.Due() }, 10*time.Second, time.Millisecond)
 	}
 	require.Positive(t, fillRedis(t, rdb, "x", 4000), "noeviction refuses writes once full")
 	for range 3 {
-		w.state.Store(evictDue)
+		w.MakeDue()
 		_, err := lim.Allow(ctx, "user") // OOM: the fallback answers, no sample
 		require.NoError(t, err)
-		w.wg.Wait()
+		w.Wait()
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -398,27 +397,25 @@ func TestEvictionSkipsMiniredis(t *testing.T) {
 	start := m.CommandCount()
 	lim := newLimiter(t, rdb, FixedWindow, PerHour(1000), WithEvictionCheck(time.Hour))
 	w := lim.evict
-	w.wg.Wait()
-	assert.Equal(t, evictIdle, w.state.Load(), "no sample armed before a decision")
-	w.mu.Lock()
-	n := w.nodes[m.Addr()]
-	w.mu.Unlock()
-	require.NotNil(t, n, "the baseline at start")
-	assert.True(t, n.refused, "miniredis refuses INFO memory: not sampled again")
+	w.Wait()
+	assert.False(t, w.Armed() || w.Due(), "no sample armed before a decision")
+	known, refused := w.Node(m.Addr())
+	require.True(t, known, "the baseline at start")
+	assert.True(t, refused, "miniredis refuses INFO memory: not sampled again")
 	assert.Positive(t, m.CommandCount()-start, "the baseline's INFO memory (and the connection's handshake)")
 	ctx := context.Background()
 	commands := func() int { // what a decision sends, and a sample if one starts
 		before := m.CommandCount()
 		_, err := lim.Allow(ctx, "user")
 		require.NoError(t, err)
-		w.wg.Wait()
+		w.Wait()
 		return m.CommandCount() - before
 	}
 	first := commands() // with the script's loading
-	assert.Equal(t, evictArmed, w.state.Load(), "the first decision arms the first sample")
+	assert.True(t, w.Armed(), "the first decision arms the first sample")
 	alone := commands()
 	assert.Less(t, alone, first)
-	w.state.Store(evictDue)
+	w.MakeDue()
 	assert.Equal(t, alone, commands(), "a due sample sends no INFO to miniredis")
 }
 
@@ -437,13 +434,9 @@ func TestEvictionWatchShared(t *testing.T) {
 	assert.Nil(t, newLimiter(t, rdb, TokenBucket, PerHour(1000), WithEvictionCheck(0)).evict)
 	w := a.evict
 	require.NoError(t, a.Close())
-	w.mu.Lock()
-	assert.False(t, w.closed, "b still uses it")
-	w.mu.Unlock()
+	assert.False(t, w.Closed(), "b still uses it")
 	require.NoError(t, b.Close())
-	w.mu.Lock()
-	assert.True(t, w.closed, "the last limiter closed it")
-	w.mu.Unlock()
+	assert.True(t, w.Closed(), "the last limiter closed it")
 	e := newLimiter(t, rdb, FixedWindow, PerHour(1000))
 	assert.NotSame(t, w, e.evict, "a new limiter gets a new watch")
 }
@@ -461,18 +454,18 @@ func TestEvictionAtStartRedis(t *testing.T) {
 	var tr transitions
 	lim := newLimiter(t, rdb, FixedWindow, PerHour(1000), WithEvictionCheck(50*time.Millisecond), WithOnTransition(tr.record))
 	w := lim.evict
-	w.wg.Wait() // a sample in flight: the baseline at start
+	w.Wait() // a sample in flight: the baseline at start
 	fillRedis(t, rdb, "start", 4000)
 	evicted := func() int64 {
 		text, err := rdb.Info(ctx, "stats").Result()
 		require.NoError(t, err)
 		var n int64
-		infoFields(text, func(name, value string) {
-			if name == "evicted_keys" {
+		for line := range strings.Lines(text) {
+			if value, ok := strings.CutPrefix(strings.TrimSpace(line), "evicted_keys:"); ok {
 				_, err := fmt.Sscan(value, &n)
 				require.NoError(t, err)
 			}
-		})
+		}
 		return n
 	}
 	atStart := evicted()
@@ -482,7 +475,7 @@ func TestEvictionAtStartRedis(t *testing.T) {
 	for time.Now().Before(deadline) && len(tr.list()) == 0 {
 		_, err := lim.Allow(ctx, "user")
 		require.NoError(t, err)
-		w.wg.Wait()
+		w.Wait()
 		time.Sleep(5 * time.Millisecond)
 	}
 	got := tr.list()

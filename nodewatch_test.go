@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/evictwatch"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -237,7 +238,7 @@ func TestTransitionKindAndString(t *testing.T) {
 	assert.Equal(t, TransitionBack, got[1].Kind)
 	assert.Regexp(t, `^redlimit: Redis back after \S+ unavailable$`, got[1].String())
 
-	notice := transition(&lim.engine, serverInfo{addr: "10.0.0.1:6379", rise: 5035, maxmem: 1 << 20, policy: "allkeys-lru"})
+	notice := transition(&lim.engine, evictwatch.Report{Addr: "10.0.0.1:6379", Rise: 5035, MaxMemory: 1 << 20, Policy: "allkeys-lru"})
 	assert.Equal(t, TransitionEvicted, notice.Kind)
 	assert.False(t, notice.Down)
 	assert.Equal(t, "evicted", notice.Kind.String())

@@ -182,7 +182,7 @@ func (e *engine) blockStage(r *request, next decider) error {
 func (e *engine) evictStage(r *request, next decider) error {
 	err := next(r)
 	if err == nil {
-		e.evict.poke()
+		e.evict.Poke()
 	}
 	return err
 }
