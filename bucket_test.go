@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // At 1e9 events per second with a burst of 1e6 (a byte-rate limit), the
@@ -53,6 +55,7 @@ func TestBucketByteRateExact(t *testing.T) {
 // A caller that keeps offering more than the limit gets at least 99.9% of
 // Burst + Rate·d, and never more, whatever its n.
 func TestBucketGreedyCallerGetsTheLimit(t *testing.T) {
+	testlane.MarkHeavy(t)
 	cases := []struct {
 		limit Limit
 		step  time.Duration // between rounds of calls

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // Tests of Concurrency (concurrency.go). Their names start with
@@ -655,6 +656,7 @@ func TestHelperConcurrencyHolder(t *testing.T) {
 // interval, plus a 100 ms margin for a busy machine (-race, 2 shared
 // cores).
 func TestConcurrencyLimitHolderKilled(t *testing.T) {
+	testlane.MarkAlone(t)
 	s := realServer(t)
 	prefix := prefixFor(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperConcurrencyHolder$", "-test.count=1")

@@ -21,6 +21,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // Fault tests: real redis-server children, crashed, hung, cut off, slowed,
@@ -152,6 +153,7 @@ func faultLimiterWith(t *testing.T, copts *redis.Options, opts ...Option) (*Rate
 
 // T1: crash under load, 2 s down, restart on the same port.
 func TestFaultCrash(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	verifyNoLeak(t)
 	lim, rdb, tr := faultLimiter(t, srv.Addr)
@@ -177,6 +179,7 @@ func TestFaultCrash(t *testing.T) {
 
 // T2: hang (SIGSTOP) under load for 2 s, then SIGCONT.
 func TestFaultHang(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	lim, _, tr := faultLimiter(t, srv.Addr)
 	ld := startLoad(lim, 64)
@@ -200,6 +203,7 @@ func TestFaultHang(t *testing.T) {
 // T3: a caller's 50ms deadline while Redis hangs: the call returns in time,
 // with the context's error.
 func TestFaultCallerDeadline(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	lim, _, tr := faultLimiter(t, srv.Addr)
 	_, err := lim.Allow(context.Background(), "k")
@@ -227,6 +231,7 @@ func TestFaultCallerDeadline(t *testing.T) {
 // T4: latency above the client's read timeout gives a fallback; below it
 // does not.
 func TestFaultLatency(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	for _, tc := range []struct {
@@ -256,6 +261,7 @@ func TestFaultLatency(t *testing.T) {
 
 // T5: flapping: the connection is cut and restored every 150ms for 5 s.
 func TestFaultFlapping(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	verifyNoLeak(t)
@@ -285,6 +291,7 @@ func TestFaultFlapping(t *testing.T) {
 // OOM under maxmemory noeviction, MISCONF after a failed save, and BUSY
 // while a slow script runs.
 func TestFaultServerStates(t *testing.T) {
+	testlane.MarkAlone(t)
 	t.Run("LOADING", func(t *testing.T) {
 		srv, lim, tr := loadingServer(t)
 		ctx := context.Background()
@@ -525,6 +532,7 @@ func waitBack(t *testing.T, lim *RateLimiter, within time.Duration) {
 
 // T8 on real Redis: each policy during a crash.
 func TestFaultPolicies(t *testing.T) {
+	testlane.MarkAlone(t)
 	for _, p := range []FallbackPolicy{FallbackLocal, FallbackAllow, FallbackDeny, FallbackError} {
 		t.Run(p.String(), func(t *testing.T) {
 			srv := redistest.Start(t)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // Issue 10, item 6: 20 instances sharing PerHour(5) with a fallback share of
@@ -187,6 +188,7 @@ func TestBlockedKeyReportsWithZero(t *testing.T) {
 // Rate of 10, in 10 periods. This table is in the README; small limits
 // should use the sliding log, which is exact.
 func TestSlidingCounterSmallRates(t *testing.T) {
+	testlane.MarkHeavy(t)
 	cases := []struct {
 		rate     int
 		min, max int // admitted in 10 periods, one call every period/20

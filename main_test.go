@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 type quietLogger struct{}
@@ -53,14 +54,17 @@ func TestMain(m *testing.M) {
 // REDLIMIT_REQUIRE_REDIS=1) when redis-server is not installed.
 func realServer(t testing.TB) *redistest.Server {
 	t.Helper()
+	testlane.MarkServer(t) // before the server starts, in a lane that has none
 	sharedServerOnce.Do(func() { sharedServer, sharedServerErr = redistest.StartServer() })
 	redistest.SkipOrFail(t, sharedServerErr)
 	return sharedServer
 }
 
 // realCluster returns the shared Redis Cluster: 3 masters, 1 replica each.
+// Six processes: a test on it runs alone (see internal/testlane).
 func realCluster(t testing.TB) *redistest.Cluster {
 	t.Helper()
+	testlane.MarkAlone(t)
 	sharedClusterOnce.Do(func() { sharedCluster, sharedClusterErr = redistest.StartCluster(3, 1) })
 	redistest.SkipOrFail(t, sharedClusterErr)
 	return sharedCluster

@@ -25,6 +25,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // dialCounter counts the connections a client dials.
@@ -128,6 +129,7 @@ type crashTarget struct {
 // Redis. The ring case waits for the ring's heartbeat to mark its shard
 // down first, when go-redis answers "redis: all ring shards are down".
 func TestCrashEachClient(t *testing.T) {
+	testlane.MarkAlone(t)
 	targets := []struct {
 		name  string
 		start func(t *testing.T) crashTarget
@@ -337,6 +339,7 @@ func TestTransitionsOrdered(t *testing.T) {
 // (and logs "failed to dial") about 7 times in 2 s, not every ping interval;
 // and the node is used again soon after it comes back.
 func TestProbeBackoff(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	var dials dialCounter
 	o := redistest.TunedOptions(srv.Addr)

@@ -11,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 func newPolicy(t testing.TB, rdb redis.UniversalClient, rules []Rule, opts ...Option) *Policy {
@@ -118,6 +120,7 @@ func fill(r Result) Result {
 // two allows at each moment: each call is compared with two single-strategy
 // limiters asked first with n = 0 (which consumes nothing).
 func TestPolicyTighterOfTwo(t *testing.T) {
+	testlane.MarkHeavy(t)
 	b, _ := miniBackend(t)
 	rules := []Rule{
 		{Strategy: TokenBucket, Limit: PerSecond(10)},

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // bubbleRedis is bubbleClient with the miniredis, to make it fail, and a
@@ -760,6 +761,7 @@ func cpuTime(t *testing.T) time.Duration {
 // Close: 1,000 goroutines, 17-20% of a core at maxAge 100 ms, 109-111% at
 // 4 ms.
 func TestPrefetchIdleSweepersRedis(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := realServer(t)
 	const limiters = 1000
 	for _, maxAge := range []time.Duration{100 * time.Millisecond, 4 * time.Millisecond} {

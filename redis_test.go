@@ -3,12 +3,8 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -302,85 +298,4 @@ func TestMemoryPerKeyRedis(t *testing.T) {
 			}
 		}
 	}
-}
-
-// TestEngineTestsNamed checks that test.sh's engine_tests pattern, which
-// picks the tests that run again on each extra engine, matches every test
-// of the package that starts a redis-server (through realServer,
-// realCluster or redistest's Start, StartServer and StartCluster, directly or
-// through a helper of the package's tests): a test that starts one under
-// another name would silently not run on the other engines.
-func TestEngineTestsNamed(t *testing.T) {
-	sh, err := os.ReadFile("test.sh")
-	require.NoError(t, err)
-	m := regexp.MustCompile(`(?m)^engine_tests='([^']+)'$`).FindSubmatch(sh)
-	require.NotNil(t, m, "test.sh sets no engine_tests='...'")
-	pattern, err := regexp.Compile(string(m[1]))
-	require.NoError(t, err, "test.sh's engine_tests")
-
-	files, err := filepath.Glob("*_test.go")
-	require.NoError(t, err)
-	fset := token.NewFileSet()
-	calls := map[string]map[string]bool{} // function -> the names it refers to
-	for _, f := range files {
-		file, err := parser.ParseFile(fset, f, nil, 0)
-		require.NoError(t, err)
-		for _, d := range file.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
-			}
-			names := map[string]bool{}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				switch n := n.(type) {
-				case *ast.SelectorExpr:
-					if x, ok := n.X.(*ast.Ident); ok && x.Name == "redistest" {
-						names["redistest."+n.Sel.Name] = true
-						return false
-					}
-					names[n.Sel.Name] = true
-				case *ast.Ident:
-					names[n.Name] = true
-				}
-				return true
-			})
-			calls[fn.Name.Name] = names
-		}
-	}
-	real := map[string]bool{
-		"realServer": true, "realCluster": true,
-		"redistest.Start": true, "redistest.StartServer": true, "redistest.StartCluster": true,
-	}
-	for changed := true; changed; {
-		changed = false
-		for fn, names := range calls {
-			if real[fn] || strings.HasPrefix(fn, "Test") {
-				continue
-			}
-			for name := range names {
-				if real[name] {
-					real[fn], changed = true, true
-					break
-				}
-			}
-		}
-	}
-	var starts []string
-	for fn, names := range calls {
-		if !strings.HasPrefix(fn, "Test") || fn == "TestMain" {
-			continue
-		}
-		for name := range names {
-			if real[name] {
-				starts = append(starts, fn)
-				break
-			}
-		}
-	}
-	slices.Sort(starts)
-	require.NotEmpty(t, starts, "no test starts a redis-server")
-	for _, fn := range starts {
-		assert.Regexp(t, pattern, fn, "%s starts a redis-server but test.sh's engine_tests does not match it: it would not run on the extra engines", fn)
-	}
-	t.Logf("%d tests start a redis-server and run on every engine", len(starts))
 }

@@ -17,72 +17,25 @@ import (
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
 //
-// # What is marked down
-//
-// Down-state is kept per Redis node, never for Redis as a whole: the node
-// that serves the failing key, as the client routes it. For a
-// *redis.Client (a FailoverClient too) that is its one server; for a
-// *redis.ClusterClient, the master of the key's slot (so one failed master,
-// with cluster-require-full-coverage no, sends only its own slots to the
-// fallback, and a slot that fails over comes back as soon as the client
-// routes it to the promoted replica); for a *redis.Ring, the key's shard.
-// An *redis.AutoPipeliner, or any other client type, is one node. Calls for
-// keys on other nodes keep going to Redis.
-//
-// A node is marked down at once by a call that fails for a reason that
-// concerns the whole node: a refused connection or failed dial, no ring
-// shard or cluster node left, unreachable sentinels, or a LOADING,
-// READONLY, CLUSTERDOWN, MASTERDOWN, OOM, BUSY, NOREPLICAS, MISCONF or
-// max-clients reply. A failure that may concern that one call only (a
-// timeout, a connection lost mid-call, a pool or pipeline queue that is
-// full, or during a slot migration a TRYAGAIN, or a MOVED or ASK left
-// after go-redis's redirects) answers that call from the fallback and
-// marks nothing: a probe of the node is sent at once, and the node is
-// marked down only if the probe fails too. So one slow call (an
-// expensive key, a brief stall) cannot take other keys off Redis. Such a
-// call may have been counted by Redis as well as by the fallback.
-//
-// From then on calls for keys on that node do not touch Redis: they are
-// answered at in-process speed, with Result.Degraded set, and a monitor
-// goroutine probes the node every ping interval (see [WithPingInterval]) by
-// running a small script that reads TIME and writes a short key of the
-// failing key's slot (never the caller's key; and a read-only replica, a
-// full memory or a down cluster slot does not count as back). After two
-// probes in a row succeed, calls go to the node again. The limiters,
-// Policies and Concurrency limits built on the same client with the same
-// clock (WithClientClock or not) share each node's down-state and its one
-// monitor, whatever their prefixes and ping intervals: a node that one
-// marks down is down for all, and an outage costs the same probes however
-// many they are. Its probes go every shortest ping interval of them, with
-// a key of the prefix of the limiter that marked it down.
-//
-// What is not an outage never switches to the fallback: a denial is an
-// answer, the caller's own context ending returns its error, a Redis client
-// that the program closed returns an error wrapping redis.ErrClosed (the
-// constructors reject one), and any other error (a script or argument
-// error is a bug) is returned as it is.
+// Down-state is kept per Redis node (a cluster master, a ring shard),
+// shared by the limiters on one client: a failure that concerns the whole
+// node (a refused connection, LOADING, READONLY, CLUSTERDOWN, OOM, ...)
+// marks it down at once; one that may concern one call (a timeout, a lost
+// connection, TRYAGAIN) is answered from the fallback, and the node is
+// marked down only if a probe fails too. Calls for its keys then get
+// Result.Degraded set until two probes in a row, every ping interval
+// ([WithPingInterval]), succeed. A denial, the caller's context ending or
+// a client the program closed is never an outage. See docs/fallback.md.
 type FallbackPolicy int
 
 // The fallback policies.
 const (
 	// FallbackLocal answers from an in-process golang.org/x/time/rate
 	// limiter per key, with the strategy's rate and burst scaled by the
-	// fallback share (see [WithFallbackShare]). It is the default.
-	//
-	// The stand-ins: FixedWindow, SlidingLog and SlidingCounter become a
-	// token bucket of Rate/Period per second with burst Rate (a calendar
-	// quota, [Daily], [Weekly], [Monthly]: the instance's share of the
-	// quota at once, then Rate per the calendar's nominal Period); TokenBucket
-	// keeps Rate/Period and Burst; LeakyBucket keeps its queue (a
-	// rate.Limiter of burst 1 whose Reserve gives the Delay, with at most
-	// Burst queued); SubWindowCounter keeps its sub-windows, in process,
-	// and never admits more than its share of Rate in any Period. A key's
-	// stand-in starts from Redis's last answer about it, if the limiter has
-	// one (each rule's remaining allowance, the whole limit's, scaled by the
-	// share), else full; an answer to a call sent before the stand-in last
-	// decided may only lower it; nothing is written back, and Redis resumes
-	// from what it had. A key that Redis denied under a penalty block
-	// ([WithBlock]) stays denied until the block ends.
+	// fallback share (see [WithFallbackShare]). It is the default. A key's
+	// stand-in starts from Redis's last answer about it, keeps a penalty
+	// block ([WithBlock]) until it ends, and writes nothing back; see
+	// docs/fallback.md for each strategy's stand-in.
 	FallbackLocal FallbackPolicy = iota + 1
 	// FallbackAllow allows every call (fail open).
 	FallbackAllow

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // keyHook counts the commands sent to Redis that name a given substring
@@ -320,6 +321,7 @@ func TestFallbackShare(t *testing.T) {
 
 // A flood of distinct keys during an outage cannot exhaust memory.
 func TestFallbackKeysBounded(t *testing.T) {
+	testlane.MarkHeavy(t)
 	if testing.Short() {
 		t.Skip("a million keys")
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/hashslot"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // Every slot has a probe tag of at most 3 characters, in that slot.
@@ -51,6 +52,7 @@ func (p *probeRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // key) and a 200-byte key are decided by Redis, and while Redis is cut
 // off their node is probed with a short key of the same slot.
 func TestScopeProbeKey(t *testing.T) {
+	testlane.MarkAlone(t)
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	rdb := tunedClient(t, proxy.Addr)
@@ -104,6 +106,7 @@ func TestScopeProbeKey(t *testing.T) {
 // is marked down and the other keys, called right after, are decided by
 // Redis.
 func TestScopeSlowCall(t *testing.T) {
+	testlane.MarkAlone(t)
 	var args []string
 	if v, err := redistest.ServerVersion(); err == nil && v.AtLeast(7, 0) {
 		args = []string{"--enable-debug-command", "yes"} // DEBUG is off by default from 7.0; 6.0 has no such option
@@ -304,6 +307,7 @@ func TestScopeCluster(t *testing.T) {
 
 // A ring that loses one shard keeps the other shard's keys on Redis.
 func TestScopeRingShard(t *testing.T) {
+	testlane.MarkAlone(t)
 	a, b := redistest.Start(t), redistest.Start(t)
 	o := redistest.TunedOptions(a.Addr)
 	ring := redis.NewRing(&redis.RingOptions{

@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // randomRules returns count rules of distinct strategy and period (from
@@ -67,6 +69,7 @@ func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 // over periods of a minute and more: Redis expires keys on its own clock,
 // and no key here can expire during the test.
 func TestBakedScriptDecidesAsArguments(t *testing.T) {
+	testlane.MarkHeavy(t)
 	b, _ := miniBackend(t)
 	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
 	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 40, 0)

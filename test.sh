@@ -96,37 +96,37 @@ finish release
 phase "micro-benchmarks, once each"
 finish benchmarks quiet
 
-# The root package's tests that start a redis-server (standalone or a
-# cluster), which test.sh reruns on each engine of REDLIMIT_ENGINES; the
-# others run on miniredis and would only repeat themselves. The names say
-# which they are; TestEngineTestsNamed (redis_test.go) checks that every
-# test that starts a server matches.
-engine_tests='Redis$|Cluster$|^TestFault|^TestCluster|^TestAutoPipeliner$|^TestConcurrencyLimitHolderKilled$|^TestConcurrencyLimitMemory$|^TestScope|^TestCrashEachClient$|^TestProbeBackoff$|^TestTransitionsOrdered$|^TestClosedClient|^TestCheckClientNoNetwork$|^TestNilArguments$|^TestEngineParity$|^TestRetriedScriptCounts$|^TestPrefetchHangNoQueue$'
+# The lanes of the root package's tests, from what each test calls
+# (internal/testlane; CONTRIBUTING.md, "Test lanes"), never from their
+# names: each line of the output is a lane and a -run pattern that matches
+# its tests.
+#  - alone: the tests that a busy machine would skew (testlane.MarkAlone:
+#    servers killed, paused and cut, with bounds on what a fault adds to a
+#    call; the idle limiters' CPU) and those on a Redis Cluster (six
+#    processes). They run first, alone but for the heavy tests below;
+#  - servers: the other tests that start a redis-server (through
+#    internal/redistest), which test.sh reruns on each engine of
+#    REDLIMIT_ENGINES with the alone ones;
+#  - heavy: the longest miniredis tests (testlane.MarkHeavy: exact clocks,
+#    no short timeouts), which run all along at the lowest priority
+#    (nice 19) on what the others leave of the 2 cores;
+#  - cpu: the others (miniredis, or no Redis at all).
+# Each run of the test binary is told its lane (REDLIMIT_TEST_LANE), so that
+# a test that starts a server where the analysis did not expect one fails.
+lanes=$(GOWORK=off go run ./internal/testlane/lanes .)
+lane() { sed -n "s/^$1 //p" <<<"$lanes"; }
+alone_tests=$(lane alone)
+server_tests=$(lane servers)
+heavy_tests=$(lane heavy)
+real_tests="$alone_tests|$server_tests" # every test that starts a redis-server
 
-# The root package's tests that measure what shares the machine would
-# skew: the fault tests (servers killed, paused and cut, clusters failing
-# over, with bounds on what a fault adds to a call under load) and the
-# idle limiters' CPU (TestPrefetchIdleSweepersRedis, the process's own
-# CPU, which rose past its bound beside the lanes in CI run 2). They run
-# first, alone (but for the heavy miniredis tests at the lowest priority,
-# below).
-alone_tests='^TestFault|^TestCluster|Cluster$|^TestCrashEachClient$|^TestScope|^TestConcurrencyLimitHolderKilled$|^TestProbeBackoff$|^TestPrefetchIdleSweepersRedis$'
-
-# The root package's heaviest miniredis tests (about 100 s under -race,
-# 2 Dec 2026): their clocks are miniredis's exact ones and they have no
-# short timeouts, so they run all along, at the lowest priority (nice 19),
-# on what the others leave of the 2 cores.
-miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|TestWarmUpModel|TestPolicyTighterOfTwo|TestBakedScriptDecidesAsArguments|TestSlidingCounterSmallRates)$'
-
-# After them, the others run in two lanes at once, at normal
+# After the alone lane, the others run in two lanes at once, at normal
 # priority, each one package at a time (-p 1), as go test -p 2 would run
 # them but for the lanes:
-#  - servers: the root package's other engine_tests, then every other
-#    package whose tests start a redis-server (they name redistest.Start,
-#    StartServer, StartCluster or NewProxy). They mostly wait on servers
-#    and timers;
-#  - cpu: the root package's other tests (miniredis), then every other
-#    package.
+#  - servers: the root package's servers lane, then every other package
+#    whose test binary links internal/redistest (its tests start
+#    redis-servers). They mostly wait on servers and timers;
+#  - cpu: the root package's cpu lane, then every other package.
 # One lane would run them one after the other and leave a core idle. The
 # root package's test binary is built once and runs as a process per lane;
 # as processes of their own, the miniredis tests, whose Lua states map and
@@ -134,12 +134,14 @@ miniredis_heavy='^(TestBucketGreedyCallerGetsTheLimit|TestFallbackKeysBounded|Te
 server_pkgs=() cpu_pkgs=() # "MODULE IMPORT-PATH"
 for m in "${modules[@]}"; do
   [ -f "$m/go.mod" ] || continue
-  # In a variable first: a go list that fails inside <(...) would not fail
+  # In variables first: a go list that fails inside <(...) would not fail
   # the script, and its packages' tests would silently not run.
-  list=$(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}} {{.Dir}}' ./...)
-  while read -r path dir; do
-    [ "$path" = github.com/redlimit/redlimit ] && continue # split by test, below
-    if grep -qsE 'redistest\.(Start|StartServer|StartCluster|NewProxy)\(' "$dir"/*_test.go; then
+  list=$(cd "$m" && GOWORK=$(gowork "$m") go list -f '{{.ImportPath}}' ./...)
+  linked=$(cd "$m" && GOWORK=$(gowork "$m") go list -test -f '{{.ImportPath}}{{range .Deps}} {{.}}{{end}}' ./... |
+    awk '$1 ~ /\.test$/ && / github\.com\/redlimit\/redlimit\/internal\/redistest( |$)/ { sub(/\.test$/, "", $1); print $1 }')
+  while read -r path; do
+    [ "$path" = github.com/redlimit/redlimit ] && continue # split by lane, above
+    if grep -qxF "$path" <<<"$linked"; then
       server_pkgs+=("$m $path")
     else
       cpu_pkgs+=("$m $path")
@@ -160,28 +162,29 @@ run_tests() {
   return "$status"
 }
 
-phase "tests: the root package's fault and idle-CPU tests, alone (the heavy miniredis tests at nice 19 meanwhile)"
+phase "tests: the root package's alone lane (its heavy lane at nice 19 meanwhile)"
 GOWORK=off go test -race -c -o "$bg_dir/redlimit.test" .
-root_tests() { "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m "$@"; }
-bg heavy nice -n 19 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$miniredis_heavy"
+# root_tests LANE ARGS...: the root package's test binary, told its lane.
+root_tests() { REDLIMIT_TEST_LANE=$1 "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m "${@:2}"; }
+bg heavy nice -n 19 env REDLIMIT_TEST_LANE=heavy "$bg_dir/redlimit.test" -test.count=1 -test.timeout 20m -test.run "$heavy_tests"
 test_status=0
-root_tests -test.run "$alone_tests" || test_status=1
+root_tests alone -test.run "$alone_tests" || test_status=1
 
 phase "tests: two lanes at once (the cpu lane's output follows the servers lane's)"
 cpu_lane() {
   local status=0
-  echo "-- the root package's miniredis tests"
-  root_tests -test.skip "$engine_tests|$alone_tests|$miniredis_heavy" || status=1
+  echo "-- the root package's cpu lane"
+  root_tests cpu -test.skip "$real_tests|$heavy_tests" || status=1
   run_tests "${cpu_pkgs[@]}" || status=1
   return "$status"
 }
 bg cpu cpu_lane
-echo "-- the root package's other real-Redis tests"
-root_tests -test.run "$engine_tests" -test.skip "$alone_tests" || test_status=1
+echo "-- the root package's servers lane"
+root_tests servers -test.run "$server_tests" || test_status=1
 run_tests "${server_pkgs[@]}" || test_status=1
 phase "tests: the servers lane ended; the cpu lane"
 finish cpu || test_status=1
-phase "tests: the heavy miniredis tests"
+phase "tests: the root package's heavy lane"
 finish heavy || test_status=1
 [ "$test_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
 
@@ -192,7 +195,7 @@ if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # with REDLIMIT_ENGINES (CI): without it, each assertion runs once
   # (about 200 s saved), and functions_test.go tests the Functions.
   phase "the root package's real-Redis tests with Redis Functions"
-  GOWORK=off REDLIMIT_TEST_FUNCTIONS=1 go test -race -count=1 -p 1 -timeout 20m -run "$engine_tests" .
+  GOWORK=off REDLIMIT_TEST_FUNCTIONS=1 go test -race -count=1 -p 1 -timeout 20m -run "$real_tests" .
 
   # On each engine: the root package's real-Redis and cluster tests, and
   # internal/redistest, which checks that servers, restarts and clusters
@@ -206,7 +209,7 @@ if [ -n "${REDLIMIT_ENGINES:-}" ]; then
     fi
     phase "tests on ${version%% sha=*} ($server)"
     start=$SECONDS
-    if GOWORK=off REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m -run "$engine_tests" . &&
+    if GOWORK=off REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m -run "$real_tests" . &&
       GOWORK=off REDLIMIT_REDIS_SERVER=$server go test -race -count=1 -p 1 -timeout 20m ./internal/redistest/; then
       echo "-- ${version%% sha=*}: passed in $((SECONDS - start)) s"
     else

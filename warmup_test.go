@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // guava is a reference model of Guava's SmoothWarmingUp (cold factor 3),
@@ -227,6 +228,7 @@ func playWarm(t *testing.T, lim Limiter, key string, c warmCase, setClock func(d
 // a slow and the fastest rates (miniredis takes about a ms a call; a
 // real Redis plays every case, below).
 func TestWarmUpModel(t *testing.T) {
+	testlane.MarkHeavy(t)
 	cases := warmCases()
 	for _, c := range []warmCase{cases[1], cases[3], cases[5]} {
 		t.Run(c.s.String()+"/"+c.limit.String(), func(t *testing.T) {

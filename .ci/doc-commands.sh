@@ -42,7 +42,6 @@ cmd_timeout=120
 declare -A skip=(
   ['./test.sh']='the command that runs this check (CI runs it: .ci/run)'
   ['go test -race -count=1 ./...']='names a step of ./test.sh, which runs it in every module'
-  ['go test -run TestConcurrencyLimit -v']='tests of the root package, which ./test.sh runs (with -race)'
   ['go vet']='names a step of ./test.sh, which runs it in every module'
   ['go run']='a verb in a sentence'
   ['go get github.com/redlimit/redlimit']='run in a user'"'"'s module, not in this repository'

@@ -15,7 +15,9 @@
 //
 // The package needs redis-server (and redis-cli for clusters) on the PATH.
 // Tests call [Require] or [SkipOrFail], which skip when they are missing,
-// or fail when the environment variable REDLIMIT_REQUIRE_REDIS is "1".
+// or fail when the environment variable REDLIMIT_REQUIRE_REDIS is "1". Both
+// mark the test as one that starts a server (see internal/testlane), so
+// that test.sh runs it in the lane of such tests.
 //
 // The environment variable REDLIMIT_REDIS_SERVER runs another engine: the
 // path of a redis-server compatible program, such as Redis 6.0, Redis 8.0
@@ -40,6 +42,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // ErrNotInstalled reports that redis-server (or, for clusters, redis-cli)
@@ -108,6 +112,7 @@ func program(env, def string) (string, error) {
 // test when REDLIMIT_REDIS_SERVER names a program that cannot be run.
 func Require(tb testing.TB) {
 	tb.Helper()
+	testlane.MarkServer(tb)
 	_, err := serverPath()
 	SkipOrFail(tb, err)
 }
@@ -189,6 +194,7 @@ func parseVersion(out string) (Version, error) {
 // if REDLIMIT_REQUIRE_REDIS is "1". Any other error fails the test.
 func SkipOrFail(tb testing.TB, err error) {
 	tb.Helper()
+	testlane.MarkServer(tb)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotInstalled) && os.Getenv(RequireEnv) != "1":
