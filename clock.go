@@ -9,6 +9,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// epoch0 anchors the process's monotonic clock, monoNow.
+var epoch0 = time.Now()
+
+// monoNow reads the process's monotonic clock: ns since epoch0.
+func monoNow() int64 { return int64(time.Since(epoch0)) }
+
 // clockResyncInterval is how often a limiter with WithClientClock
 // measures its clock's offset to the Redis server's again.
 const clockResyncInterval = 10 * time.Second

@@ -501,7 +501,7 @@ func (e *engine) Reset(ctx context.Context, key string) error {
 	}
 	e.rescue.forget(first)
 	if e.denies != nil {
-		e.denies.forget(first)
+		e.denies.Forget(first)
 	}
 	keys := make([]string, 0, 2*len(rs.rules)+1)
 	for i := range rs.rules {
@@ -522,7 +522,7 @@ func (e *engine) Reset(ctx context.Context, key string) error {
 		e.prefetcher.drop(ctx, first)
 	}
 	if e.denies != nil {
-		e.denies.forget(first)
+		e.denies.Forget(first)
 	}
 	return nil
 }
@@ -618,7 +618,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 		sig ^= uint64(share) * 0x9e3779b97f4a7c15
 	}
 	if e.denies != nil && n > 0 {
-		if res, ok := e.denies.lookup(state, n, sig); ok {
+		if res, ok := lookupDenial(e.denies, state, n, sig); ok {
 			return res, reasonDenyCache, nil
 		}
 	}
@@ -636,7 +636,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	}
 	var epoch uint64
 	if e.denies != nil {
-		epoch = e.denies.epoch.Load()
+		epoch = e.denies.Epoch()
 	}
 	var res Result
 	var why reason
@@ -665,7 +665,7 @@ func (e *engine) decide(ctx context.Context, key string, n int, maxDelay time.Du
 	if e.denies != nil && !res.Allowed && why != reasonMaxDelay {
 		// Until RetryAfter this n is denied, by the limit or the block:
 		// a blocked call's RetryAfter is its own n's too.
-		e.denies.remember(state, n, sig, res, res.RetryAfter, epoch)
+		e.denies.Remember(state, n, sig, res, res.RetryAfter, epoch)
 	}
 	return res, why, nil
 }
