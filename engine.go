@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/calldelay"
+	"github.com/redlimit/redlimit/internal/requeue"
 )
 
 // algorithm is what one strategy adds to the shared engine.
@@ -214,8 +215,8 @@ type engine struct {
 	clock  *clientClock  // nil: the server's TIME
 
 	rescue     *rescue
-	settles    *requeue    // settles that an outage interrupted (reserve.go)
-	evict      *evictWatch // WithEvictionCheck (evict.go)
+	settles    *requeue.Queue // settles that an outage interrupted (reserve.go)
+	evict      *evictWatch    // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
 	limits     limitCache  // WithLimitFunc's limits, validated
@@ -271,7 +272,7 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 		e.clock = newClientClock(rdb, cfg.now)
 	}
 	e.rescue = newRescue(e)
-	e.settles = newRequeue(e.rescue, cfg.pingInterval, maxPendingSettles)
+	e.settles = requeue.New(e.rescue.isDown, cfg.pingInterval, maxPendingSettles)
 	e.evict = joinEvictWatch(e, cfg.evictEvery)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
@@ -540,7 +541,7 @@ func (e *engine) Close() error {
 		if e.prefetcher != nil {
 			err = e.prefetcher.close() // gives back what the prefetches did not serve
 		}
-		if n := e.settles.close(true); n > 0 {
+		if n := e.settles.Close(true); n > 0 {
 			err = errors.Join(err, errorf("close: %d settles could not be made (Redis unavailable): their reservations stand as taken until their lifetime ends: %w", n, ErrUnavailable))
 		}
 		e.rescue.close()
