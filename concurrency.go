@@ -394,7 +394,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit 
 	if c.e.clock != nil && op == opRelease {
 		now = 1 // a release needs no time, only to know the clock is the client's
 	} else if c.e.clock != nil {
-		us, err := c.e.clock.nowMicros(ctx)
+		us, err := c.e.clock.NowMicros(ctx)
 		if err != nil {
 			return Result{}, 0, err
 		}

@@ -547,7 +547,7 @@ func (e *engine) Close() error {
 		e.rescue.close()
 		e.evict.leave(e)
 		if e.clock != nil {
-			e.clock.close() // after the prefetches, whose give-back may read it
+			e.clock.Close() // after the prefetches, whose give-back may read it
 		}
 	}
 	return err
@@ -725,7 +725,7 @@ func (e *engine) eval(ctx context.Context, first string, n int, maxDelay time.Du
 	}
 	now := argZero
 	if e.clock != nil {
-		us, err := e.clock.nowMicros(ctx)
+		us, err := e.clock.NowMicros(ctx)
 		if err != nil {
 			return Result{}, 0, err
 		}
@@ -826,7 +826,7 @@ func (e *engine) noteBlock(first string, rs *ruleSet, reply any) {
 // time it sent behind its key's (see clockBehind).
 func (e *engine) behind() {
 	if e.clock != nil {
-		e.clock.behind()
+		e.clock.Behind()
 	}
 }
 
@@ -853,7 +853,7 @@ func le64(s string) int64 {
 // clockBehind is added to a script reply's code (decision scripts and
 // concurrency.lua) when the time the call sent (WithClientClock) is behind
 // its key's time by more than the scripts' tolerance, 100 ms: the limiter
-// then measures its clock again (clientClock.behind).
+// then measures its clock again (clientClock.Behind).
 const clockBehind = 64
 
 // packedReply is the length of a reply packed in one string (see

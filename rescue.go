@@ -702,7 +702,7 @@ func (w *nodeWatch) back(n *node) {
 	outage := time.Since(n.since)
 	for r := range w.subs {
 		if c := r.e.clock; c != nil {
-			c.stale() // the server may have come back on another machine
+			c.Stale() // the server may have come back on another machine
 		}
 		r.enqueue(Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: n.id, Outage: outage})
 	}

@@ -355,7 +355,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (
 	}
 	at := argZero
 	if e.clock != nil {
-		us, err := e.clock.nowMicros(ctx)
+		us, err := e.clock.NowMicros(ctx)
 		if err != nil {
 			return Result{}, r.settleErr(ctx, err)
 		}
