@@ -799,7 +799,7 @@ func (e *engine) answered(first string, reply any, n int, sent int64, rs *ruleSe
 	var ra ruleAnswers
 	res, why, err := e.parse(reply, rs, rc, &ra)
 	if err == nil && e.rescue.answers != nil {
-		e.rescue.answers.note(first, rs, n, &res, &ra, sent)
+		noteAnswer(e.rescue.answers, first, rs, n, &res, &ra, sent)
 	}
 	return res, why, err
 }

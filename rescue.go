@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/answers"
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
@@ -193,7 +194,7 @@ type rescue struct {
 
 	// answers is what Redis last said of each key (answers.go), with
 	// FallbackLocal; else nil.
-	answers *answers
+	answers *answers.Table
 
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
