@@ -14,8 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/redlimit/redlimit/internal/lru"
 )
 
 // decisions records what an observer saw.
@@ -428,21 +426,6 @@ func TestReportNeverBlocks(t *testing.T) {
 			require.Zero(t, n, "n=0 started a block")
 		})
 	}
-}
-
-// The deny cache stays within its size under a flood of denied keys.
-func TestDenyCacheBounded(t *testing.T) {
-	c := newDenyCache(lru.Shards * 10)
-	for i := range 10_000 {
-		c.remember(fmt.Sprint("k", i), 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
-	}
-	n := 0
-	for i := range c.shards {
-		got := len(c.shards[i].until)
-		require.LessOrEqual(t, got, 10, "shard %d holds %d entries, want at most 10", i, got)
-		n += len(c.shards[i].until)
-	}
-	require.NotZero(t, n, "the cache holds nothing")
 }
 
 // blockScene plays, on lim (WithBlock(2s)) and twin (the same limit, no

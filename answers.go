@@ -1,59 +1,18 @@
 package redlimit
 
 import (
-	"hash/maphash"
 	"math"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/redlimit/redlimit/internal/answers"
 )
 
-// answers keeps, for the fallback (FallbackLocal), the last answer Redis
-// gave about each (key, rule) this limiter asked it about: the rule's
-// remaining allowance, when it was asked and answered, and the reset, so
-// that a key's stand-in starts from them when the key's node goes down,
-// rather than full (a key at its limit stays limited).
-//
-// It is a map per shard from a seeded hash of the key and the rule to
-// the answer, so its memory follows the (key, rule) pairs Redis answered
-// (40 bytes an answer in the map's slots, about 50 to 100 with their
-// spare room), up to as many as the fallback keeps stand-ins
-// (WithFallbackKeys); past that, a new answer takes the place of an
-// arbitrary one of its shard. Noting an answer takes its shard's lock and
-// allocates only when the map grows. An answer holds the key's hash, not
-// the key: two keys (or rules) whose 64-bit hashes agree would share an
-// answer, which the seed makes as unlikely as it is impossible to aim at.
-type answers struct {
-	seed   maphash.Seed
-	per    int // answers a shard holds at most
-	shards [answerShards]answerShard
-}
-
-// answerShards is the number of shards; a key's rules share one, so that
-// noting an answer takes one lock.
-const answerShards = 16
-
-type answerShard struct {
-	mu sync.Mutex
-	m  map[uint64]answer // by answerKey; nil until an answer is noted in the shard
-}
-
-// answer is what Redis last said of one rule of one key.
-type answer struct {
-	sig       uint64 // the limits of the call (ruleSet.sig)
-	at        int64  // when Redis answered, monoNow
-	remaining int64  // the rule's remaining allowance, the whole limit's, below its capacity
-	rtt       uint32 // µs from when the call was sent to at (saturated: about 71 minutes)
-	life      uint32 // s from at to the answer's reset, rounded up: of no use after it
-}
-
-// sent is when the call that Redis answered was sent, as monoNow.
-func (v *answer) sent() int64 { return v.at - int64(v.rtt)*int64(time.Microsecond) }
-
-// end is when the answer is of no use any more, as monoNow.
-func (v *answer) end() int64 { return v.at + int64(v.life)*int64(time.Second) }
+// Redis's last answers, for the fallback (FallbackLocal): the table that
+// keeps them is internal/answers; here, what a reply says of each rule,
+// and how a stand-in starts from an answer.
 
 // ruleAnswers is what a script reply says of each rule of its call, beside
 // the Result, for the answers (see parse and scripts/common.lua).
@@ -65,117 +24,46 @@ type ruleAnswers struct {
 	none bool // the reply is no rule's answer (a penalty block's)
 }
 
-func newAnswers(max int) *answers {
-	return &answers{seed: maphash.MakeSeed(), per: (max + answerShards - 1) / answerShards}
-}
+// newAnswers returns the table of a limiter's answers, of about max.
+func newAnswers(max int) *answers.Table { return answers.New(max, MaxRules) }
 
-// hash is the hash of the key whose first state key is state.
-func (a *answers) hash(state string) uint64 { return maphash.String(a.seed, state) }
-
-// shard returns the shard of the key h.
-func (a *answers) shard(h uint64) *answerShard { return &a.shards[h>>60] }
-
-// answerKey is the map key of rule i of the key h.
-func answerKey(h uint64, i int) uint64 {
-	x := h + uint64(i)*0x9e3779b97f4a7c15
-	return x ^ x>>29
-}
-
-// note records Redis's answer res to a call of n on rs, sent at sent
-// (monoNow), for the key whose first state key is state: each rule's
-// remaining allowance after the call (from ra where the reply carried
-// each rule's, else Result.Remaining, a single rule's) and the
+// noteAnswer records in a Redis's answer res to a call of n on rs, sent
+// at sent (monoNow), for the key whose first state key is state: each
+// rule's remaining allowance after the call (from ra where the reply
+// carried each rule's, else Result.Remaining, a single rule's) and the
 // ResetAfter. A block's answer is not a rule's (the block is kept apart,
 // see rescue.block); a rule found full, or one with a warm-up (whose
 // stand-in follows its own curve), says nothing a stand-in does not know.
-func (a *answers) note(state string, rs *ruleSet, n int, res *Result, ra *ruleAnswers, sent int64) {
+func noteAnswer(a *answers.Table, state string, rs *ruleSet, n int, res *Result, ra *ruleAnswers, sent int64) {
 	if ra.none {
 		return
 	}
-	var s *answerShard
-	var h uint64
-	var v answer
+	var left [MaxRules]int64
+	noted := false
 	for i := range rs.rules {
 		ru := &rs.rules[i]
-		var left int64
+		left[i] = -1
+		var l int64
 		switch {
 		case ra.has:
-			left = ra.left[i]
+			l = ra.left[i]
 			if res.Allowed && n > 0 {
-				left -= int64(ru.count(n))
+				l -= int64(ru.count(n))
 			}
 		case i == 0:
-			left = int64(res.Remaining)
+			l = int64(res.Remaining)
 		default:
 			continue
 		}
-		if ru.alg.warm || left >= int64(ru.capacity()) {
+		if ru.alg.warm || l >= int64(ru.capacity()) {
 			continue
 		}
-		if s == nil {
-			now := monoNow()
-			v = answer{sig: rs.sig, at: now,
-				rtt:  uint32(min(max(now-sent, 0)/int64(time.Microsecond), math.MaxUint32)),
-				life: uint32(min((int64(res.ResetAfter)+int64(time.Second)-1)/int64(time.Second), math.MaxUint32))}
-			h = a.hash(state)
-			s = a.shard(h)
-			s.mu.Lock()
-			if s.m == nil {
-				s.m = make(map[uint64]answer)
-			}
-		}
-		v.remaining = max(left, 0)
-		k := answerKey(h, i)
-		if len(s.m) >= a.per {
-			if _, held := s.m[k]; !held {
-				for old := range s.m { // an arbitrary one makes room
-					delete(s.m, old)
-					break
-				}
-			}
-		}
-		s.m[k] = v
+		left[i] = max(l, 0)
+		noted = true
 	}
-	if s != nil {
-		s.mu.Unlock()
+	if noted {
+		a.Note(state, rs.sig, sent, monoNow(), res.ResetAfter, left[:len(rs.rules)])
 	}
-}
-
-// get returns the answer noted for rule i of the key h under the limits
-// sig, if one is, and it is still of use at now (before its reset).
-func (a *answers) get(h uint64, i int, sig uint64, now int64) (answer, bool) {
-	s := a.shard(h)
-	s.mu.Lock()
-	v, ok := s.m[answerKey(h, i)]
-	s.mu.Unlock()
-	if !ok || v.sig != sig || now >= v.end() {
-		return answer{}, false
-	}
-	return v, true
-}
-
-// forget drops the answers noted for the key whose first state key is
-// state (a Reset).
-func (a *answers) forget(state string) {
-	h := a.hash(state)
-	s := a.shard(h)
-	s.mu.Lock()
-	for i := range MaxRules {
-		delete(s.m, answerKey(h, i))
-	}
-	s.mu.Unlock()
-}
-
-// len returns the answers held.
-func (a *answers) len() int {
-	n := 0
-	for i := range a.shards {
-		s := &a.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
 }
 
 // recall brings set's stand-ins up to the answers Redis gave about them
@@ -195,15 +83,15 @@ func (r *rescue) recall(set *localSet, state string, rs *ruleSet, now time.Time)
 	var h uint64
 	for i := range set.lims {
 		if i == 0 {
-			h = a.hash(state)
+			h = a.Hash(state)
 		}
-		v, ok := a.get(h, i, rs.sig, mono)
-		if !ok || v.at <= set.recalled {
+		v, ok := a.Get(h, i, rs.sig, mono)
+		if !ok || v.At <= set.recalled {
 			continue
 		}
 		lr, ru := &set.lims[i], &rs.rules[i]
-		at := now.Add(-time.Duration(mono - v.at))
-		if v.sent() > set.recalled {
+		at := now.Add(-time.Duration(mono - v.At))
+		if v.Sent() > set.recalled {
 			r.startFrom(lr, ru, v, at)
 			continue
 		}
@@ -216,11 +104,11 @@ func (r *rescue) recall(set *localSet, state string, rs *ruleSet, now time.Time)
 // at, scaled to the fallback share, and refilled since: a stand-in of c
 // events (capacity × share, kept on average when fractional, as newLocal
 // does) with (capacity − Remaining) × share of them used.
-func (r *rescue) startFrom(lr *localRule, ru *rule, v answer, at time.Time) {
+func (r *rescue) startFrom(lr *localRule, ru *rule, v answers.Answer, at time.Time) {
 	share := r.e.cfg.share
 	capacity := ru.capacity()
 	c := float64(capacity) * share
-	used := min(max(float64(capacity-int(v.remaining))*share, 0), c)
+	used := min(max(float64(capacity-int(v.Remaining))*share, 0), c)
 	if lr.sub != nil {
 		// Counted when Redis answered, so they count a Period from then:
 		// the stand-in never admits more than its capacity in a Period.
@@ -246,7 +134,7 @@ func (r *rescue) startFrom(lr *localRule, ru *rule, v answer, at time.Time) {
 // (given at at, to a call sent before lr last decided) with the events lr
 // admitted since it started taken off, as v cannot count them: lr keeps
 // whichever of the two has less left at now.
-func (r *rescue) lower(lr *localRule, ru *rule, v answer, at, now time.Time) {
+func (r *rescue) lower(lr *localRule, ru *rule, v answers.Answer, at, now time.Time) {
 	if lr.warm != nil {
 		return // a warming stand-in follows its curve (see startFrom)
 	}

@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -95,34 +94,6 @@ func BenchmarkRateAllow(b *testing.B) {
 	for b.Loop() {
 		lim.Allow()
 	}
-}
-
-func BenchmarkDenyCacheHit(b *testing.B) {
-	c := newDenyCache(10_000)
-	c.remember("hot", 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, ok := c.lookup("hot", 1, 0); !ok {
-				b.Fatal("miss")
-			}
-		}
-	})
-}
-
-func BenchmarkDenyCacheMiss(b *testing.B) {
-	c := newDenyCache(10_000)
-	for i := range 5000 {
-		c.remember("k"+strconv.Itoa(i), 1, 0, Result{RetryAfter: time.Hour}, time.Hour, 0)
-	}
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, ok := c.lookup("absent", 1, 0); ok {
-				b.Fatal("hit")
-			}
-		}
-	})
 }
 
 // BenchmarkDecisionMiniredis is a whole decision, through go-redis, on an

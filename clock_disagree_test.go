@@ -73,7 +73,7 @@ func pair[L any](t *testing.T, r *stepRig, step time.Duration, make func(rdb red
 		}
 		var c *clientClock
 		ls[i], c = make(r.rdb(t))
-		_, err := c.nowMicros(t.Context())
+		_, err := c.NowMicros(t.Context())
 		require.NoError(t, err, "instance %d measures", i)
 	}
 	return ls

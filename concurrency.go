@@ -19,6 +19,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
+	"github.com/redlimit/redlimit/internal/requeue"
 )
 
 // Limits on the values of a [Concurrency]: NewConcurrency refuses values
@@ -114,7 +115,7 @@ type Concurrency struct {
 
 	// releases makes again the releases of Redis leases that did not
 	// complete (see queueRelease).
-	releases *requeue
+	releases *requeue.Queue
 }
 
 // maxPendingReleases bounds the releases a Concurrency keeps to make
@@ -192,7 +193,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(max, 64),
 		done:     make(chan struct{}),
-		releases: newRequeue(e.rescue, e.cfg.pingInterval, maxPendingReleases),
+		releases: requeue.New(e.rescue.isDown, e.cfg.pingInterval, maxPendingReleases),
 	}
 	if e.cfg.fallback == FallbackLocal {
 		c.held = newHeldLeases(e.cfg.now, ttl)
@@ -351,7 +352,7 @@ func (c *Concurrency) Acquire(ctx context.Context, key string) (*Lease, error) {
 // call more than once.
 func (c *Concurrency) Close() error {
 	c.once.Do(func() { close(c.done) })
-	c.releases.close(false)
+	c.releases.Close(false)
 	err := c.e.Close()
 	c.sweepMu.Lock() // a sweep starting now sees done closed
 	c.sweepMu.Unlock()
@@ -393,7 +394,7 @@ func (c *Concurrency) eval(ctx context.Context, op int, state, id string, limit 
 	if c.e.clock != nil && op == opRelease {
 		now = 1 // a release needs no time, only to know the clock is the client's
 	} else if c.e.clock != nil {
-		us, err := c.e.clock.nowMicros(ctx)
+		us, err := c.e.clock.NowMicros(ctx)
 		if err != nil {
 			return Result{}, 0, err
 		}
@@ -712,7 +713,7 @@ func mayHaveRun(err error) bool {
 // that Redis refuses with an error reply is dropped: made again it would
 // fail again.
 func (c *Concurrency) queueRelease(key, state, id string, now bool) {
-	c.releases.add(requeued{state: state, until: time.Now().Add(c.limit.Period), do: func(ctx context.Context) bool {
+	c.releases.Add(requeue.Call{Key: state, Until: time.Now().Add(c.limit.Period), Do: func(ctx context.Context) bool {
 		_, _, err := c.eval(ctx, opRelease, state, id, c.limit, 0) // a release reads no max
 		if err == nil {
 			c.wake(key)

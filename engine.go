@@ -12,6 +12,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/calldelay"
 	"github.com/redlimit/redlimit/internal/evictwatch"
+	"github.com/redlimit/redlimit/internal/requeue"
 )
 
 // algorithm is what one strategy adds to the shared engine.
@@ -225,7 +226,7 @@ type engine struct {
 	clock  *clientClock  // nil: the server's TIME
 
 	rescue     *rescue
-	settles    *requeue          // settles that an outage interrupted (reserve.go)
+	settles    *requeue.Queue    // settles that an outage interrupted (reserve.go)
 	evict      *evictwatch.Watch // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
@@ -283,7 +284,7 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 		e.clock = newClientClock(rdb, cfg.now)
 	}
 	e.rescue = newRescue(e)
-	e.settles = newRequeue(e.rescue, cfg.pingInterval, maxPendingSettles)
+	e.settles = requeue.New(e.rescue.isDown, cfg.pingInterval, maxPendingSettles)
 	e.evict = joinEvictWatch(e, cfg.evictEvery)
 	if cfg.denyCache > 0 {
 		e.denies = newDenyCache(cfg.denyCache)
@@ -514,7 +515,7 @@ func (e *engine) Reset(ctx context.Context, key string) error {
 	}
 	e.rescue.forget(first)
 	if e.denies != nil {
-		e.denies.forget(first)
+		e.denies.Forget(first)
 	}
 	keys := make([]string, 0, 2*len(rs.rules)+1)
 	for i := range rs.rules {
@@ -535,7 +536,7 @@ func (e *engine) Reset(ctx context.Context, key string) error {
 		e.prefetcher.drop(ctx, first)
 	}
 	if e.denies != nil {
-		e.denies.forget(first)
+		e.denies.Forget(first)
 	}
 	return nil
 }
@@ -553,13 +554,13 @@ func (e *engine) Close() error {
 		if e.prefetcher != nil {
 			err = e.prefetcher.close() // gives back what the prefetches did not serve
 		}
-		if n := e.settles.close(true); n > 0 {
+		if n := e.settles.Close(true); n > 0 {
 			err = errors.Join(err, errorf("close: %d settles could not be made (Redis unavailable): their reservations stand as taken until their lifetime ends: %w", n, ErrUnavailable))
 		}
 		e.rescue.close()
 		e.evict.Leave(e)
 		if e.clock != nil {
-			e.clock.close() // after the prefetches, whose give-back may read it
+			e.clock.Close() // after the prefetches, whose give-back may read it
 		}
 	}
 	return err
@@ -663,7 +664,7 @@ func (e *engine) eval(r *request) error {
 	}
 	r.now = argZero
 	if e.clock != nil {
-		us, err := e.clock.nowMicros(r.ctx)
+		us, err := e.clock.NowMicros(r.ctx)
 		if err != nil {
 			return err
 		}
@@ -714,7 +715,7 @@ func (e *engine) answered(first string, reply any, n int, sent int64, rs *ruleSe
 	var ra ruleAnswers
 	res, why, err := e.parse(reply, rs, rc, &ra)
 	if err == nil && e.rescue.answers != nil {
-		e.rescue.answers.note(first, rs, n, &res, &ra, sent)
+		noteAnswer(e.rescue.answers, first, rs, n, &res, &ra, sent)
 	}
 	return res, why, err
 }
@@ -741,7 +742,7 @@ func (e *engine) noteBlock(first string, rs *ruleSet, reply any) {
 // time it sent behind its key's (see clockBehind).
 func (e *engine) behind() {
 	if e.clock != nil {
-		e.clock.behind()
+		e.clock.Behind()
 	}
 }
 
@@ -768,7 +769,7 @@ func le64(s string) int64 {
 // clockBehind is added to a script reply's code (decision scripts and
 // concurrency.lua) when the time the call sent (WithClientClock) is behind
 // its key's time by more than the scripts' tolerance, 100 ms: the limiter
-// then measures its clock again (clientClock.behind).
+// then measures its clock again (clientClock.Behind).
 const clockBehind = 64
 
 // packedReply is the length of a reply packed in one string (see

@@ -81,7 +81,7 @@ func (r *rescue) block(state string, rs *ruleSet, d time.Duration) {
 func (r *rescue) forget(state string) {
 	r.locals.Remove(state)
 	if r.answers != nil {
-		r.answers.forget(state)
+		r.answers.Forget(state)
 	}
 }
 

@@ -456,7 +456,7 @@ func (p *parity) settleClocks() {
 				eng = &l.engine
 			}
 			if eng != nil && eng.clock != nil {
-				eng.clock.settled()
+				eng.clock.Wait()
 			}
 		}
 	}

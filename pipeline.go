@@ -147,19 +147,19 @@ func (e *engine) denyStage(r *request, next decider) error {
 		sig ^= uint64(r.share) * 0x9e3779b97f4a7c15
 	}
 	if r.n > 0 {
-		if res, ok := e.denies.lookup(r.state, r.n, sig); ok {
+		if res, ok := lookupDenial(e.denies, r.state, r.n, sig); ok {
 			r.res, r.why = res, reasonDenyCache
 			return nil
 		}
 	}
-	epoch := e.denies.epoch.Load()
+	epoch := e.denies.Epoch()
 	if err := next(r); err != nil {
 		return err
 	}
 	if r.answered && !r.res.Allowed && r.why != reasonMaxDelay {
 		// Until RetryAfter this n is denied, by the limit or the block:
 		// a blocked call's RetryAfter is its own n's too.
-		e.denies.remember(r.state, r.n, sig, r.res, r.res.RetryAfter, epoch)
+		e.denies.Remember(r.state, r.n, sig, r.res, r.res.RetryAfter, epoch)
 	}
 	return nil
 }

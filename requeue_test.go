@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +57,7 @@ func TestSettleQueuedRedis(t *testing.T) {
 			t.Logf("Settle: %v", err)
 			_, err = rv.Settle(ctx, 30)
 			require.ErrorIs(t, err, ErrSettled, "settled by the queue")
-			require.Equal(t, 1, lim.settles.len())
+			require.Equal(t, 1, lim.settles.Len())
 			want := 90
 			if tc.applied {
 				want = 70
@@ -68,7 +67,7 @@ func TestSettleQueuedRedis(t *testing.T) {
 
 			proxy.Restore()
 			require.Eventually(t, func() bool { return len(tr.list()) >= 2 }, 5*time.Second, 5*time.Millisecond, "back on Redis")
-			require.Eventually(t, func() bool { return lim.settles.len() == 0 }, 3*time.Second, 5*time.Millisecond, "queue emptied")
+			require.Eventually(t, func() bool { return lim.settles.Len() == 0 }, 3*time.Second, 5*time.Millisecond, "queue emptied")
 			assert.Equal(t, 70, remaining(t, check, key), "the settle charged 30 once")
 			// Later passes change nothing.
 			time.Sleep(3 * lim.cfg.pingInterval)
@@ -132,36 +131,6 @@ func TestSettleCancelledThenClose(t *testing.T) {
 	assert.Equal(t, 100, remaining(t, check, "k"), "given back by Close at the latest")
 }
 
-// The settle queue holds at most maxPendingSettles calls, the one being
-// made included: a settle taken off the queue by a pass in flight (a
-// Redis that hangs holds it up to requeueTimeout) still waits, and must
-// not make room for another.
-func TestSettleQueueBoundExact(t *testing.T) {
-	verifyNoLeak(t)
-	b, _ := miniBackend(t)
-	lim := newLimiter(t, b.rdb, TokenBucket, PerHour(100), WithPingInterval(time.Hour))
-	q := lim.settles
-	far := time.Now().Add(time.Hour)
-	started, unblock := make(chan struct{}), make(chan struct{})
-	var once sync.Once // Close may make it again: its pass ended with the queue
-	require.True(t, q.add(requeued{state: "s", until: far, do: func(context.Context) bool {
-		once.Do(func() { close(started) })
-		<-unblock
-		return false
-	}}, true))
-	<-started // the pass has taken it off the queue, and makes it
-	accepted := 1
-	for range maxPendingSettles + 10 {
-		if q.add(requeued{state: "s", until: far, do: func(context.Context) bool { return false }}, false) {
-			accepted++
-		}
-	}
-	assert.Equal(t, maxPendingSettles, q.len(), "pending, the one in flight included")
-	close(unblock)
-	assert.Equal(t, maxPendingSettles, accepted, "settles accepted")
-	require.NoError(t, lim.Close())
-}
-
 // Close makes each queued settle once, also of a node still marked down:
 // Redis answers again (the hang is over) before the monitor's probes have
 // brought the node back, and no settle may be dropped untried.
@@ -197,7 +166,7 @@ func TestCloseTriesQueuedSettlesRedis(t *testing.T) {
 			require.Eventually(t, func() bool { return lim.rescue.anyDown() }, 5*time.Second, 5*time.Millisecond, "marked down")
 		}
 	}
-	require.Equal(t, n, lim.settles.len(), "queued")
+	require.Equal(t, n, lim.settles.Len(), "queued")
 	require.NoError(t, srv.Resume())
 	resumed = true
 	direct := tunedClient(t, srv.Addr)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/answers"
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
@@ -146,7 +147,7 @@ type rescue struct {
 
 	// answers is what Redis last said of each key (answers.go), with
 	// FallbackLocal; else nil.
-	answers *answers
+	answers *answers.Table
 
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
@@ -655,7 +656,7 @@ func (w *nodeWatch) back(n *node) {
 	outage := time.Since(n.since)
 	for r := range w.subs {
 		if c := r.e.clock; c != nil {
-			c.stale() // the server may have come back on another machine
+			c.Stale() // the server may have come back on another machine
 		}
 		r.enqueue(Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: n.id, Outage: outage})
 	}

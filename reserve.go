@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/requeue"
 )
 
 // Reservation is n events taken by Reserve, to be settled once with what
@@ -211,7 +213,7 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	case callerDone(ctx) != nil:
 		// The command or its reply was lost, or is late: made again, so
 		// that the caller's deadline does not leave it unsettled.
-		if r.e.settles.add(r.requeued(used), true) {
+		if r.e.settles.Add(r.requeued(used), true) {
 			r.done = true
 			return Result{}, errorf("%w (made again in the background)", err)
 		}
@@ -229,7 +231,7 @@ var maxPendingSettles = 10_000
 // marking r settled, and returns Settle's error: err (which wraps
 // ErrUnavailable), saying whether it was queued. r.mu is held.
 func (r *Reservation) queueSettle(used int, err error) error {
-	if !r.e.settles.add(r.requeued(used), false) {
+	if !r.e.settles.Add(r.requeued(used), false) {
 		if r.e.closed.Load() {
 			return ErrClosed
 		}
@@ -242,8 +244,8 @@ func (r *Reservation) queueSettle(used int, err error) error {
 // requeued is the settle of r with used, for the engine's queue: made
 // again until Redis answers it (ErrSettled included: it was made already,
 // or the reservation expired or was reset).
-func (r *Reservation) requeued(used int) requeued {
-	return requeued{state: r.state, until: r.until, do: func(ctx context.Context) bool {
+func (r *Reservation) requeued(used int) requeue.Call {
+	return requeue.Call{Key: r.state, Until: r.until, Do: func(ctx context.Context) bool {
 		_, err := r.settleRedis(ctx, used, nil)
 		switch {
 		case err == nil, errors.Is(err, ErrSettled):
@@ -353,7 +355,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (
 	}
 	at := argZero
 	if e.clock != nil {
-		us, err := e.clock.nowMicros(ctx)
+		us, err := e.clock.NowMicros(ctx)
 		if err != nil {
 			return Result{}, r.settleErr(ctx, err)
 		}
