@@ -181,7 +181,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		refused = "WithRulesFunc"
 	}
 	if refused != "" {
-		e.Close()
+		_ = e.Close() // never used: nothing to report
 		return nil, errorf("concurrency: %s does not apply to a concurrency limit: %w", refused, ErrInvalidArgument)
 	}
 	c := &Concurrency{
@@ -354,8 +354,10 @@ func (c *Concurrency) Close() error {
 	c.once.Do(func() { close(c.done) })
 	c.releases.Close(false)
 	err := c.e.Close()
-	c.sweepMu.Lock() // a sweep starting now sees done closed
-	c.sweepMu.Unlock()
+	// A barrier: a sweep that started before done closed has been
+	// counted in sweepWG; one starting now sees done closed.
+	c.sweepMu.Lock()
+	c.sweepMu.Unlock() //nolint:staticcheck // SA2001: the barrier above
 	c.sweepWG.Wait()
 	return err
 }
