@@ -85,12 +85,15 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 		newKeys = make([]time.Duration, 0, calls)
 		heldOps []time.Duration
 		stop    = make(chan struct{})
+		started = make(chan struct{}) // closed after its first call
 		wg      sync.WaitGroup
 	)
+	begun := sync.OnceFunc(func() { close(started) })
 	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	// A require that fails below stops the goroutine too.
 	defer halt()
 	wg.Go(func() { // the calls for keys that hold a lease, meanwhile
+		defer begun()
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -105,8 +108,10 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 			}
 			heldOps = append(heldOps, d)
 			assert.NoError(t, l.Release(ctx))
+			begun()
 		}
 	})
+	<-started // on a busy machine the goroutine could start after the last new key
 	for i := range calls {
 		start := time.Now()
 		l, res, err := c.TryAcquire(ctx, fmt.Sprintf("new-%d", i))
