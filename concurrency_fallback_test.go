@@ -52,7 +52,13 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 	c, _ := downConc(t, WithPingInterval(time.Hour))
 	ctx := context.Background()
 	bound := defaultConfig().localKeys
-	var held []string
+	// downConc released the lease of "first", whose semaphore stays, idle:
+	// were its shard the last to fill, the first new key of that shard
+	// would take its place (a semaphore whose leases all ended may go).
+	first, _, err := c.TryAcquire(ctx, "first")
+	require.NoError(t, err)
+	require.NotNil(t, first)
+	held := []string{"first"}
 	for i := 0; c.local.Len() < bound && i < 2*bound; i++ {
 		key := fmt.Sprintf("held-%d", i)
 		l, res, err := c.TryAcquire(ctx, key)
@@ -62,16 +68,32 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 			held = append(held, key)
 		}
 	}
-	require.Equal(t, bound, c.local.Len(), "every semaphore holds a lease")
+	require.Equal(t, bound, c.local.Len(), "every semaphore")
+	idle := 0
+	c.local.Sweep(func(s *localSem) bool { // drops none
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.live == 0 {
+			idle++
+		}
+		return false
+	})
+	require.Zero(t, idle, "every semaphore holds a lease")
 
 	const calls = 2000
 	var (
 		newKeys = make([]time.Duration, 0, calls)
 		heldOps []time.Duration
 		stop    = make(chan struct{})
+		started = make(chan struct{}) // closed after its first call
 		wg      sync.WaitGroup
 	)
+	begun := sync.OnceFunc(func() { close(started) })
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	// A require that fails below stops the goroutine too.
+	defer halt()
 	wg.Go(func() { // the calls for keys that hold a lease, meanwhile
+		defer begun()
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -86,8 +108,10 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 			}
 			heldOps = append(heldOps, d)
 			assert.NoError(t, l.Release(ctx))
+			begun()
 		}
 	})
+	<-started // on a busy machine the goroutine could start after the last new key
 	for i := range calls {
 		start := time.Now()
 		l, res, err := c.TryAcquire(ctx, fmt.Sprintf("new-%d", i))
@@ -96,8 +120,7 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 		require.Nil(t, l, "a new key while every semaphore holds a lease: %+v", res)
 		require.True(t, res.Degraded)
 	}
-	close(stop)
-	wg.Wait()
+	halt()
 	require.NotEmpty(t, heldOps)
 	n50, n99 := percentiles(newKeys)
 	h50, h99 := percentiles(heldOps)
