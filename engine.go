@@ -773,9 +773,14 @@ func (e *engine) run(ctx context.Context, a *evalArgs, now any, rs *ruleSet, sha
 		}
 	} else {
 		// The rules are written in: leave out the trailing arguments
-		// that are their defaults (see scripts/common.lua).
-		for share == 0 && len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
-			a.args = a.args[:len(a.args)-1]
+		// that are their defaults (see scripts/common.lua), the number
+		// of rules being the script's own (writtenCount).
+		for share == 0 && len(a.args) > 0 {
+			i := len(a.args) - 1
+			if a.args[i] != defaultArgs[i] && (i != 1 || a.args[i] != any(len(rs.rules))) {
+				break
+			}
+			a.args = a.args[:i]
 		}
 	}
 	if share != 0 { // after the rules' arguments, or ARGV[8] (see scripts/common.lua)
