@@ -646,8 +646,9 @@ var (
 )
 
 // defaultArgs are the decision script's first arguments when they are
-// their defaults: n, the number of rules, now, max delay, block,
-// reservation id and life (see scripts/common.lua). eval compares them as
+// their defaults: n, the number of rules (with several written in, the
+// script's own: see run), now, max delay, block, reservation id and life
+// (see scripts/common.lua). eval compares them as
 // interfaces, so each has the type eval passes (int for n and the number
 // of rules; TestBakedScriptSendsNoRules fails if they drift apart).
 var defaultArgs = [...]any{1, 1, argZero, argNoMaxDelay, argZero, argNoRID, argZero}

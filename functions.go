@@ -24,8 +24,8 @@ type redisFunction struct {
 	code string // FUNCTION LOAD's argument
 }
 
-func newRedisFunction(files []string, checks string) *redisFunction {
-	head, call := decisionHead(files), decisionCall(checks)
+func newRedisFunction(files []string, count, checks string) *redisFunction {
+	head, call := decisionHead(files), decisionCall(count, checks)
 	sum := sha1.Sum([]byte(head + call))
 	name := "redlimit_" + hex.EncodeToString(sum[:8])
 	return &redisFunction{

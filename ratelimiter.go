@@ -93,7 +93,7 @@ func fileOf(alg *algorithm) string {
 // strategyScript returns the script that decides rules of strategy s only.
 func strategyScript(s Strategy) *redis.Script {
 	scripts.once[s].Do(func() {
-		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, argumentChecks([]string{strategyFiles[s]}))
+		scripts.byStrat[s] = decisionScript([]string{strategyFiles[s]}, "", argumentChecks([]string{strategyFiles[s]}))
 	})
 	return scripts.byStrat[s]
 }
@@ -119,14 +119,14 @@ func calendarScript(rules []rule) *redis.Script {
 	if s, ok := scripts.calendar.Load(name); ok {
 		return s.(*redis.Script)
 	}
-	s, _ := scripts.calendar.LoadOrStore(name, decisionScript(files, argumentChecks(files)))
+	s, _ := scripts.calendar.LoadOrStore(name, decisionScript(files, "", argumentChecks(files)))
 	return s.(*redis.Script)
 }
 
 // policyScript returns the script that decides rules of every strategy.
 func policyScript() *redis.Script {
 	scripts.allOnce.Do(func() {
-		scripts.all = decisionScript(allStrategyFiles, argumentChecks(allStrategyFiles))
+		scripts.all = decisionScript(allStrategyFiles, "", argumentChecks(allStrategyFiles))
 	})
 	return scripts.all
 }

@@ -66,12 +66,17 @@ func (calendarRunner) run(e *engine, r *request) (any, error) {
 }
 
 // trimDefaults leaves out the trailing arguments of a script with the
-// rules written in that are their defaults (see scripts/common.lua), then
-// adds the call's priority share, if any.
+// rules written in that are their defaults (see scripts/common.lua), the
+// number of rules being the script's own (writtenCount), then adds the
+// call's priority share, if any.
 func trimDefaults(r *request) {
 	a := &r.args
-	for r.share == 0 && len(a.args) > 0 && a.args[len(a.args)-1] == defaultArgs[len(a.args)-1] {
-		a.args = a.args[:len(a.args)-1]
+	for r.share == 0 && len(a.args) > 0 {
+		i := len(a.args) - 1
+		if a.args[i] != defaultArgs[i] && (i != 1 || a.args[i] != any(len(r.rs.rules))) {
+			break
+		}
+		a.args = a.args[:i]
 	}
 	appendShare(r)
 }

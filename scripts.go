@@ -25,9 +25,10 @@ func readScripts(parts ...string) string {
 // decisionScript returns a decision script: common.lua, the strategies'
 // files, args.lua, decide.lua, the rules' checks and reply.lua, so that a
 // decision is one EVALSHA of one self-contained script. checks is
-// argumentChecks or the rules written in (writtenChecks).
-func decisionScript(files []string, checks string) *redis.Script {
-	return redis.NewScript(decisionHead(files) + decisionCall(checks))
+// argumentChecks or the rules written in (writtenChecks), and count ""
+// or, with the rules written in, their number (writtenCount).
+func decisionScript(files []string, count, checks string) *redis.Script {
+	return redis.NewScript(decisionHead(files) + decisionCall(count, checks))
 }
 
 // decisionHead is the part of a decision script that defines (common.lua
@@ -38,8 +39,20 @@ func decisionHead(files []string) string {
 	return readScripts("common.lua") + readScripts(files...)
 }
 
-func decisionCall(checks string) string {
-	return readScripts("args.lua", "decide.lua") + checks + readScripts("reply.lua")
+func decisionCall(count, checks string) string {
+	return readScripts("args.lua") + count + readScripts("decide.lua") + checks + readScripts("reply.lua")
+}
+
+// writtenCount returns the line that tells a script with several rules
+// written in their number, after args.lua, where a script whose rules
+// come as arguments reads it (ARGV[2]): the client leaves it out with the
+// other trailing defaults (see run in engine.go), and the script converts
+// no string for it. "" for one rule: args.lua's default.
+func writtenCount(rs *ruleSet) string {
+	if len(rs.rules) < 2 {
+		return ""
+	}
+	return "nrules = " + strconv.Itoa(len(rs.rules)) + " -- the rules written in (writtenCount in scripts.go)\n"
 }
 
 // argumentChecks checks rules passed as arguments, of the strategies whose
@@ -140,10 +153,10 @@ func bake(rs *ruleSet, functions bool) {
 		// miniredis's Lua (gopher-lua 1.1.1) lost the value of n0, a local
 		// of the call's part, once a rule had held its write; Redis's Lua
 		// does not.
-		b.script = decisionScript(files, readScripts(held...)+checks)
+		b.script = decisionScript(files, writtenCount(rs), readScripts(held...)+checks)
 	}
 	if functions && b.fn == nil {
-		b.fn = newRedisFunction(append(files, held...), checks)
+		b.fn = newRedisFunction(append(files, held...), writtenCount(rs), checks)
 	}
 	if baked.m == nil {
 		baked.m = make(map[string]bakedRules)

@@ -224,9 +224,13 @@ func TestBakedScriptSendsNoRules(t *testing.T) {
 	defer p.Close()
 	_, err = p.Allow(ctx, "k")
 	require.NoError(t, err)
-	// evalsha sha numkeys, 2 keys, and of the 7 arguments only n and the
-	// number of rules: the others are their defaults
-	assert.Equal(t, []int{3 + 2 + 2}, h.counts)
+	// evalsha sha numkeys, 2 keys, and none of the 7 arguments: n and the
+	// others are their defaults, the number of rules the script's own
+	assert.Equal(t, []int{3 + 2}, h.counts)
+	h.counts = nil
+	_, err = p.AllowN(ctx, "k", 2)
+	require.NoError(t, err)
+	assert.Equal(t, []int{3 + 2 + 1}, h.counts, "n only")
 
 	h.counts = nil
 	tb := newLimiter(t, b.rdb, TokenBucket, PerSecond(10))

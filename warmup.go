@@ -77,7 +77,7 @@ var warmScripts struct {
 // strategies' scripts do not carry warmup.lua.
 func warmScript() *redis.Script {
 	warmScripts.once.Do(func() {
-		warmScripts.script = decisionScript(everyFile, argumentChecks(everyFile))
+		warmScripts.script = decisionScript(everyFile, "", argumentChecks(everyFile))
 	})
 	return warmScripts.script
 }

@@ -18,7 +18,9 @@
 -- reads as octal in arithmetic).
 -- A script with its rules written in gets the arguments only up to the
 -- last that is not its default (every argument Redis puts in ARGV costs it
--- a string and a table slot): an absent one is its default.
+-- a string and a table slot): an absent one is its default. With several
+-- rules written in, the script sets nrules itself after this (see
+-- writtenCount in scripts.go), whether ARGV[2] came or not.
 n, nrules, now, max_delay, block, rid, skew = 1, 1, 0, -1, 0, '', 0
 rcall = redis.call
 write, write_args, writes = rcall, nil, nil

@@ -136,7 +136,9 @@ local function bucket_write(used, rate, period, pxs, lag, y, w)
     local full = ceil_div(y, rate) + lag -- the key keeps Y until refilled
     if full > ttl then ttl = full end
     value = string.format('%.17g:%d:%.17g:%d', used, t, y, w or 0)
-  elseif ttl <= 5000000000 and used < 1e17 then
+  elseif used >= 1e17 then
+    value = string.format('%.17g:%d', used, t) -- exact for a double; %d would wrap past 2^63
+  elseif ttl <= 5000000000 then
     -- M = ceil(used / 10^e) for the least e that makes M <= 92233719.
     local e, p = 0, 1
     while used > 92233719 * p do
@@ -155,7 +157,9 @@ local function bucket_write(used, rate, period, pxs, lag, y, w)
     -- m * 10 + e printed is m's digits then e's (one conversion fewer).
     value = string.format('%d%010d', m * 10 + e, t % 10000000000)
   else
-    value = string.format('%.17g:%d', used, t) -- exact for a double; %d would wrap past 2^63
+    -- Below 1e17, %d prints the digits %.17g would (D is an integer),
+    -- without printing a double: about 2,500 instructions less in Redis.
+    value = string.format('%d:%d', used, t)
   end
   if pxs and ttl == period then return value, pxs, life, stored end
   return value, ms(ttl), life, stored

@@ -38,8 +38,7 @@ if per_call and counting then
 end
 if min_now == nil or avail < min_now then min_now = avail end
 if min_after == nil or after < min_after then
-  min_after, fewest = after, i
-  if nrules > 1 then tags.f = reset_next end -- see decide.lua
+  min_after, fewest, fewest_reset = after, i, reset_next
 end
 if reset_now > reset_denied then reset_denied = reset_now end
 if ok then
@@ -53,7 +52,6 @@ else
     code = 1
   end
   if w > retry then
-    retry, slowest = w, i
-    if nrules > 1 then tags.s = reset_next end -- a denial's reset_next is its reset_now
+    retry, slowest, slowest_reset = w, i, reset_next -- a denial's reset_next is its reset_now
   end
 end

@@ -14,7 +14,9 @@
 --             set beside its state key); present only when ARGV[6] is not
 --             empty
 -- ARGV[1]  n: events asked for (integer >= 0; 0 reports without consuming)
--- ARGV[2]  k: the number of rules (1 to 16)
+-- ARGV[2]  k: the number of rules (1 to 16); not read by a script with
+--          several rules written in, which knows it (writtenCount in
+--          scripts.go)
 -- ARGV[3]  now in µs on the caller's clock, or 0: use the server's TIME
 -- ARGV[4]  max delay in µs the caller can wait (leaky bucket), -1 = any
 -- ARGV[5]  block in µs: once denied by a limit, deny everything for this
@@ -26,7 +28,7 @@
 -- ARGV[7]  how long a reservation can be settled, in ms (with ARGV[6]);
 --          settle.lua: the events used
 -- (With the rules written in, trailing arguments equal to their defaults,
--- 1, 1, 0, -1, 0, '' and 0, are left out.)
+-- 1, k, 0, -1, 0, '' and 0, are left out.)
 -- ARGV[8], with the rules written in, or ARGV[8 + 4k], after the rules:
 --          the call's priority share (WithPriorityShares) in parts per
 --          million, 1 to 999,999; absent for a call that may use all. A

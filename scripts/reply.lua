@@ -48,7 +48,7 @@ if denied and n > 0 then
     if retry < block then retry = block end
     rcall('SET', KEYS[nkeys], now + block, 'PX', ms(block))
     if reset_denied < retry then reset_denied = retry end
-    if nrules > 1 and tags.s < retry then tags.s = retry end
+    if slowest_reset < retry then slowest_reset = retry end
     min_now = 0
   end
   if min_now < 0 then min_now = 0 end
@@ -64,13 +64,13 @@ if denied and n > 0 then
       return {code + skew, min_now, retry, reset_denied, slowest, rid == '' and tags or tags[1]}
     end
     -- Several rules: the deciding rule's own reset first (see decide.lua).
-    tags.s = tags.s + (-tags.s) % 1
+    slowest_reset = slowest_reset + (-slowest_reset) % 1
     if pack then
-      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', code + skew, min_now, retry, reset_denied, slowest, tags.s, tags[1], tags[2]) end
-      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', code + skew, min_now, retry, reset_denied, slowest, tags.s, tags[1], tags[2], tags[3]) end
-      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), code + skew, min_now, retry, reset_denied, slowest, tags.s, unpack(tags, 1, nrules))
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', code + skew, min_now, retry, reset_denied, slowest, slowest_reset, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', code + skew, min_now, retry, reset_denied, slowest, slowest_reset, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), code + skew, min_now, retry, reset_denied, slowest, slowest_reset, unpack(tags, 1, nrules))
     end
-    return {code + skew, min_now, retry, reset_denied, slowest, tags.s, unpack(tags, 1, nrules)}
+    return {code + skew, min_now, retry, reset_denied, slowest, slowest_reset, unpack(tags, 1, nrules)}
   end
   if pack then
     return pack('<Bi8i8i8B', code + skew, min_now, retry, reset_denied, slowest)
@@ -85,13 +85,13 @@ if n == 0 then
       if pack then return pack('<Bi8i8i8Bi8', skew, min_now, delay, reset_denied, fewest, rid == '' and tags or tags[1]) end
       return {skew, min_now, delay, reset_denied, fewest, rid == '' and tags or tags[1]}
     end
-    tags.f = tags.f + (-tags.f) % 1
+    fewest_reset = fewest_reset + (-fewest_reset) % 1
     if pack then
-      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', skew, min_now, delay, reset_denied, fewest, tags.f, tags[1], tags[2]) end
-      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', skew, min_now, delay, reset_denied, fewest, tags.f, tags[1], tags[2], tags[3]) end
-      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), skew, min_now, delay, reset_denied, fewest, tags.f, unpack(tags, 1, nrules))
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', skew, min_now, delay, reset_denied, fewest, fewest_reset, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', skew, min_now, delay, reset_denied, fewest, fewest_reset, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), skew, min_now, delay, reset_denied, fewest, fewest_reset, unpack(tags, 1, nrules))
     end
-    return {skew, min_now, delay, reset_denied, fewest, tags.f, unpack(tags, 1, nrules)}
+    return {skew, min_now, delay, reset_denied, fewest, fewest_reset, unpack(tags, 1, nrules)}
   end
   if pack then
     return pack('<Bi8i8i8B', skew, min_now, delay, reset_denied, fewest)
@@ -115,13 +115,13 @@ if rid == '' then
       if pack then return pack('<Bi8i8i8Bi8', skew, min_after, delay, reset_ok, fewest, tags) end
       return {skew, min_after, delay, reset_ok, fewest, tags}
     end
-    tags.f = tags.f + (-tags.f) % 1
+    fewest_reset = fewest_reset + (-fewest_reset) % 1
     if pack then
-      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', skew, min_after, delay, reset_ok, fewest, tags.f, tags[1], tags[2]) end
-      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', skew, min_after, delay, reset_ok, fewest, tags.f, tags[1], tags[2], tags[3]) end
-      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), skew, min_after, delay, reset_ok, fewest, tags.f, unpack(tags, 1, nrules))
+      if nrules == 2 then return pack('<Bi8i8i8Bi8i8i8', skew, min_after, delay, reset_ok, fewest, fewest_reset, tags[1], tags[2]) end
+      if nrules == 3 then return pack('<Bi8i8i8Bi8i8i8i8', skew, min_after, delay, reset_ok, fewest, fewest_reset, tags[1], tags[2], tags[3]) end
+      return pack(string.sub('<Bi8i8i8Bi8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1, 11 + 2 * nrules), skew, min_after, delay, reset_ok, fewest, fewest_reset, unpack(tags, 1, nrules))
     end
-    return {skew, min_after, delay, reset_ok, fewest, tags.f, unpack(tags, 1, nrules)}
+    return {skew, min_after, delay, reset_ok, fewest, fewest_reset, unpack(tags, 1, nrules)}
   end
   if pack then
     return pack('<Bi8i8i8B', skew, min_after, delay, reset_ok, fewest)
@@ -129,7 +129,7 @@ if rid == '' then
   return {skew, min_after, delay, reset_ok, fewest}
 end
 local reply = {skew, min_after, delay, reset_ok, fewest}
-if nrules > 1 then reply[6] = tags.f + (-tags.f) % 1 end -- the deciding rule's own reset
+if nrules > 1 then reply[6] = fewest_reset + (-fewest_reset) % 1 end -- the deciding rule's own reset
 if rid ~= '' then
   -- The reservation: a member of a sorted set of each rule's state (so
   -- that a Reset of a rule's state, by whichever limiter, forgets it for
