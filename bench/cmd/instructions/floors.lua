@@ -11,7 +11,10 @@
 -- state key. Measured as Functions and as scripts (each function's body
 -- run by EVALSHA), one hot key or a new key every call:
 --
---	go run ./cmd/instructions -library cmd/instructions/floors.lua -functions ret,time,tgs,tb,... [-workload keys] [-eval]
+--	go run ./cmd/instructions -library cmd/instructions/floors.lua -functions ret,time,tgs,tb,... -keys 1 [-workload keys] [-eval]
+--
+-- (policy3 with -keys 3; sc_new only as a Function, on -workload keys.)
+-- BENCHMARKS.md's section "Floors" has the figures.
 --
 -- What they leave out, against redlimit's scripts: n (always 1), max
 -- delay, blocks, reservations, shares, several rules, the clock going
