@@ -62,9 +62,10 @@ redis.register_function('tb', function(KEYS)
   if debt > 10000000000 then
     return struct.pack('<Bi8i8i8B', 1, 0, debt - 10000000000, tat - now, 1)
   end
-  local ms = debt / 1000
-  ms = ms + (-ms) % 1
-  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', ms)
+  -- The key lives a period after the write, as redlimit's buckets' (a
+  -- call finds the bucket it left): debt <= tau = the period here, so the
+  -- PX is a constant string, which Redis need not print.
+  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', '10000000')
   local left = 10000000000 - debt
   return struct.pack('<Bi8i8i8B', 0, (left - left % 10) / 10, 0, debt, 1)
 end)
@@ -85,9 +86,7 @@ redis.register_function('lb', function(KEYS)
   if wait + 10 > 10000000000 then
     return struct.pack('<Bi8i8i8B', 1, 0, wait + 10 - 10000000000, wait, 1)
   end
-  local ms = (wait + 10) / 1000
-  ms = ms + (-ms) % 1
-  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', ms)
+  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', '10000000')
   local left = 10000000000 - wait - 10
   return struct.pack('<Bi8i8i8B', 0, (left - left % 10) / 10, wait, wait + 10, 1)
 end)
@@ -199,6 +198,44 @@ redis.register_function('sc', function(KEYS)
     local ms = (20000000000 - elapsed) / 1000
     ms = ms + (-ms) % 1
     redis.call('SET', KEYS[1], string.format('%d', (prev * 16777216 + cur + 1) * 10 + w % 10), 'PX', ms)
+  end
+  return struct.pack('<Bi8i8i8B', 0, avail - 1, 0, 20000000000 - elapsed, 1)
+end)
+
+-- The same with the key living two periods after each write, a constant
+-- PX that Redis need not print (at most a period longer than needed: a
+-- key two windows behind reads as empty).
+redis.register_function('sc_px', function(KEYS)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local elapsed = now % 10000000000
+  local w = (now - elapsed) / 10000000000
+  local cur, prev, same = 0, 0, false
+  local v = redis.call('GET', KEYS[1])
+  if v then
+    local x = v + 0
+    local d = (w - x) % 10
+    local pc = (x - x % 10) / 10
+    if d == 0 then
+      cur = pc % 16777216
+      prev = (pc - cur) / 16777216
+      same = true
+    elseif d == 1 then
+      prev = pc % 16777216
+    end
+  end
+  local q = prev * (10000000000 - elapsed)
+  local r = q % 10000000000
+  local weighted = (q - r) / 10000000000
+  if r > 0 then weighted = weighted + 1 end
+  local avail = 1000000000 - cur - weighted
+  if avail < 1 then
+    return struct.pack('<Bi8i8i8B', 1, avail, 10000000000 - elapsed, 20000000000 - elapsed, 1)
+  end
+  if same then
+    redis.call('INCRBY', KEYS[1], '10')
+  else
+    redis.call('SET', KEYS[1], string.format('%d', (prev * 16777216 + cur + 1) * 10 + w % 10), 'PX', '20000000')
   end
   return struct.pack('<Bi8i8i8B', 0, avail - 1, 0, 20000000000 - elapsed, 1)
 end)
@@ -317,13 +354,14 @@ redis.register_function('policy3', function(KEYS)
   if debt > 10000000000 or sc_avail < 1 or fw_avail < 1 then
     return struct.pack('<Bi8i8i8B', 1, 0, fw_end - now, reset, rule)
   end
-  local ms = debt / 1000
-  ms = ms + (-ms) % 1
-  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', ms)
+  -- The key lives a period after the write, as redlimit's buckets' (a
+  -- call finds the bucket it left): debt <= tau = the period here, so the
+  -- PX is a constant string, which Redis need not print.
+  redis.call('SET', KEYS[1], string.format('%d', tat + 10), 'PX', '10000000')
   if same then
     redis.call('INCRBY', KEYS[2], '10')
   else
-    ms = (120000000 - elapsed) / 1000
+    local ms = (120000000 - elapsed) / 1000
     ms = ms + (-ms) % 1
     redis.call('SET', KEYS[2], string.format('%d', (prev * 16777216 + cur + 1) * 10 + w % 10), 'PX', ms)
   end
