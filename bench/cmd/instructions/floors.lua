@@ -18,9 +18,11 @@
 --
 -- What they leave out, against redlimit's scripts: n (always 1), max
 -- delay, blocks, reservations, shares, several rules, the clock going
--- back (the fixed window and sliding counter keep no window digit against
--- it), and limits whose burst * period / rate passes 2^53 or whose period
--- is not a whole number of ms (fw_*) or of rate's emission interval (tb).
+-- back (the fixed window keeps no window digit; the sliding counter's
+-- only tells its windows apart), limits whose period is not a whole
+-- number of ms (fw_*) or of the emission interval period / rate (tb, lb),
+-- and products past 2^53 (a sliding counter's previous count times the
+-- period in µs: exact below about 900,000 events at this period).
 
 -- The floor's pieces.
 redis.register_function('ret', function(KEYS)
@@ -183,7 +185,7 @@ redis.register_function('sc', function(KEYS)
       prev = pc % 16777216
     end
   end
-  -- ceil(prev * (period - elapsed) / period), exact: period divides 10^10.
+  -- ceil(prev * (period - elapsed) / period), exact while the product stays below 2^53.
   local q = prev * (10000000000 - elapsed)
   local r = q % 10000000000
   local weighted = (q - r) / 10000000000
