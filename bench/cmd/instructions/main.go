@@ -4,7 +4,7 @@
 // change to a script shows as a figure, not as noise.
 //
 //	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir] [-variants dir,...]
-//	go run ./cmd/instructions -library cmd/instructions/costs.lua -functions ret,floor10,mod10 [-n 2000]
+//	go run ./cmd/instructions -library cmd/instructions/costs.lua -functions ret,floor10,mod10 [-n 2000] [-workload keys] [-eval]
 //
 // With -keep, each contender's callgrind dump is kept in dir (named after
 // the contender) for callgrind_annotate, which shows where its
@@ -17,9 +17,16 @@
 //
 // With -library, it measures instead each function that -functions names
 // in that Redis Functions library (FCALL with the keys {k}1, {k}2 and
-// {k}3, no arguments, on an emptied database): what a piece of Lua or a
+// {k}3, or the first -keys of them, no arguments, on an emptied database): what a piece of Lua or a
 // command costs Redis, as the difference from a function that returns at
-// once (costs.lua holds the ones BENCHMARKS.md quotes).
+// once (costs.lua holds the ones BENCHMARKS.md quotes). With -workload
+// keys, every call has keys of its own ({u<i>}1, {u<i>}2, {u<i>}3, i
+// counting the calls), none of them seen before. With -eval, each
+// function's body (the lines between its register_function line and the
+// first line after it that is "end)", or the rest of a function written
+// on one line) runs instead as a script, with EVALSHA: what the same
+// decision costs as a script (floors.lua holds the least a decision can
+// cost, issue 40).
 //
 // It starts its own redis-server under callgrind on a free loopback port
 // (valgrind and redis-server on the PATH) and stops it when done. For each
@@ -67,6 +74,8 @@ func run() error {
 	keep := flag.String("keep", "", "keep each contender's callgrind dump in this directory")
 	library := flag.String("library", "", "instead of the contenders, measure the functions of this Redis Functions library (a file)")
 	functions := flag.String("functions", "", "with -library: comma-separated names of its functions to measure")
+	nkeys := flag.Int("keys", 3, "with -library: how many keys each call passes (1 to 3)")
+	eval := flag.Bool("eval", false, "with -library: run each function's body as a script (EVALSHA) instead of calling it with FCALL")
 	variants := flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each scripted redlimit contender is also counted with its script built from them")
 	flag.Parse()
 	var match *regexp.Regexp
@@ -103,7 +112,7 @@ func run() error {
 	}
 	defer env.Close()
 	if *library != "" {
-		return srv.library(env, *library, *functions, *n)
+		return srv.library(env, *library, *functions, *nkeys, w.Name == "keys", *eval, *n)
 	}
 
 	var sb strings.Builder
@@ -219,8 +228,13 @@ func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w
 }
 
 // library loads the Redis Functions library in file and prints the
-// instructions per call of each of its functions that names lists.
-func (s *server) library(env *bench.Env, file, names string, n int) error {
+// instructions per call of each of its functions that names lists: called
+// with FCALL, or with eval, its body run as a script by EVALSHA; on the
+// same nkeys keys every call, or with fresh, new keys for each call.
+func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, eval bool, n int) error {
+	if nkeys < 1 || nkeys > 3 {
+		return fmt.Errorf("-keys %d: want 1 to 3", nkeys)
+	}
 	ctx := context.Background()
 	code, err := os.ReadFile(file)
 	if err != nil {
@@ -229,14 +243,29 @@ func (s *server) library(env *bench.Env, file, names string, n int) error {
 	if err := env.Admin.FunctionLoad(ctx, string(code)).Err(); err != nil {
 		return err
 	}
-	keys := []string{"{k}1", "{k}2", "{k}3"}
+	keys := []string{"{k}1", "{k}2", "{k}3"}[:nkeys]
+	calls := 0
 	for _, name := range strings.Split(names, ",") {
 		if err := env.Admin.FlushAll(ctx).Err(); err != nil { // keeps the library
 			return err
 		}
+		call := func(keys []string) *redis.Cmd { return env.Admin.FCall(ctx, name, keys) }
+		if eval {
+			body, err := functionBody(string(code), name)
+			if err != nil {
+				return err
+			}
+			script := redis.NewScript(body)
+			call = func(keys []string) *redis.Cmd { return script.Run(ctx, env.Admin, keys) }
+		}
 		per, _, err := s.measure(func(k int) error {
 			for range k {
-				if err := env.Admin.FCall(ctx, name, keys).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				if fresh {
+					calls++
+					tag := "{u" + strconv.Itoa(calls) + "}"
+					keys = []string{tag + "1", tag + "2", tag + "3"}[:nkeys]
+				}
+				if err := call(keys).Err(); err != nil && !errors.Is(err, redis.Nil) {
 					return err
 				}
 			}
@@ -248,6 +277,28 @@ func (s *server) library(env *bench.Env, file, names string, n int) error {
 		fmt.Printf("%-12s %8.0f\n", name, per)
 	}
 	return nil
+}
+
+// functionBody returns the body of the function registered as name in a
+// library's code: from after "function(...)" on its register_function
+// line to the first line after it that is "end)" (or, for a function on
+// one line, to its closing "end)").
+func functionBody(code, name string) (string, error) {
+	head := regexp.MustCompile(`(?m)^redis\.register_function\('` + regexp.QuoteMeta(name) + `', function\([^)]*\)`)
+	loc := head.FindStringIndex(code)
+	if loc == nil {
+		return "", fmt.Errorf("no function %q in the library", name)
+	}
+	rest := code[loc[1]:]
+	if line, _, _ := strings.Cut(rest, "\n"); strings.HasSuffix(strings.TrimSpace(line), "end)") {
+		line = strings.TrimSpace(line)
+		return strings.TrimSuffix(line, "end)"), nil
+	}
+	body, _, ok := strings.Cut(rest, "\nend)")
+	if !ok {
+		return "", fmt.Errorf("function %q has no line \"end)\"", name)
+	}
+	return body, nil
 }
 
 // measure returns the instructions per call of decide(1) (which makes k
