@@ -347,19 +347,19 @@ func TestEngineTestsNamed(t *testing.T) {
 			calls[fn.Name.Name] = names
 		}
 	}
-	real := map[string]bool{
+	startsServer := map[string]bool{
 		"realServer": true, "realCluster": true,
 		"redistest.Start": true, "redistest.StartServer": true, "redistest.StartCluster": true,
 	}
 	for changed := true; changed; {
 		changed = false
 		for fn, names := range calls {
-			if real[fn] || strings.HasPrefix(fn, "Test") {
+			if startsServer[fn] || strings.HasPrefix(fn, "Test") {
 				continue
 			}
 			for name := range names {
-				if real[name] {
-					real[fn], changed = true, true
+				if startsServer[name] {
+					startsServer[fn], changed = true, true
 					break
 				}
 			}
@@ -371,7 +371,7 @@ func TestEngineTestsNamed(t *testing.T) {
 			continue
 		}
 		for name := range names {
-			if real[name] {
+			if startsServer[name] {
 				starts = append(starts, fn)
 				break
 			}
