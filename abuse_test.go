@@ -296,7 +296,7 @@ func TestAbuseFeaturesRedis(t *testing.T) {
 			err error
 		)
 		key := inOneWindow(t, b, SlidingLog, l, func(key string) {
-			lim.Allow(ctx, key)
+			_, _ = lim.Allow(ctx, key) // the one event; the second call is the denial checked
 			res, err = lim.Allow(ctx, key)
 		})
 		require.NoError(t, err, "denial with a block: %+v, %v; want RetryAfter about 300ms", res, err)
@@ -312,15 +312,18 @@ func TestAbuseFeaturesRedis(t *testing.T) {
 		var seen decisions
 		// An hour: a window edge between the calls would admit the second.
 		lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithPrefix(prefixFor(t)), WithDenyCache(10), WithObserver(seen.record))
-		lim.Allow(ctx, "k")
-		lim.Allow(ctx, "k")
+		for range 2 { // the first allowed, the second denied by Redis (and remembered)
+			_, err := lim.Allow(ctx, "k")
+			require.NoError(t, err)
+		}
 		res, _ := lim.Allow(ctx, "k")
 		require.False(t, res.Allowed, "%+v, denied by %v; want the deny cache", res, seen.last().DeniedBy)
 		require.Equal(t, DeniedByDenyCache, seen.last().DeniedBy, "%+v, denied by %v; want the deny cache", res, seen.last().DeniedBy)
 	})
 	t.Run("shadow", func(t *testing.T) {
 		lim := newLimiter(t, b.rdb, TokenBucket, PerMinute(1), WithPrefix(prefixFor(t)), WithShadow())
-		lim.Allow(ctx, "k")
+		_, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
 		res, err := lim.Allow(ctx, "k")
 		require.NoError(t, err, "%+v, %v; want allowed and shadowed", res, err)
 		require.True(t, res.Allowed, "%+v, %v; want allowed and shadowed", res, err)

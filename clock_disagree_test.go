@@ -62,9 +62,9 @@ func (r *stepRig) advance(d time.Duration) {
 	r.stepServer(d)
 }
 
-// pair makes two instances with make, the first measuring the server's
+// pair makes two instances with newInstance, the first measuring the server's
 // time before the server's clock steps by step, the second after.
-func pair[L any](t *testing.T, r *stepRig, step time.Duration, make func(rdb redis.UniversalClient) (L, *clientClock)) [2]L {
+func pair[L any](t *testing.T, r *stepRig, step time.Duration, newInstance func(rdb redis.UniversalClient) (L, *clientClock)) [2]L {
 	t.Helper()
 	var ls [2]L
 	for i := range ls {
@@ -72,7 +72,7 @@ func pair[L any](t *testing.T, r *stepRig, step time.Duration, make func(rdb red
 			r.stepServer(step)
 		}
 		var c *clientClock
-		ls[i], c = make(r.rdb(t))
+		ls[i], c = newInstance(r.rdb(t))
 		_, err := c.NowMicros(t.Context())
 		require.NoError(t, err, "instance %d measures", i)
 	}

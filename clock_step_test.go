@@ -71,6 +71,6 @@ func TestClientClockCloseEndsMeasurement(t *testing.T) {
 	require.NoError(t, goleak.Find(before,
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/maintnotifications.(*CircuitBreakerManager).cleanupLoop")),
 		"a goroutine outlived Close")
-	_, err = lim.engine.clock.NowMicros(t.Context())
+	_, err = lim.clock.NowMicros(t.Context())
 	require.ErrorIs(t, err, ErrClosed, "a measurement after Close")
 }

@@ -39,11 +39,11 @@ func liveLeases(t *testing.T, rdb redis.UniversalClient, c *Concurrency, key str
 func TestConcurrencyLimitFallbackCountsHeldRedis(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := context.Background()
-	const max, instances = 4, 4
+	const maxHolders, instances = 4, 4
 	cs := make([]*Concurrency, instances)
 	onRedis := make([]*Lease, instances)
 	for i := range cs {
-		cs[i] = newConc(t, tunedClient(t, s.Addr), max, time.Minute,
+		cs[i] = newConc(t, tunedClient(t, s.Addr), maxHolders, time.Minute,
 			WithFallbackShare(1.0/instances), WithPingInterval(time.Hour))
 		var res Result
 		onRedis[i], res = mustTry(t, cs[i], "k")
@@ -65,8 +65,8 @@ func TestConcurrencyLimitFallbackCountsHeldRedis(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("held at once during the outage: %d (max %d)", held, max)
-	require.LessOrEqual(t, held, max, "leases held at once by %d instances", instances)
+	t.Logf("held at once during the outage: %d (max %d)", held, maxHolders)
+	require.LessOrEqual(t, held, maxHolders, "leases held at once by %d instances", instances)
 
 	// Released during the outage, a Redis lease frees its slot here.
 	require.NoError(t, onRedis[0].Release(ctx))

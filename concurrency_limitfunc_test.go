@@ -54,7 +54,7 @@ func testPerKeyMax(t *testing.T, rdb redis.UniversalClient) {
 			}
 			granted++
 			require.Equal(t, tt.want-granted, res.Remaining, "%s: Remaining after %d", tt.key, granted)
-			t.Cleanup(func() { l.Release(context.Background()) })
+			t.Cleanup(func() { _ = l.Release(context.Background()) })
 		}
 		require.Equal(t, tt.want, granted, "leases granted on %s", tt.key)
 		n, err := rdb.ZCard(ctx, c.e.stateKey(tt.key, &c.e.own.rules[0])).Result()

@@ -30,10 +30,10 @@ import (
 // the rate limiters' load tests.
 
 // newConc builds a Concurrency and closes it at the end of the test.
-func newConc(t testing.TB, rdb redis.UniversalClient, max int, ttl time.Duration, opts ...Option) *Concurrency {
+func newConc(t testing.TB, rdb redis.UniversalClient, maxHolders int, ttl time.Duration, opts ...Option) *Concurrency {
 	t.Helper()
-	c, err := NewConcurrency(rdb, max, ttl, opts...)
-	require.NoError(t, err, "NewConcurrency(%d, %v)", max, ttl)
+	c, err := NewConcurrency(rdb, maxHolders, ttl, opts...)
+	require.NoError(t, err, "NewConcurrency(%d, %v)", maxHolders, ttl)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -667,8 +667,8 @@ func TestConcurrencyLimitHolderKilled(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	pid := cmd.Process.Pid
 	t.Cleanup(func() {
-		syscall.Kill(pid, syscall.SIGKILL)
-		cmd.Wait()
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = cmd.Wait() // killed: an error, as expected
 	})
 	lines := make(chan string, 16)
 	go func() {

@@ -45,13 +45,17 @@ func ExampleNewConcurrency() {
 		panic(err)
 	}
 	// Done: give the slot back. Acquire waits for a free slot.
-	leases[1].Release(ctx)
+	if err := leases[1].Release(ctx); err != nil {
+		panic(err)
+	}
 	lease, err := exports.Acquire(ctx, "tenant:7")
 	if err != nil {
 		panic(err)
 	}
-	defer lease.Release(ctx)
 	fmt.Println("acquired after a release")
+	if err := lease.Release(ctx); err != nil {
+		panic(err)
+	}
 	// Output:
 	// allowed=true remaining=1 retry-after=0s
 	// allowed=true remaining=0 retry-after=0s

@@ -213,7 +213,7 @@ func TestFaultCallerDeadline(t *testing.T) {
 	require.NoError(t, err)
 	noise := time.Since(began) // a healthy call, as the machine runs now
 	require.NoError(t, srv.Pause())
-	defer srv.Resume()
+	defer func() { _ = srv.Resume() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -380,7 +380,7 @@ func TestFaultServerStates(t *testing.T) {
 		require.NoError(t, err)
 		// No save points at the end, or the server would try to save on
 		// shutdown, fail and refuse to stop.
-		t.Cleanup(func() { srv.CLI("CONFIG", "SET", "save", "") })
+		t.Cleanup(func() { _, _ = srv.CLI("CONFIG", "SET", "save", "") })
 		_, err = srv.CLI("BGSAVE")
 		require.NoError(t, err)
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -460,7 +460,7 @@ func TestFaultServerStates(t *testing.T) {
 		require.True(t, redis.HasErrorPrefix(got[0].Err, "BUSY") || outage.Is(got[0].Err), "transitions = %+v, want one caused by BUSY or a timeout", got)
 		_, err = srv.CLI("SCRIPT", "KILL")
 		require.NoError(t, err)
-		<-done
+		assert.Error(t, <-done, "the script, killed")
 		waitBack(t, lim, 2*time.Second)
 	})
 }

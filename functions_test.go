@@ -410,13 +410,13 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 		require.NoError(t, err)
 		bake(rs, true)
 		require.NotNil(t, rs.fn, "set %d", si)
-		if err := rdb.FunctionLoad(ctx, rs.fn.code).Err(); !hasFunctions {
+		err = rdb.FunctionLoad(ctx, rs.fn.code).Err()
+		if !hasFunctions {
 			require.Error(t, err, "FUNCTION LOAD on %v", serverVersion(t))
 			assert.True(t, loadRefused(err), "%v: %v", serverVersion(t), err)
 			continue
-		} else {
-			require.NoError(t, err, "set %d: FUNCTION LOAD", si)
 		}
+		require.NoError(t, err, "set %d: FUNCTION LOAD", si)
 		require.NoError(t, rs.script.Load(ctx, rdb).Err())
 		keysOf := func(side string) []string {
 			var ks []string

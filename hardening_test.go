@@ -86,10 +86,9 @@ func TestDenyCacheLargerN(t *testing.T) {
 func TestDenyCacheResetInFlight(t *testing.T) {
 	b, _ := miniBackend(t)
 	var once sync.Once
-	var lim *RateLimiter
 	// The observer runs after the decision and before the next; Reset is
 	// called from a hook between the script's reply and remember.
-	lim = newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithDenyCache(100))
+	lim := newLimiter(t, b.rdb, FixedWindow, PerHour(1), WithDenyCache(100))
 	ctx := t.Context()
 	_, err := lim.Allow(ctx, "k")
 	require.NoError(t, err)

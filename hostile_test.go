@@ -75,7 +75,7 @@ func redisState(m *miniredis.Miniredis) string {
 
 // stateReport is what AllowN(ctx, key, 0) says of key, for comparing a key's
 // state before and after a refused call.
-func stateReport(t *testing.T, lim Limiter, ctx context.Context, key string) string {
+func stateReport(t *testing.T, ctx context.Context, lim Limiter, key string) string {
 	t.Helper()
 	res, err := lim.AllowN(ctx, key, 0)
 	require.NoError(t, err, "AllowN(%q, 0)", key)
@@ -91,7 +91,7 @@ func TestHostileN(t *testing.T) {
 			res, err := h.lim.AllowN(h.ctx, "k", 1)
 			require.NoError(t, err)
 			require.True(t, res.Allowed)
-			state, before := redisState(h.m), stateReport(t, h.lim, h.ctx, "k")
+			state, before := redisState(h.m), stateReport(t, h.ctx, h.lim, "k")
 			for _, c := range []struct {
 				n    int
 				want error
@@ -119,7 +119,7 @@ func TestHostileN(t *testing.T) {
 			// reports (stateReport).
 			_, err = h.lim.Reserve(h.ctx, "k", 0)
 			require.ErrorIs(t, err, ErrInvalidArgument, "Reserve(n = 0)")
-			assert.Equal(t, before, stateReport(t, h.lim, h.ctx, "k"), "the key's state after the refused calls")
+			assert.Equal(t, before, stateReport(t, h.ctx, h.lim, "k"), "the key's state after the refused calls")
 			assert.Equal(t, state, redisState(h.m), "Redis after the refused calls")
 
 			// The most n is still admitted on a fresh key.
@@ -140,7 +140,7 @@ func TestHostileSettle(t *testing.T) {
 			rv, err := h.lim.Reserve(h.ctx, "k", 2)
 			require.NoError(t, err)
 			require.True(t, rv.Result().Allowed)
-			state, before := redisState(h.m), stateReport(t, h.lim, h.ctx, "k")
+			state, before := redisState(h.m), stateReport(t, h.ctx, h.lim, "k")
 			for _, c := range []struct {
 				used int
 				want error
@@ -155,7 +155,7 @@ func TestHostileSettle(t *testing.T) {
 				require.ErrorIs(t, err, c.want, "Settle(%d): %v", c.used, err)
 				require.Equal(t, state, redisState(h.m), "Settle(%d) changed Redis", c.used)
 			}
-			assert.Equal(t, before, stateReport(t, h.lim, h.ctx, "k"), "the key's state after the refused settles")
+			assert.Equal(t, before, stateReport(t, h.ctx, h.lim, "k"), "the key's state after the refused settles")
 
 			_, err = rv.Settle(h.ctx, 3)
 			require.NoError(t, err, "the reservation stayed pending")

@@ -244,16 +244,16 @@ func WithFallbackShare(share float64) Option {
 }
 
 // WithFallbackKeys bounds the in-process stand-ins the fallback keeps:
-// one per rule of each key (so a limiter keeps max keys, a Policy of 3
-// rules max/3), or one semaphore per key for a Concurrency. Beyond it,
+// one per rule of each key (so a limiter keeps n keys, a Policy of 3
+// rules n/3), or one semaphore per key for a Concurrency. Beyond it,
 // keys not used lately are dropped (and start again from Redis's last
 // answer, or full, if they come back). It also bounds Redis's last
 // answers that stand-ins start from (one per rule of each key answered,
 // 50–100 bytes each, as many as the keys seen).
 // The default is 100,000 stand-ins, at most about 36 MB. How they are
 // dropped, and what they cost: see "Outages" in the package documentation.
-func WithFallbackKeys(max int) Option {
-	return optionFunc(func(c *config) { c.localKeys = max })
+func WithFallbackKeys(n int) Option {
+	return optionFunc(func(c *config) { c.localKeys = n })
 }
 
 // WithOnTransition sets a function called when the limiter switches a Redis

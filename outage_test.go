@@ -246,9 +246,9 @@ func startSentinel(t *testing.T, masterPort int) string {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		require.NoError(t, cmd.Start())
 		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		go func() { _ = cmd.Wait(); close(done) }() // killed: an error, as expected
 		stop := func() {
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 			<-done
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -274,7 +274,7 @@ func sentinelReady(addr string, exited <-chan struct{}) bool {
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+			_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond)) // a failure shows as the read's error
 			fmt.Fprintf(c, "SENTINEL get-master-addr-by-name %s\r\n", sentinelMaster)
 			line, err := bufio.NewReader(c).ReadString('\n')
 			c.Close()

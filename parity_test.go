@@ -299,19 +299,19 @@ func newParity(t *testing.T, seed uint64, srv *redistest.Server) *parity {
 	opts := &redis.Options{Addr: srv.Addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: -1}
 	raw := redis.NewClient(opts)
 	t.Cleanup(func() { raw.Close() })
-	real := redis.NewClient(opts)
-	t.Cleanup(func() { real.Close() })
+	hooked := redis.NewClient(opts)
+	t.Cleanup(func() { hooked.Close() })
 	hook := &parityHook{raw: raw, clock: clock}
 	if v, err := redistest.ServerVersion(); err == nil && !v.AtLeast(7, 0) && v.Name == "Redis" {
 		hook.noExpireTime = true // PEXPIRETIME is Redis 7.0's: read PTTL instead
 	}
-	real.AddHook(hook)
+	hooked.AddHook(hook)
 
 	p := &parity{
 		t: t, seed: seed, r: r, clock: clock,
 		specs: randomSpecs(r),
 		m:     m, mini: &parityEngine{name: "miniredis", rdb: mini},
-		real: &parityEngine{name: "redis", rdb: real},
+		real: &parityEngine{name: "redis", rdb: hooked},
 		raw:  raw, hook: hook,
 		realKeys: map[string]bool{},
 	}
@@ -719,7 +719,8 @@ func (p *parity) compareKey(rk realKey, ev realEval) {
 // (a 10 ms log, the server's clock moving 10 ms in one script) on 2 cores
 // shared by about 20 busy processes.
 func (p *parity) pexpireLost(rk realKey, ev realEval, typ string, ttl time.Duration) bool {
-	if rk.typ != "none" || !(typ == "zset" && isLogKey(rk.key) || typ == "hash" && isSubWindowKey(rk.key)) || ev.afterMS-ev.beforeMS < ttl.Milliseconds() {
+	expiring := typ == "zset" && isLogKey(rk.key) || typ == "hash" && isSubWindowKey(rk.key)
+	if rk.typ != "none" || !expiring || ev.afterMS-ev.beforeMS < ttl.Milliseconds() {
 		return false
 	}
 	p.restore(rk.key, typ)
@@ -753,17 +754,18 @@ func (p *parity) expiredInExec(rk realKey, ev realEval, typ string, ttl time.Dur
 // an expiry (the test applies expiry itself, see TestEngineParity).
 func (p *parity) restore(key, typ string) {
 	ctx := context.Background()
-	if typ == "string" {
+	switch typ {
+	case "string":
 		v, err := p.m.Get(key)
 		require.NoError(p.t, err)
 		require.NoError(p.t, p.raw.Set(ctx, key, v, 0).Err())
-	} else if typ == "hash" {
+	case "hash":
 		fields, err := p.m.HKeys(key)
 		require.NoError(p.t, err)
 		for _, f := range fields {
 			require.NoError(p.t, p.raw.HSet(ctx, key, f, p.m.HGet(key, f)).Err())
 		}
-	} else {
+	default:
 		z, err := p.m.SortedSet(key)
 		require.NoError(p.t, err)
 		members := make([]redis.Z, 0, len(z))
@@ -864,7 +866,7 @@ func (h *parityHook) eval(ctx context.Context, cmd redis.Cmder) error {
 		for i, k := range keys {
 			exists[i] = p.Exists(ctx, k)
 		}
-		p.Process(ctx, cmd)
+		_ = p.Process(ctx, cmd) // queued: its error is cmd's, read after the transaction
 		after = p.Time(ctx)
 		for i, k := range keys {
 			if h.noExpireTime {

@@ -55,7 +55,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		return nil, err
 	}
 	if p.cfg.limitFunc != nil {
-		p.Close() // it joined the client's watches
+		_ = p.Close() // it joined the client's watches; unused, it has nothing to report
 		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
 	bake(p.own, p.cfg.functions)

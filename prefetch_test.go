@@ -573,7 +573,7 @@ func TestPrefetchHangNoQueue(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, srv.Pause())
-	t.Cleanup(func() { srv.Resume() })
+	t.Cleanup(func() { _ = srv.Resume() })
 	var longest atomic.Int64
 	var wg sync.WaitGroup
 	for range 32 {

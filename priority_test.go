@@ -18,12 +18,12 @@ func prioCtx(p Priority) context.Context {
 	return ContextWithPriority(context.Background(), p)
 }
 
-// admitUntilDenied calls AllowN(n = 1) for key at priority p, at most max
-// times, until a call is denied, and returns how many were admitted and
-// the denial.
-func admitUntilDenied(t *testing.T, lim Limiter, key string, p Priority, max int) (int, Result) {
+// admitUntilDenied calls AllowN(n = 1) for key at priority p, at most
+// maxCalls times, until a call is denied, and returns how many were
+// admitted and the denial.
+func admitUntilDenied(t *testing.T, lim Limiter, key string, p Priority, maxCalls int) (int, Result) {
 	t.Helper()
-	for i := range max {
+	for i := range maxCalls {
 		res, err := lim.AllowN(prioCtx(p), key, 1)
 		require.NoError(t, err, "%v call %d", p, i)
 		if !res.Allowed {
@@ -31,7 +31,7 @@ func admitUntilDenied(t *testing.T, lim Limiter, key string, p Priority, max int
 		}
 		assert.False(t, res.ByPriority, "%v call %d: admitted, yet ByPriority", p, i)
 	}
-	return max, Result{}
+	return maxCalls, Result{}
 }
 
 // capacity100 are limits of capacity 100 for each strategy, with no refill

@@ -435,12 +435,15 @@ func propReplay(t *testing.T, setup *propSetup, ops []propOp, log *[]string, unt
 	if log != nil {
 		r.log = make([][]string, len(ops))
 	}
+	defer func() {
+		for _, lim := range slices.Backward(r.lims) {
+			lim.Close()
+		}
+	}()
 	for i := range setup.subjects {
 		sub := &setup.subjects[i]
 		r.plan = append(r.plan, make([]int, setup.keys))
-		lim := r.build(t, rdb, i, sub)
-		defer lim.Close()
-		r.lims = append(r.lims, lim)
+		r.lims = append(r.lims, r.build(t, rdb, i, sub))
 	}
 	for i, op := range ops {
 		r.play(i, op)

@@ -32,7 +32,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 		return nil, err
 	}
 	if l.cfg.rulesFunc != nil {
-		l.Close() // it joined the client's watches
+		_ = l.Close() // it joined the client's watches; unused, it has nothing to report
 		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
 	bake(l.own, l.cfg.functions)

@@ -166,17 +166,8 @@ func (r *Reservation) Result() Result {
 // node is still marked down), and those it cannot make stand as taken
 // until the reservation lifetime ends (its error counts them).
 func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
-	if r == nil || r.e == nil {
-		return Result{}, errorf("settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
-	}
-	if err := checkContext(ctx); err != nil {
-		return Result{}, errorf("settle %q: %w", r.key, err)
-	}
-	if err := checkUsed(used, r.n, r.rs); err != nil {
-		return Result{}, errorf("settle %q: %w", r.key, err)
-	}
-	if !r.res.Allowed {
-		return Result{}, errorf("settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
+	if err := r.checkSettle(ctx, used); err != nil {
+		return Result{}, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -223,6 +214,25 @@ func (r *Reservation) Settle(ctx context.Context, used int) (Result, error) {
 	return Result{}, err
 }
 
+// checkSettle returns the error of a Settle with ctx and used that no
+// state of r lets through: r was not returned by Reserve, ctx is done, used
+// is out of bounds (checkUsed), or r was denied. r.mu is not held.
+func (r *Reservation) checkSettle(ctx context.Context, used int) error {
+	if r == nil || r.e == nil {
+		return errorf("settle a reservation that Reserve did not return: %w", ErrInvalidArgument)
+	}
+	if err := checkContext(ctx); err != nil {
+		return errorf("settle %q: %w", r.key, err)
+	}
+	if err := checkUsed(used, r.rs); err != nil {
+		return errorf("settle %q: %w", r.key, err)
+	}
+	if !r.res.Allowed {
+		return errorf("settle %q: a denied reservation holds nothing: %w", r.key, ErrInvalidArgument)
+	}
+	return nil
+}
+
 // maxPendingSettles bounds the settles a limiter keeps to make again;
 // past it, Settle queues nothing and the reservation stays unsettled.
 var maxPendingSettles = 10_000
@@ -265,7 +275,7 @@ func (r *Reservation) requeued(used int) requeue.Call {
 // within MaxPeriod (used×Period/Rate, as Burst's refill is bounded in
 // New): the key lives until then. A sliding log needs no bound here: the
 // settle script charges it what it takes (see settleLogEntries).
-func checkUsed(used, n int, rs *ruleSet) error {
+func checkUsed(used int, rs *ruleSet) error {
 	if used < 0 {
 		return errorf("used = %d is negative: %w", used, ErrInvalidArgument)
 	}
@@ -338,21 +348,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (
 	if now != nil {
 		report = now
 	}
-	keys := make([]string, 0, 2*len(rs.rules)+len(report.rules)+1)
-	for i := range rs.rules {
-		keys = append(keys, ruleKey(r.state, rs, i))
-	}
-	keys = appendReserveKeys(keys, r.state, rs)
-	first := r.state
-	if now != nil {
-		first = e.stateKey(r.key, &now.rules[0])
-		for i := range now.rules {
-			keys = append(keys, ruleKey(first, now, i))
-		}
-	}
-	if e.cfg.block > 0 {
-		keys = append(keys, blockKeyOf(first, report))
-	}
+	keys := r.settleKeys(now, report)
 	at := argZero
 	if e.clock != nil {
 		us, err := e.clock.NowMicros(ctx)
@@ -385,6 +381,36 @@ func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (
 	if err != nil {
 		return Result{}, r.settleErr(ctx, err)
 	}
+	return r.settleReply(out, report)
+}
+
+// settleKeys returns the settle script's keys: the state of r's rules, its
+// reservation keys, the state of the rules now (when not nil), then, with
+// a penalty block, the block of the rules report.
+func (r *Reservation) settleKeys(now, report *ruleSet) []string {
+	rs := r.rs
+	keys := make([]string, 0, 2*len(rs.rules)+len(report.rules)+1)
+	for i := range rs.rules {
+		keys = append(keys, ruleKey(r.state, rs, i))
+	}
+	keys = appendReserveKeys(keys, r.state, rs)
+	first := r.state
+	if now != nil {
+		first = r.e.stateKey(r.key, &now.rules[0])
+		for i := range now.rules {
+			keys = append(keys, ruleKey(first, now, i))
+		}
+	}
+	if r.e.cfg.block > 0 {
+		keys = append(keys, blockKeyOf(first, report))
+	}
+	return keys
+}
+
+// settleReply returns the key's state under the rules report that the
+// settle script's reply out holds, or ErrSettled when the script found r
+// settled already.
+func (r *Reservation) settleReply(out any, report *ruleSet) (Result, error) {
 	reply, ok := out.([]any)
 	if !ok {
 		return Result{}, errorf("settle %q: script replied %T, want an array", r.key, out)
@@ -392,7 +418,7 @@ func (r *Reservation) settleRedis(ctx context.Context, used int, now *ruleSet) (
 	if len(reply) == 1 {
 		return Result{}, errorf("settle %q: %w", r.key, ErrSettled)
 	}
-	res, _, err := e.parse(reply, report, nil, nil)
+	res, _, err := r.e.parse(reply, report, nil, nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -484,6 +510,13 @@ func (r *Reservation) settleLocal(used int) Result {
 			reserveAt(lr.lim, now, delta) // a debt when the tokens are not there
 		}
 	}
+	return r.localResult(now)
+}
+
+// localResult returns the state of the stand-ins of r (taken in-process)
+// at now, after its settle. r.local.set.mu is held.
+func (r *Reservation) localResult(now time.Time) Result {
+	h := r.local
 	res := Result{Allowed: true, Degraded: true, Limit: r.res.Limit, Rule: r.res.Rule}
 	for i := range h.set.lims {
 		lr := &h.set.lims[i]

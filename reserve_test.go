@@ -710,8 +710,7 @@ func TestLeakyFallbackLargeN(t *testing.T) {
 	lim := newLimiter(t, b.rdb, LeakyBucket, PerSecond(1<<30), WithPingInterval(time.Hour))
 	ctx := t.Context()
 	m.SetError("LOADING Redis is loading the dataset in memory")
-	var allocs float64
-	allocs = testing.AllocsPerRun(3, func() {
+	allocs := testing.AllocsPerRun(3, func() {
 		res, err := lim.AllowN(ctx, "k", 1<<21)
 		require.NoError(t, err)
 		require.True(t, res.Degraded)

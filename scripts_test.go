@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -133,6 +134,12 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time.Duration, advance func(time.Duration), maxStep time.Duration, rounds, count int, opts ...Option) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(11, 14))
+	var policies []*Policy // each round's two, closed once the rounds are over
+	defer func() {
+		for _, p := range slices.Backward(policies) {
+			p.Close()
+		}
+	}()
 	for round := range rounds {
 		n := count
 		if n == 0 {
@@ -142,10 +149,10 @@ func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time
 		prefix := fmt.Sprintf("r%d", round)
 		baked, err := NewPolicy(rdb, rules, append(opts, WithPrefix(prefix+"baked"))...)
 		require.NoError(t, err, "%+v", rules)
-		defer baked.Close()
+		policies = append(policies, baked)
 		args, err := NewPolicy(rdb, rules, append(opts, WithPrefix(prefix+"args"))...)
 		require.NoError(t, err)
-		defer args.Close()
+		policies = append(policies, args)
 		require.NotNil(t, baked.own.script, "round %d: no script with the rules written in", round)
 		args.own.script = nil // the rules as arguments, with the script for any strategy
 
@@ -448,9 +455,9 @@ return out`)
 		keys = append(keys, strconv.FormatInt(p[0], 10), strconv.FormatInt(p[1], 10))
 	}
 	mini, _ := miniBackend(t)
-	real := redis.NewClient(steadyOptions(realServer(t).Addr))
-	defer real.Close()
-	for name, rdb := range map[string]redis.UniversalClient{"miniredis": mini.rdb, "redis": real} {
+	onRedis := redis.NewClient(steadyOptions(realServer(t).Addr))
+	defer onRedis.Close()
+	for name, rdb := range map[string]redis.UniversalClient{"miniredis": mini.rdb, "redis": onRedis} {
 		got, err := script.Run(context.Background(), rdb, keys).Int64Slice()
 		require.NoError(t, err, name)
 		require.Len(t, got, 2*len(pairs), name)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (see CONTRIBUTING.md). It runs every module's tests with
 # -race, every command of the docs and of the examples' doc comments, the
-# release check, and the micro-benchmarks once each (to keep them working,
-# not to judge speed). Tests that need redis-server start their own on free
+# release check, the linter (.ci/lint.sh), and the micro-benchmarks once
+# each (to keep them working, not to judge speed). Tests that need redis-server start their own on free
 # loopback ports; with REDLIMIT_REQUIRE_REDIS=1 they fail, instead of
 # skipping, when redis-server is not installed.
 #
@@ -13,10 +13,10 @@
 # after the normal run. Without it each assertion runs once: Redis
 # Functions are then tested by their own tests (functions_test.go).
 #
-# The release check and the micro-benchmarks run in the background while
-# the docs' commands run (no timing depends on them), their output shown
-# when they end; the tests run after them, in two lanes at once (see
-# below).
+# The release check, the micro-benchmarks and the linter run in the
+# background while the docs' commands run (no timing depends on them),
+# their output shown when they end; the tests run after them, in two lanes
+# at once (see below).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -84,8 +84,14 @@ finish() {
 # judge speed). Neither depends on timing.
 bg release .ci/release-check.sh
 bg benchmarks env GOWORK=off go test -run '^$' -bench . -benchtime=1x ./...
+# And the linter (.ci/lint.sh: golangci-lint as tools/go.mod pins it, with
+# .golangci.yml, on every module), at the lowest priority: on a machine
+# that has not built it yet, building it takes minutes of CPU that the
+# docs' commands, each under a timeout, need more. Built once, it takes
+# seconds.
+bg lint nice -n 19 .ci/lint.sh
 
-phase "docs and example commands (the release check and the micro-benchmarks run meanwhile)"
+phase "docs and example commands (the release check, the micro-benchmarks and the linter run meanwhile)"
 # Every command of the docs (README.md, CONTRIBUTING.md, docs/*.md) and of
 # the examples' doc comments, as written
 # (each example at least once); servers with -selftest. See the script.
@@ -95,6 +101,8 @@ phase "release check"
 finish release
 phase "micro-benchmarks, once each"
 finish benchmarks quiet
+phase "lint"
+finish lint
 
 # The lanes of the root package's tests, from what each test calls
 # (internal/testlane; CONTRIBUTING.md, "Test lanes"), never from their

@@ -4,7 +4,9 @@
 #   .ci/release-check.sh [VERSION]
 #
 # Versions. Every module of the repository (every go.mod in it, all of
-# them used by go.work) is released together with one version VERSION: the tag VERSION for the root
+# them used by go.work, but tools/go.mod, which pins the development tools
+# and is neither released nor in go.work) is released together with one
+# version VERSION: the tag VERSION for the root
 # module and DIR/VERSION for the module in DIR (grpclimit/v0.1.0,
 # cmd/redlimit/v0.1.0, ...), all on one commit. Each of the other modules'
 # go.mod requires github.com/redlimit/redlimit at VERSION, the release being
@@ -82,7 +84,7 @@ requires() {
 
 # 1. go.mod and go.work.
 mapfile -t dirs < <(git ls-files -co --exclude-standard -- go.mod '*/go.mod' |
-  while read -r f; do [ -f "$f" ] && dirname "$f"; done | grep -v '/testdata/' | LC_ALL=C sort -u)
+  while read -r f; do [ -f "$f" ] && dirname "$f"; done | grep -v -e '/testdata/' -e '^tools$' | LC_ALL=C sort -u)
 versions=()
 for d in "${dirs[@]}"; do
   f=$d/go.mod

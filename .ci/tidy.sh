@@ -8,18 +8,21 @@
 # published. Each of those modules is therefore tidied with a temporary
 # "replace" of every module of the repository by its directory here,
 # dropped again afterwards (a published go.mod must not keep one; the
-# release check fails on it).
+# release check fails on it). The tools module (tools/, the development
+# tools' pins) requires none of them: tidied as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=github.com/redlimit/redlimit
 mapfile -t dirs < <(git ls-files -co --exclude-standard -- go.mod '*/go.mod' |
-  while read -r f; do [ -f "$f" ] && dirname "$f"; done | grep -v '/testdata/')
-for d in "${dirs[@]}"; do
+  while read -r f; do [ -f "$f" ] && dirname "$f"; done | grep -v -e '/testdata/' -e '^tools$')
+for d in . tools; do
+  [ -f "$d/go.mod" ] || continue
   echo "-- $d"
-  if [ "$d" = . ]; then
-    GOWORK=off go mod tidy
-    continue
-  fi
+  (cd "$d" && GOWORK=off go mod tidy)
+done
+for d in "${dirs[@]}"; do
+  [ "$d" = . ] && continue
+  echo "-- $d"
   (
     cd "$d"
     replace=() drop=()

@@ -111,42 +111,93 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		cfg.NumKeys = 10_000
 	}
 	rep := &CeilingReport{Config: cfg}
-	rbPath := ""
-	if cfg.BenchmarkRequests > 0 {
-		if p, err := exec.LookPath("redis-benchmark"); err == nil {
-			rbPath = p
-			rep.RB = fmt.Sprintf("redis-benchmark -h HOST -p PORT -c 50 -P 16 -n %d -q [-r %d] EVALSHA <sha> 1 <key> <args>", cfg.BenchmarkRequests, cfg.NumKeys)
-		} else {
-			rep.RB = "redis-benchmark not on the PATH: not run"
-		}
-	} else {
-		rep.RB = "redis-benchmark not run (-rb-requests 0)"
+	rb := ceilingRB{}
+	rb.path, rep.RB = findRedisBenchmark(cfg)
+	rb.host, rb.port, _ = strings.Cut(env.Addr, ":")
+	jobs := ceilingJobs(ctx, env, cfg)
+	if cfg.Rounds < 1 {
+		cfg.Rounds = 1
 	}
-	host, port, _ := strings.Cut(env.Addr, ":")
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0xce11))
+	for _, wname := range []string{"one", "keys", "hot"} {
+		rows, err := ceilingWorkloadRows(ctx, env, cfg, jobs, wname, rng, rb)
+		if err != nil {
+			return rep, err
+		}
+		for _, row := range rows {
+			row.summarize()
+			rep.Rows = append(rep.Rows, *row)
+		}
+	}
+	return rep, nil
+}
 
-	type job struct {
-		name string
-		// args returns the command for workload w, with keyPlaceholder
-		// where the limited key goes.
-		args func(w string) ([]any, error)
-		// allowed reads a reply for workload w.
-		allowed func(w string, reply any) bool
+// ceilingRB is where redis-benchmark is (path, empty when it is not run),
+// and the host and port it is pointed at.
+type ceilingRB struct{ path, host, port string }
+
+// findRedisBenchmark returns the path of redis-benchmark when cfg asks for
+// it and it is on the PATH, and the report's line about it.
+func findRedisBenchmark(cfg CeilingConfig) (path, line string) {
+	if cfg.BenchmarkRequests <= 0 {
+		return "", "redis-benchmark not run (-rb-requests 0)"
 	}
-	always := func(string, any) bool { return true }
-	firstIsOne := func(_ string, v any) bool { // redis_rate: 1 (the cost) first when allowed
-		a, ok := v.([]any)
-		return ok && len(a) > 0 && a[0] == int64(1)
+	p, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		return "", "redis-benchmark not on the PATH: not run"
 	}
-	firstIsZero := func(_ string, v any) bool { // redlimit: code 0 first when allowed (an array, or packed in a string)
-		if s, ok := v.(string); ok {
-			return len(s) > 0 && s[0] == 0
-		}
-		a, ok := v.([]any)
-		return ok && len(a) > 0 && a[0] == int64(0)
+	return p, fmt.Sprintf("redis-benchmark -h HOST -p PORT -c 50 -P 16 -n %d -q [-r %d] EVALSHA <sha> 1 <key> <args>", cfg.BenchmarkRequests, cfg.NumKeys)
+}
+
+// ceilingJob is one command that Ceiling measures.
+type ceilingJob struct {
+	name string
+	// args returns the command for workload w, with keyPlaceholder
+	// where the limited key goes.
+	args func(w string) ([]any, error)
+	// allowed reads a reply for workload w.
+	allowed func(w string, reply any) bool
+}
+
+// always reads any reply as allowed.
+func always(string, any) bool { return true }
+
+// firstIsOne reads a redis_rate reply: 1 (the cost) first when allowed.
+func firstIsOne(_ string, v any) bool {
+	a, ok := v.([]any)
+	return ok && len(a) > 0 && a[0] == int64(1)
+}
+
+// firstIsZero reads a redlimit reply: code 0 first when allowed (an
+// array, or packed in a string).
+func firstIsZero(_ string, v any) bool {
+	if s, ok := v.(string); ok {
+		return len(s) > 0 && s[0] == 0
 	}
-	var jobs []job
-	jobs = append(jobs, job{"INCR", func(string) ([]any, error) { return []any{"incr", keyPlaceholder}, nil }, always})
-	jobs = append(jobs, job{"EVALSHA return 1", func(string) ([]any, error) {
+	a, ok := v.([]any)
+	return ok && len(a) > 0 && a[0] == int64(0)
+}
+
+// ululeAllowed reads a ulule reply, {count, ttl}: allowed while count is
+// at most the workload w's rate.
+func ululeAllowed(w string, v any) bool {
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return false
+	}
+	n, ok := a[0].(int64)
+	wl, _ := ceilingWorkload(w)
+	return ok && n <= int64(wl.Rate)
+}
+
+// ceilingJobs returns the commands Ceiling measures: INCR, EVALSHA (and,
+// where the server has Redis Functions, FCALL) of `return 1` and of a few
+// commands, then each script (and function) of redlimit and of its peers,
+// with cfg's variants; only those cfg.Only matches, when set (and INCR).
+func ceilingJobs(ctx context.Context, env *Env, cfg CeilingConfig) []ceilingJob {
+	var jobs []ceilingJob
+	jobs = append(jobs, ceilingJob{"INCR", func(string) ([]any, error) { return []any{"incr", keyPlaceholder}, nil }, always})
+	jobs = append(jobs, ceilingJob{"EVALSHA return 1", func(string) ([]any, error) {
 		if err := return1.Load(ctx, env.Admin).Err(); err != nil {
 			return nil, err
 		}
@@ -155,16 +206,36 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 	// Redis Functions, where the server has them (Redis 7.0 and later).
 	functions := env.Admin.FunctionLoadReplace(ctx, return1Library).Err() == nil
 	if functions {
-		jobs = append(jobs, job{"FCALL return 1", func(string) ([]any, error) {
+		jobs = append(jobs, ceilingJob{"FCALL return 1", func(string) ([]any, error) {
 			return []any{"fcall", "redlimit_bench_return1", "1", keyPlaceholder}, nil
 		}, always})
 	}
-	jobs = append(jobs, job{"EVALSHA TIME+GET+SET", func(string) ([]any, error) {
+	jobs = append(jobs, ceilingJob{"EVALSHA TIME+GET+SET", func(string) ([]any, error) {
 		if err := commandsOnly.Load(ctx, env.Admin).Err(); err != nil {
 			return nil, err
 		}
 		return []any{"evalsha", commandsOnly.Hash(), "1", keyPlaceholder}, nil
 	}, always})
+	for _, c := range scriptedContenders(functions) {
+		jobs = append(jobs, contenderJobs(ctx, env, cfg, c)...)
+	}
+	if cfg.Only == nil {
+		return jobs
+	}
+	var keep []ceilingJob
+	for _, j := range jobs {
+		if j.name == "INCR" || cfg.Only.MatchString(j.name) {
+			keep = append(keep, j)
+		}
+	}
+	return keep
+}
+
+// scriptedContenders returns the contenders whose scripts Ceiling
+// measures: redlimit's strategies and policy (also as Redis Functions,
+// with functions), and the peers that run on our go-redis client (go-zero
+// makes its own).
+func scriptedContenders(functions bool) []Contender {
 	var scripted []Contender
 	for _, s := range redlimit.Strategies() {
 		scripted = append(scripted, Redlimit(s, Direct))
@@ -176,161 +247,162 @@ func Ceiling(ctx context.Context, env *Env, cfg CeilingConfig) (*CeilingReport, 
 		}
 		scripted = append(scripted, PolicyFunctions())
 	}
-	// The peers that run on our go-redis client (go-zero makes its own).
-	scripted = append(scripted, RedisRate(), Ulule())
-	for _, c := range scripted {
-		allowed := firstIsOne
-		if c.Kind == "redlimit" {
-			allowed = firstIsZero
-			variants := cfg.Variants
-			if strings.HasSuffix(c.Name, functionsSuffix) {
-				variants = nil // a variant replaces a script's SHA
-			}
-			for _, dir := range variants {
-				jobs = append(jobs, job{fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir)), func(w string) ([]any, error) {
-					return variantScript(ctx, env, c, w, dir)
-				}, allowed})
-			}
+	return append(scripted, RedisRate(), Ulule())
+}
+
+// contenderJobs returns the jobs of contender c: its script as the
+// library sends it, as built from each of cfg's variants (redlimit's
+// scripts), and, for the token bucket, written out without the engine.
+func contenderJobs(ctx context.Context, env *Env, cfg CeilingConfig, c Contender) []ceilingJob {
+	var jobs []ceilingJob
+	allowed := firstIsOne
+	if c.Kind == "redlimit" {
+		allowed = firstIsZero
+		variants := cfg.Variants
+		if strings.HasSuffix(c.Name, functionsSuffix) {
+			variants = nil // a variant replaces a script's SHA
 		}
-		if c.Name == Ulule().Name { // {count, ttl}: allowed while count <= limit
-			allowed = func(w string, v any) bool {
-				a, ok := v.([]any)
-				if !ok || len(a) == 0 {
-					return false
-				}
-				n, ok := a[0].(int64)
-				wl, _ := ceilingWorkload(w)
-				return ok && n <= int64(wl.Rate)
-			}
-		}
-		jobs = append(jobs, job{c.Name, func(w string) ([]any, error) { return captureCeiling(ctx, env, c, w) }, allowed})
-		if c.Name == tokenBucketName {
-			// The same decisions by the token bucket written out without
-			// the engine: its key, taken from the library's own command
-			// (which carries no argument: n = 1 and the others are their
-			// defaults, see scripts/common.lua), and its limit, the
-			// workload's (Burst = Rate), passed as arguments.
-			jobs = append(jobs, job{"token bucket inlined (no engine)", func(w string) ([]any, error) {
-				args, err := captureCeiling(ctx, env, c, w)
-				if err != nil {
-					return nil, err
-				}
-				if len(args) != 4 || fmt.Sprint(args[2]) != "1" {
-					return nil, fmt.Errorf("captured %v, want one key and no argument (the rule written into the script)", args)
-				}
-				wl, err := ceilingWorkload(w)
-				if err != nil {
-					return nil, err
-				}
-				if err := inlinedTokenBucket.Load(ctx, env.Admin).Err(); err != nil {
-					return nil, err
-				}
-				// evalsha sha 1 key | n | rate period burst
-				return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], "1",
-					wl.Rate, wl.Period.Microseconds(), wl.Rate}, nil
+		for _, dir := range variants {
+			jobs = append(jobs, ceilingJob{fmt.Sprintf("%s [%s]", c.Name, filepath.Base(dir)), func(w string) ([]any, error) {
+				return variantScript(ctx, env, c, w, dir)
 			}, allowed})
 		}
 	}
-	if cfg.Only != nil {
-		var keep []job
-		for _, j := range jobs {
-			if j.name == "INCR" || cfg.Only.MatchString(j.name) {
-				keep = append(keep, j)
-			}
-		}
-		jobs = keep
+	if c.Name == Ulule().Name {
+		allowed = ululeAllowed
 	}
-	if cfg.Rounds < 1 {
-		cfg.Rounds = 1
+	jobs = append(jobs, ceilingJob{c.Name, func(w string) ([]any, error) { return captureCeiling(ctx, env, c, w) }, allowed})
+	if c.Name == tokenBucketName {
+		jobs = append(jobs, ceilingJob{"token bucket inlined (no engine)", func(w string) ([]any, error) {
+			return inlinedTokenBucketArgs(ctx, env, c, w)
+		}, allowed})
 	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0xce11))
+	return jobs
+}
 
-	for _, wname := range []string{"one", "keys", "hot"} {
-		rows := make([]*CeilingRow, len(jobs))
-		cmds := make([][]any, len(jobs))
-		for i, j := range jobs {
-			if err := env.Admin.FlushAll(ctx).Err(); err != nil {
-				return rep, err
-			}
-			args, err := j.args(wname)
-			if err != nil {
-				return rep, fmt.Errorf("bench: ceiling %s %s: %w", j.name, wname, err)
-			}
-			cmds[i] = args
-			rows[i] = &CeilingRow{Name: j.name, Workload: wname}
+// inlinedTokenBucketArgs returns the command of the token bucket c's
+// decisions for workload w, written out without the engine: its key, taken
+// from the library's own command (which carries no argument: n = 1 and
+// the others are their defaults, see scripts/common.lua), and its limit,
+// the workload's (Burst = Rate), passed as arguments.
+func inlinedTokenBucketArgs(ctx context.Context, env *Env, c Contender, w string) ([]any, error) {
+	args, err := captureCeiling(ctx, env, c, w)
+	if err != nil {
+		return nil, err
+	}
+	if len(args) != 4 || fmt.Sprint(args[2]) != "1" {
+		return nil, fmt.Errorf("captured %v, want one key and no argument (the rule written into the script)", args)
+	}
+	wl, err := ceilingWorkload(w)
+	if err != nil {
+		return nil, err
+	}
+	if err := inlinedTokenBucket.Load(ctx, env.Admin).Err(); err != nil {
+		return nil, err
+	}
+	// evalsha sha 1 key | n | rate period burst
+	return []any{"evalsha", inlinedTokenBucket.Hash(), "1", args[3], "1",
+		wl.Rate, wl.Period.Microseconds(), wl.Rate}, nil
+}
+
+// ceilingWorkloadRows measures every job on workload wname, cfg.Rounds
+// times, the jobs in a new random order (rng) each round, and returns a
+// row per job with its samples.
+func ceilingWorkloadRows(ctx context.Context, env *Env, cfg CeilingConfig, jobs []ceilingJob, wname string, rng *rand.Rand, rb ceilingRB) ([]*CeilingRow, error) {
+	rows := make([]*CeilingRow, len(jobs))
+	cmds := make([][]any, len(jobs))
+	for i, j := range jobs {
+		if err := env.Admin.FlushAll(ctx).Err(); err != nil {
+			return nil, err
 		}
-		var keys []string
-		if wname == "keys" {
-			keys = make([]string, cfg.NumKeys)
-			for i := range keys {
-				keys[i] = "user:" + strconv.Itoa(i)
-			}
-		} else {
-			keys = []string{wname}
+		args, err := j.args(wname)
+		if err != nil {
+			return nil, fmt.Errorf("bench: ceiling %s %s: %w", j.name, wname, err)
 		}
-		for round := range cfg.Rounds {
-			for _, i := range rng.Perm(len(jobs)) {
-				if err := ctx.Err(); err != nil {
-					return rep, err
-				}
-				j, row, args := jobs[i], rows[i], cmds[i]
-				if err := env.Admin.ConfigResetStat(ctx).Err(); err != nil {
-					return rep, err
-				}
-				cpu0, _ := redisCPU(ctx, env)
-				t0 := time.Now()
-				ops, allowed, errs, first := pipelined(ctx, env, cfg, args, keys, func(v any) bool { return j.allowed(wname, v) })
-				el := time.Since(t0)
-				cpu1, _ := redisCPU(ctx, env)
-				row.goOps = append(row.goOps, float64(ops)/el.Seconds())
-				if ops > 0 {
-					row.goAllowed = append(row.goAllowed, float64(allowed)/float64(ops))
-				}
-				row.GoErrs += errs
-				if row.FirstErr == "" {
-					row.FirstErr = first
-				}
-				row.cpu = append(row.cpu, (cpu1-cpu0)/el.Seconds())
-				if ops > 0 {
-					row.cpuPerOp = append(row.cpuPerOp, (cpu1-cpu0)*1e6/float64(ops))
-				}
-				if stats, err := commandStats(ctx, env); err == nil {
-					main := strings.ToLower(args[0].(string))
-					if st, ok := stats[main]; ok && st.calls > 0 {
-						row.usec = append(row.usec, st.usecPerCall)
-						row.addInner(stats, main)
-					}
-				}
-				if rbPath != "" {
-					rb, err := redisBenchmark(ctx, rbPath, host, port, cfg, args, wname)
-					if err != nil {
-						row.RBErr = err.Error()
-					} else {
-						row.rbOps = append(row.rbOps, rb)
-					}
-				}
-			}
-			if cfg.Log != nil {
-				fmt.Fprintf(cfg.Log, "ceiling %s round %d/%d done\n", wname, round+1, cfg.Rounds)
-			}
-		}
-		for _, row := range rows {
-			row.GoOps, row.GoAllowed = median(row.goOps), median(row.goAllowed)
-			row.RedisCPU, row.UsecPerCall, row.RBOps = median(row.cpu), median(row.usec), median(row.rbOps)
-			row.CPUPerOp = median(row.cpuPerOp)
-			if len(row.cpuPerOp) > 0 {
-				row.CPUPerOpMin = slices.Min(row.cpuPerOp)
-			}
-			for name, in := range row.inner {
-				row.Inner = append(row.Inner, InnerCommand{name, median(in.per), median(in.usec)})
-			}
-			slices.SortFunc(row.Inner, func(a, b InnerCommand) int {
-				return cmp.Compare(b.PerDecision*b.UsecPerCall, a.PerDecision*a.UsecPerCall)
-			})
-			rep.Rows = append(rep.Rows, *row)
+		cmds[i] = args
+		rows[i] = &CeilingRow{Name: j.name, Workload: wname}
+	}
+	keys := []string{wname}
+	if wname == "keys" {
+		keys = make([]string, cfg.NumKeys)
+		for i := range keys {
+			keys[i] = "user:" + strconv.Itoa(i)
 		}
 	}
-	return rep, nil
+	for round := range cfg.Rounds {
+		for _, i := range rng.Perm(len(jobs)) {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			j := jobs[i]
+			allowed := func(v any) bool { return j.allowed(wname, v) }
+			if err := rows[i].measure(ctx, env, cfg, cmds[i], keys, allowed, rb); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, "ceiling %s round %d/%d done\n", wname, round+1, cfg.Rounds)
+		}
+	}
+	return rows, nil
+}
+
+// measure runs args pipelined on keys for cfg.Duration, and redis-benchmark
+// when rb has its path, and adds a sample of each figure to row.
+func (row *CeilingRow) measure(ctx context.Context, env *Env, cfg CeilingConfig, args []any, keys []string, allowed func(any) bool, rb ceilingRB) error {
+	if err := env.Admin.ConfigResetStat(ctx).Err(); err != nil {
+		return err
+	}
+	cpu0, _ := redisCPU(ctx, env)
+	t0 := time.Now()
+	ops, nAllowed, errs, first := pipelined(ctx, env, cfg, args, keys, allowed)
+	el := time.Since(t0)
+	cpu1, _ := redisCPU(ctx, env)
+	row.goOps = append(row.goOps, float64(ops)/el.Seconds())
+	if ops > 0 {
+		row.goAllowed = append(row.goAllowed, float64(nAllowed)/float64(ops))
+	}
+	row.GoErrs += errs
+	if row.FirstErr == "" {
+		row.FirstErr = first
+	}
+	row.cpu = append(row.cpu, (cpu1-cpu0)/el.Seconds())
+	if ops > 0 {
+		row.cpuPerOp = append(row.cpuPerOp, (cpu1-cpu0)*1e6/float64(ops))
+	}
+	if stats, err := commandStats(ctx, env); err == nil {
+		main := strings.ToLower(args[0].(string))
+		if st, ok := stats[main]; ok && st.calls > 0 {
+			row.usec = append(row.usec, st.usecPerCall)
+			row.addInner(stats, main)
+		}
+	}
+	if rb.path != "" {
+		ops, err := redisBenchmark(ctx, rb.path, rb.host, rb.port, cfg, args, row.Workload)
+		if err != nil {
+			row.RBErr = err.Error()
+		} else {
+			row.rbOps = append(row.rbOps, ops)
+		}
+	}
+	return nil
+}
+
+// summarize sets row's figures from its samples: medians, the least CPU
+// per decision, and the inner commands, most time first.
+func (row *CeilingRow) summarize() {
+	row.GoOps, row.GoAllowed = median(row.goOps), median(row.goAllowed)
+	row.RedisCPU, row.UsecPerCall, row.RBOps = median(row.cpu), median(row.usec), median(row.rbOps)
+	row.CPUPerOp = median(row.cpuPerOp)
+	if len(row.cpuPerOp) > 0 {
+		row.CPUPerOpMin = slices.Min(row.cpuPerOp)
+	}
+	for name, in := range row.inner {
+		row.Inner = append(row.Inner, InnerCommand{name, median(in.per), median(in.usec)})
+	}
+	slices.SortFunc(row.Inner, func(a, b InnerCommand) int {
+		return cmp.Compare(b.PerDecision*b.UsecPerCall, a.PerDecision*a.UsecPerCall)
+	})
 }
 
 // addInner records the commands run by the script, per call of main.

@@ -73,7 +73,7 @@ func (e *Env) Close() {
 		e.closers[i]()
 	}
 	if e.AP != nil {
-		e.AP.Close()
+		_ = e.AP.Close() // like the clients' Close: nothing lost, nothing to do
 	}
 	e.RDB.Close()
 	e.Admin.Close()
@@ -353,104 +353,137 @@ type setUp struct {
 // random order, so that drift in the machine's load spreads over all of them.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.defaults()
-	env := cfg.Env
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
-	rep := &Report{Miniredis: env.Miniredis, Config: cfg}
-	skipped := map[string]bool{}
-	floor := findContender(cfg.Contenders, cfg.Floor)
-	incr := findContender(Contenders(), "EVALSHA return 1")
-
+	r := &runner{
+		cfg:     &cfg,
+		env:     cfg.Env,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		rep:     &Report{Miniredis: cfg.Env.Miniredis, Config: cfg},
+		skipped: map[string]bool{},
+		floor:   findContender(cfg.Contenders, cfg.Floor),
+		incr:    findContender(Contenders(), "EVALSHA return 1"),
+	}
 	for _, wname := range cfg.Workloads {
 		for _, conc := range cfg.Concurrency {
-			if err := ctx.Err(); err != nil {
-				return rep, err
-			}
-			if err := env.Admin.FlushAll(ctx).Err(); err != nil {
-				return rep, fmt.Errorf("bench: flushall: %w", err)
-			}
-			hot := cfg.HotRate
-			if wname == "hot" && hot == 0 {
-				ops, err := calibrate(ctx, env, *incr, conc)
-				if err != nil {
-					return rep, err
-				}
-				hot = max(int(ops/100), 1)
-				cfg.logf("hot @%d: EVALSHA return 1 does %.0f/s (at %d goroutines), so the hot key's limit is %d/s", conc, ops, min(conc, 64), hot)
-			}
-			w, err := MakeWorkload(wname, cfg.NumKeys, hot)
-			if err != nil {
-				return rep, err
-			}
-			var ready []setUp
-			for _, c := range cfg.Contenders {
-				dec, release, err := c.Setup(env, w)
-				if err != nil {
-					msg := fmt.Sprintf("%s: %v", c.Name, err)
-					if !skipped[msg] {
-						skipped[msg] = true
-						rep.Skipped = append(rep.Skipped, msg)
-						cfg.logf("skip %s", msg)
-					}
-					continue
-				}
-				// One decision, alone, loads the contender's scripts: 64
-				// goroutines all getting NOSCRIPT at once would open
-				// go-zero's circuit breaker (it counts NOSCRIPT as a failure).
-				if _, err := dec(ctx, 0); err != nil {
-					cfg.logf("%s: first decision: %v", c.Name, err)
-				}
-				ready = append(ready, setUp{c, dec, release})
-			}
-			rows := make(map[string]*Row, len(ready))
-			for _, s := range ready {
-				row := &Row{Workload: wname, Concurrency: conc, Contender: s.c.Name, Kind: s.c.Kind}
-				if wname == "hot" {
-					row.HotRate = hot
-				}
-				rows[s.c.Name] = row
-				rep.Rows = append(rep.Rows, row)
-				if cfg.Warmup > 0 {
-					measure(ctx, env, s.c, s.dec, len(w.Keys), conc, cfg.Warmup)
-				}
-			}
-			for round := range cfg.Rounds {
-				order := rng.Perm(len(ready))
-				got := make(map[string]Sample, len(ready))
-				for _, i := range order {
-					s := ready[i]
-					sm := measure(ctx, env, s.c, s.dec, len(w.Keys), conc, cfg.Duration)
-					got[s.c.Name] = sm
-					rows[s.c.Name].Samples = append(rows[s.c.Name].Samples, sm)
-				}
-				if floor != nil {
-					if f, ok := got[floor.Name]; ok && f.OpsPerSec() > 0 {
-						for name, sm := range got {
-							rows[name].Ratios = append(rows[name].Ratios, sm.OpsPerSec()/f.OpsPerSec())
-						}
-					}
-				}
-				for _, base := range []string{cfg.Floor, cfg.Peer, tokenBucketName, tokenBucketName + functionsSuffix} {
-					b, ok := got[base]
-					if !ok || b.OpsPerSec() <= 0 {
-						continue
-					}
-					for name, sm := range got {
-						if rows[name].RatiosTo == nil {
-							rows[name].RatiosTo = map[string][]float64{}
-						}
-						rows[name].RatiosTo[base] = append(rows[name].RatiosTo[base], sm.OpsPerSec()/b.OpsPerSec())
-					}
-				}
-				cfg.logf("%s @%d round %d/%d done", wname, conc, round+1, cfg.Rounds)
-			}
-			for _, s := range ready {
-				if s.release != nil {
-					s.release()
-				}
+			if err := r.run(ctx, wname, conc); err != nil {
+				return r.rep, err
 			}
 		}
 	}
-	return rep, nil
+	return r.rep, nil
+}
+
+// runner is what Run keeps from one workload and concurrency to the next.
+type runner struct {
+	cfg         *Config
+	env         *Env
+	rng         *rand.Rand
+	rep         *Report
+	skipped     map[string]bool // the messages of contenders skipped, once each
+	floor, incr *Contender
+}
+
+// run measures every contender on workload wname at conc goroutines, in
+// cfg.Rounds interleaved rounds, and adds their rows to the report.
+func (r *runner) run(ctx context.Context, wname string, conc int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := r.env.Admin.FlushAll(ctx).Err(); err != nil {
+		return fmt.Errorf("bench: flushall: %w", err)
+	}
+	hot := r.cfg.HotRate
+	if wname == "hot" && hot == 0 {
+		ops, err := calibrate(ctx, r.env, *r.incr, conc)
+		if err != nil {
+			return err
+		}
+		hot = max(int(ops/100), 1)
+		r.cfg.logf("hot @%d: EVALSHA return 1 does %.0f/s (at %d goroutines), so the hot key's limit is %d/s", conc, ops, min(conc, 64), hot)
+	}
+	w, err := MakeWorkload(wname, r.cfg.NumKeys, hot)
+	if err != nil {
+		return err
+	}
+	ready := r.setUp(ctx, w)
+	rows := make(map[string]*Row, len(ready))
+	for _, s := range ready {
+		row := &Row{Workload: wname, Concurrency: conc, Contender: s.c.Name, Kind: s.c.Kind}
+		if wname == "hot" {
+			row.HotRate = hot
+		}
+		rows[s.c.Name] = row
+		r.rep.Rows = append(r.rep.Rows, row)
+		if r.cfg.Warmup > 0 {
+			measure(ctx, r.env, s.c, s.dec, len(w.Keys), conc, r.cfg.Warmup)
+		}
+	}
+	for round := range r.cfg.Rounds {
+		r.round(ctx, ready, rows, len(w.Keys), conc)
+		r.cfg.logf("%s @%d round %d/%d done", wname, conc, round+1, r.cfg.Rounds)
+	}
+	for _, s := range ready {
+		if s.release != nil {
+			s.release()
+		}
+	}
+	return nil
+}
+
+// setUp sets every contender up for w, each with one decision made; those
+// that cannot be set up are skipped, and listed in the report once.
+func (r *runner) setUp(ctx context.Context, w *Workload) []setUp {
+	var ready []setUp
+	for _, c := range r.cfg.Contenders {
+		dec, release, err := c.Setup(r.env, w)
+		if err != nil {
+			msg := fmt.Sprintf("%s: %v", c.Name, err)
+			if !r.skipped[msg] {
+				r.skipped[msg] = true
+				r.rep.Skipped = append(r.rep.Skipped, msg)
+				r.cfg.logf("skip %s", msg)
+			}
+			continue
+		}
+		// One decision, alone, loads the contender's scripts: 64
+		// goroutines all getting NOSCRIPT at once would open
+		// go-zero's circuit breaker (it counts NOSCRIPT as a failure).
+		if _, err := dec(ctx, 0); err != nil {
+			r.cfg.logf("%s: first decision: %v", c.Name, err)
+		}
+		ready = append(ready, setUp{c, dec, release})
+	}
+	return ready
+}
+
+// round measures each contender of ready once, in a new random order, and
+// adds the samples and their ratios to the bases' to rows.
+func (r *runner) round(ctx context.Context, ready []setUp, rows map[string]*Row, nkeys, conc int) {
+	got := make(map[string]Sample, len(ready))
+	for _, i := range r.rng.Perm(len(ready)) {
+		s := ready[i]
+		sm := measure(ctx, r.env, s.c, s.dec, nkeys, conc, r.cfg.Duration)
+		got[s.c.Name] = sm
+		rows[s.c.Name].Samples = append(rows[s.c.Name].Samples, sm)
+	}
+	if r.floor != nil {
+		if f, ok := got[r.floor.Name]; ok && f.OpsPerSec() > 0 {
+			for name, sm := range got {
+				rows[name].Ratios = append(rows[name].Ratios, sm.OpsPerSec()/f.OpsPerSec())
+			}
+		}
+	}
+	for _, base := range []string{r.cfg.Floor, r.cfg.Peer, tokenBucketName, tokenBucketName + functionsSuffix} {
+		b, ok := got[base]
+		if !ok || b.OpsPerSec() <= 0 {
+			continue
+		}
+		for name, sm := range got {
+			if rows[name].RatiosTo == nil {
+				rows[name].RatiosTo = map[string][]float64{}
+			}
+			rows[name].RatiosTo[base] = append(rows[name].RatiosTo[base], sm.OpsPerSec()/b.OpsPerSec())
+		}
+	}
 }
 
 func findContender(cs []Contender, name string) *Contender {
@@ -496,47 +529,13 @@ type worker struct {
 // histograms are allocated before the allocation count starts, and the loop
 // itself does not allocate.
 func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, conc int, d time.Duration) Sample {
-	ws := make([]worker, conc)
-	for i := range ws {
-		ws[i].h = new(hist)
-	}
-	var errs0, calls0 uint64
-	if c.Errors != nil {
-		errs0 = c.Errors(env)
-	}
-	if c.RedisCalls != nil {
-		calls0 = c.RedisCalls(env)
-	}
+	ws := newWorkers(conc) // before the allocation count starts
+	errs0, calls0 := hookCounts(env, c)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	begin := make(chan struct{})
 	for g := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &ws[g]
-			h := w.h
-			// Start each worker at its own place among the keys, then go
-			// round-robin: at any moment the workers are on different keys.
-			k := uint64(g) * 7919
-			n := uint64(nkeys)
-			<-begin
-			for !stop.Load() {
-				t0 := time.Now()
-				ok, err := dec(ctx, int(k%n))
-				h.record(time.Since(t0))
-				w.ops++
-				k++
-				if err != nil {
-					if w.errs == 0 {
-						w.firstErr = err
-					}
-					w.errs++
-				} else if ok {
-					w.allowed++
-				}
-			}
-		}()
+		wg.Go(func() { ws[g].run(ctx, dec, g, nkeys, begin, &stop) })
 	}
 	statErr := error(errMiniredis)
 	if !env.Miniredis {
@@ -572,6 +571,52 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 			s.RedisUsec = u
 		}
 	}
+	s.addWorkers(ws)
+	s.addHookCounts(env, c, errs0, calls0)
+	s.Elapsed = elapsed
+	s.ClientCPU = ru1 - ru0
+	s.Mallocs = m1.Mallocs - m0.Mallocs
+	return s
+}
+
+// newWorkers returns n workers, each with its histogram.
+func newWorkers(n int) []worker {
+	ws := make([]worker, n)
+	for i := range ws {
+		ws[i].h = new(hist)
+	}
+	return ws
+}
+
+// run makes decisions with dec, from begin until stop, the g-th worker of
+// a measure over nkeys keys: it starts at its own place among the keys,
+// then goes round-robin, so that at any moment the workers are on
+// different keys.
+func (w *worker) run(ctx context.Context, dec Decider, g, nkeys int, begin <-chan struct{}, stop *atomic.Bool) {
+	h := w.h
+	k := uint64(g) * 7919
+	n := uint64(nkeys)
+	<-begin
+	for !stop.Load() {
+		t0 := time.Now()
+		ok, err := dec(ctx, int(k%n))
+		h.record(time.Since(t0))
+		w.ops++
+		k++
+		if err != nil {
+			if w.errs == 0 {
+				w.firstErr = err
+			}
+			w.errs++
+		} else if ok {
+			w.allowed++
+		}
+	}
+}
+
+// addWorkers adds the workers' tallies to s, and sets its latencies from
+// their histograms.
+func (s *Sample) addWorkers(ws []worker) {
 	all := new(hist)
 	for i := range ws {
 		w := &ws[i]
@@ -583,6 +628,26 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 		}
 		all.merge(w.h)
 	}
+	s.P50 = all.quantile(0.50)
+	s.P99 = all.quantile(0.99)
+}
+
+// hookCounts returns c's counts so far of the errors and the Redis calls of
+// env's clients (0 where c has none).
+func hookCounts(env *Env, c Contender) (errs, calls uint64) {
+	if c.Errors != nil {
+		errs = c.Errors(env)
+	}
+	if c.RedisCalls != nil {
+		calls = c.RedisCalls(env)
+	}
+	return errs, calls
+}
+
+// addHookCounts adds to s's errors those that c's client hook counted
+// since errs0, and the decisions made without a Redis call since calls0
+// (c's counts of env, where c has them).
+func (s *Sample) addHookCounts(env *Env, c Contender, errs0, calls0 uint64) {
 	if c.Errors != nil {
 		if e := c.Errors(env) - errs0; e > 0 {
 			s.Errors += e
@@ -599,12 +664,6 @@ func measure(ctx context.Context, env *Env, c Contender, dec Decider, nkeys, con
 			}
 		}
 	}
-	s.Elapsed = elapsed
-	s.ClientCPU = ru1 - ru0
-	s.P50 = all.quantile(0.50)
-	s.P99 = all.quantile(0.99)
-	s.Mallocs = m1.Mallocs - m0.Mallocs
-	return s
 }
 
 var errMiniredis = errors.New("bench: miniredis has no command statistics")
@@ -652,73 +711,91 @@ func (r *Report) Markdown(w io.Writer) {
 		"take the cores. "+
 		"allowed: share of decisions allowed. errors: failed decisions over all rounds.\n\n", cfg.Floor, cfg.Floor, shortName(cfg.Peer), cfg.Peer)
 	for _, wname := range cfg.Workloads {
-		var rows []*Row
-		for _, row := range r.Rows {
-			if row.Workload == wname {
-				rows = append(rows, row)
-			}
+		r.workloadMarkdown(w, wname)
+	}
+	r.notesMarkdown(w)
+}
+
+// workloadMarkdown writes the table of workload wname, if it has rows, and
+// the ratios of the policies to their bases.
+func (r *Report) workloadMarkdown(w io.Writer, wname string) {
+	cfg := r.Config
+	var rows []*Row
+	for _, row := range r.Rows {
+		if row.Workload == wname {
+			rows = append(rows, row)
 		}
-		if len(rows) == 0 {
-			continue
+	}
+	if len(rows) == 0 {
+		return
+	}
+	desc := map[string]string{
+		"one":  "one key, limit never reached",
+		"keys": fmt.Sprintf("%d keys round-robin, limit never reached", cfg.NumKeys),
+		"hot":  "one key offered ~100× its limit, mostly denied",
+	}[wname]
+	fmt.Fprintf(w, "### Workload `%s`: %s\n\n", wname, desc)
+	fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | client CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
+	fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	slices.SortStableFunc(rows, func(a, b *Row) int {
+		if c := cmp.Compare(a.Concurrency, b.Concurrency); c != 0 {
+			return c
 		}
-		desc := map[string]string{
-			"one":  "one key, limit never reached",
-			"keys": fmt.Sprintf("%d keys round-robin, limit never reached", cfg.NumKeys),
-			"hot":  "one key offered ~100× its limit, mostly denied",
-		}[wname]
-		fmt.Fprintf(w, "### Workload `%s`: %s\n\n", wname, desc)
-		fmt.Fprintf(w, "| conc | contender | ops/s | ×%s | ×%s | p50 | p99 | allocs/op | Redis CPU | Redis µs | Redis CPU µs/op | client CPU µs/op | allowed | errors |\n", cfg.Floor, shortName(cfg.Peer))
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		slices.SortStableFunc(rows, func(a, b *Row) int {
-			if c := cmp.Compare(a.Concurrency, b.Concurrency); c != 0 {
-				return c
-			}
-			return cmp.Compare(kindOrder(a.Kind), kindOrder(b.Kind))
-		})
-		for _, row := range rows {
-			ops, allowed, errs, _ := row.TotalOps()
-			ratio, peer := "–", "–"
-			if x := row.Ratio(); x >= 0 {
-				ratio = fmt.Sprintf("%.2f", x)
-			}
-			if x := row.RatioTo(cfg.Peer); x >= 0 {
-				peer = fmt.Sprintf("%.2f", x)
-			}
-			allowedPct := "–"
-			if ops > 0 {
-				allowedPct = fmt.Sprintf("%.1f%%", 100*float64(allowed)/float64(ops))
-			}
-			name := row.Contender
-			if row.HotRate > 0 && row.Kind != "floor" {
-				name += fmt.Sprintf(" (limit %d/s)", row.HotRate)
-			}
-			cpu, usec, cpuOp := "–", "–", "–"
-			if c := row.Median(Sample.RedisCPUPerOp); c >= 0 {
-				cpuOp = fmt.Sprintf("%.1f", c)
-			}
-			if c := row.Median(func(s Sample) float64 { return s.RedisCPU }); c >= 0 {
-				cpu = fmt.Sprintf("%.2f", c)
-			}
-			if u := row.Median(func(s Sample) float64 { return s.RedisUsec }); u >= 0 {
-				usec = fmt.Sprintf("%.2f", u)
-			}
-			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f | %s | %d |\n",
-				row.Concurrency, name,
-				row.Median(Sample.OpsPerSec), ratio, peer,
-				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P50) }))),
-				fmtDur(time.Duration(row.Median(func(s Sample) float64 { return float64(s.P99) }))),
-				row.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, row.Median(Sample.ClientCPUPerOp), allowedPct, errs)
-		}
-		fmt.Fprintln(w)
-		for _, row := range rows {
-			if base, ok := policyBases[row.Contender]; ok {
-				if x := row.RatioTo(base); x >= 0 {
-					fmt.Fprintf(w, "%s @%d / %s: **%.2f** (median of per-round ratios: %s).\n\n",
-						row.Contender, row.Concurrency, base, x, fmtRatios(row.RatiosTo[base]))
-				}
+		return cmp.Compare(kindOrder(a.Kind), kindOrder(b.Kind))
+	})
+	for _, row := range rows {
+		fmt.Fprintln(w, row.markdown(cfg.Peer))
+	}
+	fmt.Fprintln(w)
+	for _, row := range rows {
+		if base, ok := policyBases[row.Contender]; ok {
+			if x := row.RatioTo(base); x >= 0 {
+				fmt.Fprintf(w, "%s @%d / %s: **%.2f** (median of per-round ratios: %s).\n\n",
+					row.Contender, row.Concurrency, base, x, fmtRatios(row.RatiosTo[base]))
 			}
 		}
 	}
+}
+
+// markdown returns r's line of its workload's table; peer names the peer
+// of the ×peer column.
+func (r *Row) markdown(peer string) string {
+	ops, allowed, errs, _ := r.TotalOps()
+	ratio, toPeer := "–", "–"
+	if x := r.Ratio(); x >= 0 {
+		ratio = fmt.Sprintf("%.2f", x)
+	}
+	if x := r.RatioTo(peer); x >= 0 {
+		toPeer = fmt.Sprintf("%.2f", x)
+	}
+	allowedPct := "–"
+	if ops > 0 {
+		allowedPct = fmt.Sprintf("%.1f%%", 100*float64(allowed)/float64(ops))
+	}
+	name := r.Contender
+	if r.HotRate > 0 && r.Kind != "floor" {
+		name += fmt.Sprintf(" (limit %d/s)", r.HotRate)
+	}
+	cpu, usec, cpuOp := "–", "–", "–"
+	if c := r.Median(Sample.RedisCPUPerOp); c >= 0 {
+		cpuOp = fmt.Sprintf("%.1f", c)
+	}
+	if c := r.Median(func(s Sample) float64 { return s.RedisCPU }); c >= 0 {
+		cpu = fmt.Sprintf("%.2f", c)
+	}
+	if u := r.Median(func(s Sample) float64 { return s.RedisUsec }); u >= 0 {
+		usec = fmt.Sprintf("%.2f", u)
+	}
+	return fmt.Sprintf("| %d | %s | %.0f | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f | %s | %d |",
+		r.Concurrency, name,
+		r.Median(Sample.OpsPerSec), ratio, toPeer,
+		fmtDur(time.Duration(r.Median(func(s Sample) float64 { return float64(s.P50) }))),
+		fmtDur(time.Duration(r.Median(func(s Sample) float64 { return float64(s.P99) }))),
+		r.Median(Sample.AllocsPerOp), cpu, usec, cpuOp, r.Median(Sample.ClientCPUPerOp), allowedPct, errs)
+}
+
+// notesMarkdown writes the rows' errors and the contenders not measured.
+func (r *Report) notesMarkdown(w io.Writer) {
 	var errRows []string
 	for _, row := range r.Rows {
 		if _, _, errs, first := row.TotalOps(); errs > 0 {

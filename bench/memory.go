@@ -142,6 +142,30 @@ func memoryOne(ctx context.Context, env *Env, c Contender, w *Workload, events i
 	return row, nil
 }
 
+// fill makes one decision on each of numKeys keys, from 8 goroutines, and
+// returns the first goroutine's error.
+func fill(ctx context.Context, dec Decider, numKeys int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := g; i < numKeys; i += 8 {
+				if _, err := dec(ctx, i); err != nil {
+					errs[g] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // memoryMany returns used_memory's growth per limited key after one allowed
 // decision on each of numKeys keys.
 func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys int) (float64, error) {
@@ -153,11 +177,19 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 	for i := range many.Keys {
 		many.Keys[i] = "user:" + strconv.Itoa(i)
 	}
+	return measureMany(ctx, env, c, &many)
+}
+
+// measureMany returns used_memory's growth per key of w after one allowed
+// decision on each, measured again (twice at most) when keys were dropped
+// meanwhile.
+func measureMany(ctx context.Context, env *Env, c Contender, w *Workload) (float64, error) {
+	numKeys := len(w.Keys)
 	for attempt := 0; ; attempt++ {
 		if err := env.Admin.FlushAll(ctx).Err(); err != nil {
 			return 0, err
 		}
-		dec, release, err := c.Setup(env, &many)
+		dec, release, err := c.Setup(env, w)
 		if err != nil {
 			return 0, err
 		}
@@ -173,26 +205,12 @@ func memoryMany(ctx context.Context, env *Env, c Contender, w *Workload, numKeys
 		if err != nil {
 			return 0, err
 		}
-		var wg sync.WaitGroup
-		errs := make([]error, 8)
-		for g := range 8 {
-			wg.Go(func() {
-				for i := g; i < numKeys; i += 8 {
-					if _, err := dec(ctx, i); err != nil {
-						errs[g] = err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		err = fill(ctx, dec, numKeys)
 		if release != nil {
 			release()
 		}
-		for _, err := range errs {
-			if err != nil {
-				return 0, err
-			}
+		if err != nil {
+			return 0, err
 		}
 		after, err := usedMemory(ctx, env)
 		if err != nil {

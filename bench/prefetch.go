@@ -52,7 +52,7 @@ func NewPrefetchFleet(addr string, clientOpts *redis.Options, n int, limit redli
 // clients.
 func (f *PrefetchFleet) Close() {
 	for i := range f.Lims {
-		f.Lims[i].Close()
+		_ = f.Lims[i].Close() // the runs are over: what it could not give back changes no figure
 		f.rdbs[i].Close()
 	}
 }
@@ -124,22 +124,95 @@ func (s PrefetchSample) CallsPerDecision() float64 {
 // counters are read before and after, so a fleet can run several loads.
 func (f *PrefetchFleet) Run(ctx context.Context, load PrefetchLoad) PrefetchSample {
 	var s PrefetchSample
-	var decisions, allowed, degraded, errs atomic.Uint64
-	var firstErr atomic.Value
+	var t prefetchTally
 	stats0 := f.prefetchTotals()
 	calls0 := f.RedisCalls()
+	idle := f.sampleIdle()
 
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	var idleSum, idleN int64
-	sampler.Add(1)
-	go func() {
-		defer sampler.Done()
+	start := time.Now()
+	var wg sync.WaitGroup
+	perG := load.Offered / float64(load.Conc) / float64(time.Second) // calls per ns
+	for _, lim := range f.Lims {
+		for range load.Conc {
+			wg.Go(func() { t.offer(ctx, lim, load, start, perG) })
+		}
+	}
+	wg.Wait()
+	s.Elapsed = time.Since(start)
+	s.IdleMean, s.IdleMax = idle.end()
+	stats1 := f.prefetchTotals()
+	s.Decisions, s.Allowed, s.Degraded, s.Errors = t.decisions.Load(), t.allowed.Load(), t.degraded.Load(), t.errs.Load()
+	if e, ok := t.firstErr.Load().(string); ok {
+		s.FirstErr = e
+	}
+	s.RedisCalls = f.RedisCalls() - calls0
+	s.Prefetches = stats1.Taken - stats0.Taken
+	s.Served = stats1.Served - stats0.Served
+	return s
+}
+
+// prefetchTally counts the decisions of a PrefetchFleet's Run, from every
+// goroutine.
+type prefetchTally struct {
+	decisions, allowed, degraded, errs atomic.Uint64
+	firstErr                           atomic.Value // string
+}
+
+// offer calls lim.Allow for load.Key until load.Duration has passed since
+// start, perG calls per ns (paced every 200µs), or as fast as it can when
+// perG is 0, and counts the decisions.
+func (t *prefetchTally) offer(ctx context.Context, lim *redlimit.RateLimiter, load PrefetchLoad, start time.Time, perG float64) {
+	done := 0
+	for {
+		el := time.Since(start)
+		if el >= load.Duration {
+			return
+		}
+		due := done + 256
+		if perG > 0 {
+			due = int(float64(el) * perG)
+		}
+		for ; done < due; done++ {
+			res, err := lim.Allow(ctx, load.Key)
+			t.decisions.Add(1)
+			switch {
+			case err != nil:
+				if t.errs.Add(1) == 1 {
+					t.firstErr.Store(err.Error())
+				}
+			case res.Degraded:
+				t.degraded.Add(1)
+			case res.Allowed:
+				t.allowed.Add(1)
+			}
+			if done%64 == 63 && time.Since(start) >= load.Duration {
+				return
+			}
+		}
+		if perG > 0 {
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
+// idleSampler sums, every millisecond, the events a fleet's prefetches
+// hold unused.
+type idleSampler struct {
+	sum, n, max int64
+	stop        chan struct{}
+	wg          sync.WaitGroup
+}
+
+// sampleIdle starts sampling the events the fleet's prefetches hold unused,
+// until end.
+func (f *PrefetchFleet) sampleIdle() *idleSampler {
+	is := &idleSampler{stop: make(chan struct{})}
+	is.wg.Go(func() {
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-is.stop:
 				return
 			case <-tick.C:
 			}
@@ -147,70 +220,23 @@ func (f *PrefetchFleet) Run(ctx context.Context, load PrefetchLoad) PrefetchSamp
 			for _, lim := range f.Lims {
 				idle += lim.PrefetchStats().Unused
 			}
-			idleSum += idle
-			idleN++
-			s.IdleMax = max(s.IdleMax, idle)
+			is.sum += idle
+			is.n++
+			is.max = max(is.max, idle)
 		}
-	}()
+	})
+	return is
+}
 
-	start := time.Now()
-	var wg sync.WaitGroup
-	perG := load.Offered / float64(load.Conc) / float64(time.Second) // calls per ns
-	for _, lim := range f.Lims {
-		for range load.Conc {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				done := 0
-				for {
-					el := time.Since(start)
-					if el >= load.Duration {
-						return
-					}
-					due := done + 256
-					if perG > 0 {
-						due = int(float64(el) * perG)
-					}
-					for ; done < due; done++ {
-						res, err := lim.Allow(ctx, load.Key)
-						decisions.Add(1)
-						switch {
-						case err != nil:
-							if errs.Add(1) == 1 {
-								firstErr.Store(err.Error())
-							}
-						case res.Degraded:
-							degraded.Add(1)
-						case res.Allowed:
-							allowed.Add(1)
-						}
-						if done%64 == 63 && time.Since(start) >= load.Duration {
-							return
-						}
-					}
-					if perG > 0 {
-						time.Sleep(200 * time.Microsecond)
-					}
-				}
-			}()
-		}
+// end stops the sampling, and returns the mean and the most of the
+// samples (0 without one).
+func (is *idleSampler) end() (mean float64, most int64) {
+	close(is.stop)
+	is.wg.Wait()
+	if is.n > 0 {
+		mean = float64(is.sum) / float64(is.n)
 	}
-	wg.Wait()
-	s.Elapsed = time.Since(start)
-	close(stop)
-	sampler.Wait()
-	if idleN > 0 {
-		s.IdleMean = float64(idleSum) / float64(idleN)
-	}
-	stats1 := f.prefetchTotals()
-	s.Decisions, s.Allowed, s.Degraded, s.Errors = decisions.Load(), allowed.Load(), degraded.Load(), errs.Load()
-	if e, ok := firstErr.Load().(string); ok {
-		s.FirstErr = e
-	}
-	s.RedisCalls = f.RedisCalls() - calls0
-	s.Prefetches = stats1.Taken - stats0.Taken
-	s.Served = stats1.Served - stats0.Served
-	return s
+	return mean, is.max
 }
 
 func (f *PrefetchFleet) prefetchTotals() redlimit.PrefetchStats {

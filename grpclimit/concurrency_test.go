@@ -23,12 +23,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-func miniConcurrency(t *testing.T, max int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
+func miniConcurrency(t *testing.T, maxHolders int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 80})
 	t.Cleanup(func() { rdb.Close() })
-	c, err := redlimit.NewConcurrency(rdb, max, ttl, redlimit.WithFallback(redlimit.FallbackError))
+	c, err := redlimit.NewConcurrency(rdb, maxHolders, ttl, redlimit.WithFallback(redlimit.FallbackError))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, rdb
@@ -54,7 +54,10 @@ func TestConcurrencyInterceptorHoldsAtMostMax(t *testing.T) {
 	var inFlight, most, served, denied atomic.Int64
 	h := &funcHealth{check: func(ctx context.Context) error {
 		n := inFlight.Add(1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		for m := most.Load(); n > m; m = most.Load() {
+			if most.CompareAndSwap(m, n) {
+				break
+			}
 		}
 		_, ok := grpclimit.LeaseFromContext(ctx)
 		assert.True(t, ok, "the lease is in the handler's context")
@@ -94,7 +97,7 @@ func TestConcurrencyInterceptorRetryHint(t *testing.T) {
 	release := make(chan struct{}, 1)
 	var hold atomic.Int64
 	h := &funcHealth{
-		check: func(ctx context.Context) error {
+		check: func(context.Context) error {
 			if d := time.Duration(hold.Load()); d > 0 {
 				time.Sleep(d)
 				return nil
@@ -102,7 +105,7 @@ func TestConcurrencyInterceptorRetryHint(t *testing.T) {
 			<-release
 			return nil
 		},
-		watch: func(ctx context.Context) error { <-release; return nil },
+		watch: func(context.Context) error { <-release; return nil },
 	}
 	client := concurrencyServer(t, c, h, grpclimit.WithRetryAfterHint(2*time.Second))
 	denial := func(what string) (time.Duration, metadata.MD) {
@@ -159,7 +162,7 @@ func TestConcurrencyInterceptorReleasesOnPanic(t *testing.T) {
 	info := &grpc.UnaryServerInfo{FullMethod: healthpb.Health_Check_FullMethodName}
 	var held int64
 	require.PanicsWithValue(t, "handler bug", func() {
-		unary(in, nil, info, func(context.Context, any) (any, error) {
+		_, _ = unary(in, nil, info, func(context.Context, any) (any, error) {
 			held = leases(t, rdb, "p")
 			panic("handler bug")
 		})

@@ -54,7 +54,7 @@ func serveFunc(t *testing.T, unary grpc.UnaryServerInterceptor, stream grpc.Stre
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 	healthpb.RegisterHealthServer(srv, h)
 	var wg sync.WaitGroup
-	wg.Go(func() { srv.Serve(lis) })
+	wg.Go(func() { _ = srv.Serve(lis) }) // nil once stopped
 	t.Cleanup(func() {
 		srv.Stop()
 		wg.Wait()
@@ -191,7 +191,7 @@ func TestCostSettledCancelAndPanic(t *testing.T) {
 	in := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-tenant", "panic", "x-max-tokens", "400"))
 	info := &grpc.UnaryServerInfo{FullMethod: healthpb.Health_Check_FullMethodName}
 	require.PanicsWithValue(t, "handler bug", func() {
-		unary(in, nil, info, func(ctx context.Context, _ any) (any, error) {
+		_, _ = unary(in, nil, info, func(ctx context.Context, _ any) (any, error) {
 			grpclimit.Report(ctx, 50)
 			panic("handler bug")
 		})

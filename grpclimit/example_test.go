@@ -45,7 +45,7 @@ func Example() {
 	)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	lis := bufconn.Listen(1 << 16)
-	go srv.Serve(lis)
+	go func() { _ = srv.Serve(lis) }() // nil once stopped
 	defer srv.Stop()
 
 	conn, err := grpc.NewClient("passthrough:///bufconn",
@@ -112,7 +112,7 @@ func ExampleWithPerMethod() {
 	)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	lis := bufconn.Listen(1 << 16)
-	go srv.Serve(lis)
+	go func() { _ = srv.Serve(lis) }() // nil once stopped
 	defer srv.Stop()
 
 	conn, err := grpc.NewClient("passthrough:///bufconn",

@@ -94,7 +94,7 @@ func newServerWith(t *testing.T, lim redlimit.Limiter, srvOpts []grpc.ServerOpti
 	}, srvOpts...)...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	var wg sync.WaitGroup
-	wg.Go(func() { srv.Serve(lis) })
+	wg.Go(func() { _ = srv.Serve(lis) }) // nil once stopped
 	t.Cleanup(func() {
 		srv.Stop()
 		wg.Wait()

@@ -19,12 +19,12 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-func miniConcurrency(t *testing.T, max int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
+func miniConcurrency(t *testing.T, maxHolders int, ttl time.Duration) (*redlimit.Concurrency, *redis.Client) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 80})
 	t.Cleanup(func() { rdb.Close() })
-	c, err := redlimit.NewConcurrency(rdb, max, ttl, redlimit.WithFallback(redlimit.FallbackError))
+	c, err := redlimit.NewConcurrency(rdb, maxHolders, ttl, redlimit.WithFallback(redlimit.FallbackError))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, rdb
@@ -71,9 +71,12 @@ func testHoldsAtMostMax(t *testing.T, c *redlimit.Concurrency, rdb *redis.Client
 	h := httplimit.ConcurrencyMiddleware(c, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
 		t.Errorf("TryAcquire: %v", err)
 		w.WriteHeader(http.StatusServiceUnavailable)
-	}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	}))(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		n := inFlight.Add(1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		for m := most.Load(); n > m; m = most.Load() {
+			if most.CompareAndSwap(m, n) {
+				break
+			}
 		}
 		_, ok := httplimit.LeaseFromContext(r.Context())
 		assert.True(t, ok, "the lease is in the handler's context")
@@ -124,7 +127,7 @@ func TestConcurrencyMiddlewareRetryAfterHint(t *testing.T) {
 			r.denied, _ = httplimit.ResultFromContext(req.Context())
 			w.WriteHeader(http.StatusTooManyRequests)
 		})))
-		r.h = httplimit.ConcurrencyMiddleware(c, opts...)(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.h = httplimit.ConcurrencyMiddleware(c, opts...)(http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
 			if req.Header.Get("X-Hold") == "" {
 				<-release
 				return
@@ -182,7 +185,7 @@ func TestConcurrencyMiddlewareReleasesOnPanicAndCancel(t *testing.T) {
 	t.Parallel()
 	c, rdb := miniConcurrency(t, 1, time.Minute)
 	var held int64
-	h := httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		held = leases(t, rdb, "192.0.2.1")
 		panic("handler bug")
 	}))
@@ -191,7 +194,7 @@ func TestConcurrencyMiddlewareReleasesOnPanicAndCancel(t *testing.T) {
 	assert.Equal(t, int64(0), leases(t, rdb, "192.0.2.1"), "lease released after the panic")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	h = httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h = httplimit.ConcurrencyMiddleware(c)(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		cancel()
 		<-r.Context().Done()
 	}))

@@ -73,7 +73,7 @@ func TestCostSettled(t *testing.T) {
 	rig := newCostRig(t)
 	mw := httplimit.Middleware(rig.p, httplimit.WithCost(maxTokens), httplimit.WithKeyFunc(httplimit.HeaderKey("X-Tenant")))
 	var seen int
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		seen = rig.tokensUsed(t, "reported")
 		httplimit.Report(r, 80)
 		httplimit.Report(r, 120) // the last report counts
@@ -105,7 +105,7 @@ func TestCostSettledPanicAndCancel(t *testing.T) {
 	mw := httplimit.Middleware(rig.p, httplimit.WithCost(maxTokens), httplimit.WithKeyFunc(httplimit.HeaderKey("X-Tenant")),
 		httplimit.WithOnSettleError(func(_ *http.Request, err error) { settleErrs = append(settleErrs, err) }))
 
-	panicky := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	panicky := mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		httplimit.Report(r, 50)
 		panic("handler bug")
 	}))
@@ -115,7 +115,7 @@ func TestCostSettledPanicAndCancel(t *testing.T) {
 	assert.Equal(t, 50, rig.tokensUsed(t, "panic"), "settled with the report made before the panic")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	cancelled := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cancelled := mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		cancel() // the client goes away mid-stream
 		<-r.Context().Done()
 		httplimit.Report(r, 10)
@@ -247,7 +247,7 @@ func TestCostSlidingLogOverspend(t *testing.T) {
 		reported, charged int
 	}{{1000, 1000}, {1200, 1010}} {
 		tenant := strconv.Itoa(tc.reported)
-		h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Report(r, tc.reported) }))
+		h := mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { httplimit.Report(r, tc.reported) }))
 		r := costRequest(10)
 		r.Header.Set("X-Tenant", tenant)
 		rec := httptest.NewRecorder()

@@ -39,7 +39,7 @@ func ExampleWithCost() {
 	}
 	defer p.Close()
 
-	chat := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	chat := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		httplimit.Report(r, 200) // the model used 200 tokens
 	})
 	handler := httplimit.Middleware(p, httplimit.WithCost(func(r *http.Request) int {

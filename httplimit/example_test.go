@@ -34,7 +34,7 @@ func Example() {
 	}
 	defer lim.Close()
 
-	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
 	handler := httplimit.Middleware(lim)(hello)

@@ -301,7 +301,7 @@ func TestKeyError(t *testing.T) {
 					// A custom handler gets the key function's error.
 					var gotErr error
 					mw := m.mw(httplimit.WithKeyFunc(tt.key),
-						httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+						httplimit.WithKeyErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
 							gotErr = err
 							http.Error(w, "who are you", http.StatusUnauthorized)
 						}))
@@ -329,7 +329,7 @@ func TestLimiterError(t *testing.T) {
 	assert.Equal(t, 0, next.count(), "next called %d times, want 0", next.count())
 
 	var gotErr error
-	mw := httplimit.Middleware(lim, httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+	mw := httplimit.Middleware(lim, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
 		gotErr = err
 		w.WriteHeader(http.StatusTeapot)
 	}))

@@ -41,7 +41,7 @@ func TestPolicyHeaders(t *testing.T) {
 		{Name: "burst", Strategy: redlimit.TokenBucket, Limit: redlimit.Limit{Rate: 10, Period: time.Second, Burst: 3}},
 		{Name: "hourly", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(100)},
 	})
-	h := httplimit.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h := httplimit.Middleware(p)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	do := func() *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/", nil)
 		req.RemoteAddr = "192.0.2.1:1234"
@@ -70,7 +70,7 @@ func TestPolicyRateLimitDecidingReset(t *testing.T) {
 		{Name: "rps", Strategy: redlimit.FixedWindow, Limit: redlimit.PerSecond(2)},
 		{Name: "rph", Strategy: redlimit.FixedWindow, Limit: redlimit.PerHour(3)},
 	})
-	h := httplimit.Middleware(p, httplimit.WithXRateLimitHeaders(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h := httplimit.Middleware(p, httplimit.WithXRateLimitHeaders(true))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	do := func(ip string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/", nil)
 		req.RemoteAddr = ip + ":1234"

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -199,8 +200,7 @@ func (f *benchFlags) run(ctx context.Context, stdout, stderr io.Writer) error {
 			return err
 		}
 		r, err := benchStrategy(ctx, rdb, lim, keys, f.concurrency, f.duration, prog)
-		lim.Close()
-		if err != nil {
+		if err := errors.Join(err, lim.Close()); err != nil {
 			return err
 		}
 		results = append(results, r)

@@ -77,7 +77,7 @@ func writeFile(path string, w io.WriterTo) error {
 		return err
 	}
 	if _, err := w.WriteTo(f); err != nil {
-		f.Close()
+		_ = f.Close() // the write's error is the one to report
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Close()

@@ -256,8 +256,7 @@ func setupInspect(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer rdb.Close()
-		defer lim.Close()
-		return inspect(ctx, rdb, lim, f.prefix, key, stdout)
+		return errors.Join(inspect(ctx, rdb, lim, f.prefix, key, stdout), lim.Close())
 	}
 }
 
@@ -411,9 +410,9 @@ func setupReset(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		defer rdb.Close()
-		defer lim.Close()
 		keys := limitStateKeys(f.prefix, f.strategy.s, limit, key)
-		return resetFound(ctx, rdb, key, keys, keys[:1], func() error { return lim.Reset(ctx, key) }, stdout)
+		err = resetFound(ctx, rdb, key, keys, keys[:1], func() error { return lim.Reset(ctx, key) }, stdout)
+		return errors.Join(err, lim.Close())
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -73,8 +74,21 @@ func (l *ruleList) Set(s string) error {
 			return bad
 		}
 	}
+	if err := ruleExtras(s, st, &lim, isCal, parts[2:], bad); err != nil {
+		return err
+	}
+	*l = append(*l, redlimit.Rule{Name: name, Strategy: st, Limit: lim})
+	return nil
+}
+
+// ruleExtras reads the parts of the -rule s after RATE/PERIOD into lim:
+// [BURST][:warmup=D], BURST being the sub-windows of a sub-window counter
+// (st). A calendar quota (isCal) takes neither; bad is the error of a part
+// out of that form.
+func ruleExtras(s string, st redlimit.Strategy, lim *redlimit.Limit, isCal bool, parts []string, bad error) error {
 	burst := false
-	for _, p := range parts[2:] {
+	var err error
+	for _, p := range parts {
 		switch v, warm := strings.CutPrefix(p, "warmup="); {
 		case isCal:
 			return fmt.Errorf("rule %q: a calendar quota takes no BURST or warm-up", s)
@@ -95,7 +109,6 @@ func (l *ruleList) Set(s string) error {
 			return bad
 		}
 	}
-	*l = append(*l, redlimit.Rule{Name: name, Strategy: st, Limit: lim})
 	return nil
 }
 
@@ -186,8 +199,7 @@ func inspectPolicy(ctx context.Context, rdb *redis.Client, p *redlimit.Policy, p
 			return err
 		}
 		rr, err := lim.AllowN(ctx, key, 0)
-		lim.Close()
-		if err != nil {
+		if err := errors.Join(err, lim.Close()); err != nil {
 			return err
 		}
 		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\n", r.Name, r.Strategy, rr.Limit, humanState(r.Strategy, rr))
@@ -246,8 +258,9 @@ func concurrencyKey(prefix, key string) string {
 // inspectConcurrency prints the leases of key: each holder (the lease's
 // id) and when its lease expires, on the server's clock (a Concurrency with
 // WithClientClock writes expiries on its clients' clocks, which may
-// disagree with it by their skew).
-func inspectConcurrency(ctx context.Context, rdb *redis.Client, prefix, key string, max int, w io.Writer) error {
+// disagree with it by their skew), and, when slots (the Concurrency's max)
+// is given, how many of them are free.
+func inspectConcurrency(ctx context.Context, rdb *redis.Client, prefix, key string, slots int, w io.Writer) error {
 	k := concurrencyKey(prefix, key)
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
@@ -267,8 +280,8 @@ func inspectConcurrency(ctx context.Context, rdb *redis.Client, prefix, key stri
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "key\t%q\n", key)
 	held := plural(live, "lease") + " held"
-	if max > 0 {
-		held += fmt.Sprintf(", %d of %d slots free", maxInt(max-live, 0), max)
+	if slots > 0 {
+		held += fmt.Sprintf(", %d of %d slots free", max(slots-live, 0), slots)
 	}
 	fmt.Fprintf(tw, "leases\t%s\n", held)
 	fmt.Fprintf(tw, "stored in\t%q\n", k)
@@ -288,13 +301,6 @@ func inspectConcurrency(ctx context.Context, rdb *redis.Client, prefix, key stri
 		fmt.Fprintf(tw, "%q\t%s\n", fmt.Sprint(l.Member), when)
 	}
 	return tw.Flush()
-}
-
-func maxInt(a, b int) int {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // resetFound deletes key's state by calling reset, and prints which of
@@ -324,8 +330,7 @@ func resetFound(ctx context.Context, rdb *redis.Client, key string, keys, named 
 // runOther runs inspect or reset (cmd) for a Policy's or a Concurrency's
 // key, as mode says.
 func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFlags, key string, w io.Writer) error {
-	switch mode {
-	case "policy":
+	if mode == "policy" {
 		// The policy has a penalty block, so that its decision reads the
 		// key's block (see keyFlags.connect).
 		opts := []redlimit.Option{redlimit.WithPrefix(f.prefix), redlimit.WithBlock(time.Second), redlimit.WithFallback(redlimit.FallbackError)}
@@ -336,13 +341,13 @@ func runOther(ctx context.Context, cmd, mode string, f *keyFlags, o *otherKeyFla
 			return err
 		}
 		defer rdb.Close()
-		defer p.Close()
 		if cmd == "inspect" {
-			return inspectPolicy(ctx, rdb, p, f.prefix, key, w)
+			return errors.Join(inspectPolicy(ctx, rdb, p, f.prefix, key, w), p.Close())
 		}
 		states, block, reservations := policyKeys(f.prefix, o.rules, key)
 		keys := append(append(states, block), reservations...)
-		return resetFound(ctx, rdb, key, keys, keys, func() error { return p.Reset(ctx, key) }, w)
+		err = resetFound(ctx, rdb, key, keys, keys, func() error { return p.Reset(ctx, key) }, w)
+		return errors.Join(err, p.Close())
 	}
 	rdb, err := f.dial(ctx)
 	if err != nil {

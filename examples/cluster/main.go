@@ -51,23 +51,7 @@ func main() {
 		defer m.Close()
 		seeds = []string{m.Addr()}
 	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: seeds,
-		// Fail fast: a decision that cannot be made in about 100ms is better
-		// made by the fallback (see redlimit.FallbackPolicy).
-		DialTimeout:  100 * time.Millisecond,
-		ReadTimeout:  100 * time.Millisecond,
-		WriteTimeout: 100 * time.Millisecond,
-		PoolTimeout:  100 * time.Millisecond,
-		// A retried script could count an event twice. (MOVED and ASK
-		// redirects are still followed.)
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-		// Notice failovers and resharding within a second, not the default
-		// minute. (During an outage redlimit also asks for a reload.)
-		ClusterStateReloadInterval: time.Second,
-	})
+	rdb := newClusterClient(seeds)
 	defer rdb.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -96,32 +80,61 @@ func main() {
 		if err := lim.Reset(ctx, key); err != nil { // start from a fresh key on a real cluster
 			log.Fatalf("cluster: %v", err)
 		}
-		// The state key of a TokenBucket with the default prefix: for keys
-		// without '%', '{' or '}' (which redlimit would percent-encode).
-		redisKey := fmt.Sprintf("redlimit:{%s}:tb%d", key, limit.Period.Microseconds())
-		slot, err := rdb.ClusterKeySlot(ctx, redisKey).Result()
-		if err != nil {
-			log.Fatalf("cluster: %v", err)
-		}
-		node, err := rdb.MasterForKey(ctx, redisKey)
-		if err != nil {
-			log.Fatalf("cluster: %v", err)
-		}
-		var results []string
-		for range 4 {
-			res, err := lim.Allow(ctx, key)
-			if err != nil {
-				log.Fatalf("cluster: %v", err)
-			}
-			switch {
-			case res.Degraded:
-				results = append(results, "degraded")
-			case res.Allowed:
-				results = append(results, "ok")
-			default:
-				results = append(results, "no ("+res.RetryAfter.Round(time.Millisecond).String()+")")
-			}
-		}
-		fmt.Printf("%-16s %-36s %5d  %-15s  %s\n", key, redisKey, slot, node.Options().Addr, strings.Join(results, ", "))
+		printKey(ctx, rdb, lim, limit, key)
 	}
+}
+
+// newClusterClient returns a client of the Redis Cluster at seeds, with
+// the options for a limiter: short timeouts, no retries, and a quick
+// reload of the cluster's layout.
+func newClusterClient(seeds []string) *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: seeds,
+		// Fail fast: a decision that cannot be made in about 100ms is better
+		// made by the fallback (see redlimit.FallbackPolicy).
+		DialTimeout:  100 * time.Millisecond,
+		ReadTimeout:  100 * time.Millisecond,
+		WriteTimeout: 100 * time.Millisecond,
+		PoolTimeout:  100 * time.Millisecond,
+		// A retried script could count an event twice. (MOVED and ASK
+		// redirects are still followed.)
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+		// Notice failovers and resharding within a second, not the default
+		// minute. (During an outage redlimit also asks for a reload.)
+		ClusterStateReloadInterval: time.Second,
+	})
+}
+
+// printKey prints the Redis key of key's state, its slot and the node that
+// serves it, and the answers to 4 calls.
+func printKey(ctx context.Context, rdb *redis.ClusterClient, lim *redlimit.RateLimiter, limit redlimit.Limit, key string) {
+	// The state key of a TokenBucket with the default prefix: for keys
+	// without '%', '{' or '}' (which redlimit would percent-encode).
+	redisKey := fmt.Sprintf("redlimit:{%s}:tb%d", key, limit.Period.Microseconds())
+	slot, err := rdb.ClusterKeySlot(ctx, redisKey).Result()
+	if err != nil {
+		log.Fatalf("cluster: %v", err)
+	}
+	node, err := rdb.MasterForKey(ctx, redisKey)
+	if err != nil {
+		log.Fatalf("cluster: %v", err)
+	}
+	var results []string
+	for range 4 {
+		res, err := lim.Allow(ctx, key)
+		if err != nil {
+			log.Fatalf("cluster: %v", err)
+		}
+		switch {
+		case res.Degraded:
+			results = append(results, "degraded")
+		case res.Allowed:
+			results = append(results, "ok")
+		default:
+			results = append(results, "no ("+res.RetryAfter.Round(time.Millisecond).String()+")")
+		}
+	}
+	fmt.Printf("%-16s %-36s %5d  %-15s  %s\n", key, redisKey, slot, node.Options().Addr, strings.Join(results, ", "))
 }

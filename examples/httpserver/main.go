@@ -70,20 +70,7 @@ func run(addr, redisAddr string, selftest bool) error {
 		redisAddr = m.Addr()
 		log.Printf("embedded miniredis on %s", redisAddr)
 	}
-	// The client options the README recommends for a limiter on the hot
-	// path: short timeouts, so that a slow Redis is an outage (the fallback
-	// answers) rather than a slow request, and no retries, since a retried
-	// script could count an event twice.
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  redisAddr,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           100 * time.Millisecond,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-	})
+	rdb := newClient(redisAddr)
 	defer rdb.Close()
 
 	lim, err := redlimit.NewTokenBucket(rdb, limit, redlimit.WithPrefix("httpserver"))
@@ -91,18 +78,7 @@ func run(addr, redisAddr string, selftest bool) error {
 		return err
 	}
 	defer lim.Close()
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, "hello")
-	})
-	// The key is the client IP (RemoteAddr). Behind a reverse proxy, name
-	// the proxy and the one header it sets, for example nginx appending to
-	// X-Forwarded-For:
-	//	httplimit.WithKeyFunc(httplimit.IPKey(
-	//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
-	//		httplimit.WithXForwardedFor(1)))
-	handler := httplimit.Middleware(lim, httplimit.WithXRateLimitHeaders(true))(mux)
+	handler := newHandler(lim)
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -137,6 +113,40 @@ func run(addr, redisAddr string, selftest bool) error {
 	return testErr
 }
 
+// newClient returns a client of the Redis at addr with the options the
+// README recommends for a limiter on the hot path: short timeouts, so that
+// a slow Redis is an outage (the fallback answers) rather than a slow
+// request, and no retries, since a retried script could count an event
+// twice.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		PoolTimeout:           100 * time.Millisecond,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	})
+}
+
+// newHandler returns the server's handler: hello, for each client IP as
+// often as lim lets it.
+func newHandler(lim *redlimit.RateLimiter) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})
+	// The key is the client IP (RemoteAddr). Behind a reverse proxy, name
+	// the proxy and the one header it sets, for example nginx appending to
+	// X-Forwarded-For:
+	//	httplimit.WithKeyFunc(httplimit.IPKey(
+	//		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")),
+	//		httplimit.WithXForwardedFor(1)))
+	return httplimit.Middleware(lim, httplimit.WithXRateLimitHeaders(true))(mux)
+}
+
 // selfTest sends 5 requests to url and prints each answer.
 func selfTest(ctx context.Context, url string) error {
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -150,7 +160,7 @@ func selfTest(ctx context.Context, url string) error {
 		if err != nil {
 			return err
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body) // read to the end, so that the connection is reused
 		resp.Body.Close()
 		fmt.Printf("request %d: %s\n", i, resp.Status)
 		for _, name := range []string{

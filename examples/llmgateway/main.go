@@ -100,7 +100,10 @@ func (g *gateway) handle(ctx context.Context, d time.Duration, key string, maxTo
 
 	used, err := g.complete(maxTokens)
 	if err != nil {
-		rv.Cancel(ctx) // the model failed: nothing was used, give it all back
+		// The model failed: nothing was used, give it all back.
+		if cerr := rv.Cancel(ctx); cerr != nil {
+			log.Printf("llmgateway: %v", cerr)
+		}
 		fmt.Printf("502: %v\n", err)
 		return 0
 	}

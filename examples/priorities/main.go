@@ -86,16 +86,7 @@ func run(addr, redisAddr string, selftest bool) error {
 		redisAddr = m.Addr()
 		log.Printf("embedded miniredis on %s", redisAddr)
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  redisAddr,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           100 * time.Millisecond,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-	})
+	rdb := newClient(redisAddr)
 	defer rdb.Close()
 
 	lim, err := redlimit.NewFixedWindow(rdb, limit, redlimit.WithPrefix("priorities"),
@@ -110,24 +101,49 @@ func run(addr, redisAddr string, selftest bool) error {
 		}
 	}
 
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	log.Printf("serving on http://%s/ (limit %v for the service; /export sheddable, /login and /healthz critical)", ln.Addr(), limit)
+	return serve(ln, newHandler(lim), selftest)
+}
+
+// newClient returns a client of the Redis at addr, with short timeouts and
+// no retries.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		PoolTimeout:           100 * time.Millisecond,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	})
+}
+
+// newHandler returns the server's handler: every path under one key, the
+// whole service's, each request at the priority of its path.
+func newHandler(lim *redlimit.RateLimiter) http.Handler {
 	mux := http.NewServeMux()
 	for _, path := range []string{"/", "/healthz", "/login", "/export"} {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintln(w, "ok", r.URL.Path)
 		})
 	}
-	handler := httplimit.Middleware(lim,
+	return httplimit.Middleware(lim,
 		httplimit.WithKeyFunc(func(*http.Request) (string, error) { return "service", nil }),
 		httplimit.WithPriority(priority))(mux)
+}
 
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// serve serves handler on ln until SIGINT or SIGTERM, or with selftest
+// until the self test has run, then shuts the server down.
+func serve(ln net.Listener, handler http.Handler, selftest bool) error {
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Printf("serving on http://%s/ (limit %v for the service; /export sheddable, /login and /healthz critical)", ln.Addr(), limit)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -123,15 +123,7 @@ func run(addr, redisAddr string, selftest bool) error {
 		defer mr.Close()
 		redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  redisAddr,
-		DialTimeout:           100 * time.Millisecond,
-		DialerRetries:         1,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		MaxRetries:            -1, // a retried script could count an event twice
-		ContextTimeoutEnabled: true,
-	})
+	rdb := newClient(redisAddr)
 	defer rdb.Close()
 
 	reg := prometheus.NewRegistry()
@@ -168,6 +160,20 @@ func run(addr, redisAddr string, selftest bool) error {
 		return err
 	}
 	return testErr
+}
+
+// newClient returns a client of the Redis at addr, with short timeouts and
+// no retries.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           100 * time.Millisecond,
+		DialerRetries:         1,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		MaxRetries:            -1, // a retried script could count an event twice
+		ContextTimeoutEnabled: true,
+	})
 }
 
 // demo makes a decision every 25ms, for 3 users in turn, until ctx is done:
@@ -257,54 +263,17 @@ func (t *tally) add(res redlimit.Result) {
 //     a Wait with 50ms to spare, denied at once by the deadline;
 //   - a while Redis is down: 2 calls for user:4, allowed by the fallback.
 func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Miniredis, m *metrics) (tally, error) {
-	var (
-		t      tally
-		lims   []*redlimit.RateLimiter
-		newErr error
-		up     = make(chan struct{}, 8)
-		isUp   = func(tr redlimit.Transition) {
-			if !tr.Down && tr.Evicted == 0 {
-				select { // say that a limiter is back on Redis
-				case up <- struct{}{}:
-				default:
-				}
-			}
-		}
-	)
-	newLim := func(name string, newFn func(redis.UniversalClient, redlimit.Limit, ...redlimit.Option) (*redlimit.RateLimiter, error), limit redlimit.Limit, opts ...redlimit.Option) *redlimit.RateLimiter {
-		options := []redlimit.Option{
-			redlimit.WithPrefix("prometheus-selftest"),
-			redlimit.WithObserver(m.c.Observer(name)),
-			redlimit.WithOnTransition(m.transition(name, isUp)),
-		}
-		lim, err := newFn(rdb, limit, append(options, opts...)...)
-		if err != nil {
-			newErr = errors.Join(newErr, err)
-			return nil
-		}
-		lims = append(lims, lim)
-		return lim
+	var t tally
+	up := make(chan struct{}, 8)
+	l, err := newTrafficLimiters(rdb, m, up)
+	defer l.close()
+	if err != nil {
+		return t, err
 	}
-	defer func() {
-		for _, lim := range lims {
-			lim.Close()
-		}
-	}()
-	a := newLim("api", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(1000))
-	b := newLim("api-b", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second))
-	shadow := newLim("candidate", redlimit.NewTokenBucket, redlimit.PerSecond(2), redlimit.WithPrefix("prometheus-candidate"), redlimit.WithShadow())
-	queue := newLim("queue", redlimit.NewLeakyBucket, redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3})
-	if newErr != nil {
-		return t, newErr
+	if err := l.reset(ctx); err != nil {
+		return t, err
 	}
-	for _, reset := range []struct {
-		lim *redlimit.RateLimiter
-		key string
-	}{{a, "user:1"}, {a, "user:2"}, {a, "user:4"}, {shadow, "user:3"}, {queue, "job"}} {
-		if err := reset.lim.Reset(ctx, reset.key); err != nil { // start fresh on a real Redis
-			return t, err
-		}
-	}
+	a, b, shadow, queue := l.a, l.b, l.shadow, l.queue
 
 	allow := func(lim *redlimit.RateLimiter, key string, times int) error {
 		for range times {
@@ -326,7 +295,7 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 		}
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	err := queue.Wait(waitCtx, "job")
+	err = queue.Wait(waitCtx, "job")
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return t, fmt.Errorf("selftest: Wait with 50ms to spare for a slot 500ms away: got %v, want a deadline error", err)
@@ -343,21 +312,88 @@ func traffic(ctx context.Context, rdb redis.UniversalClient, mr *miniredis.Minir
 	if err := mr.Restart(); err != nil {
 		return t, err
 	}
-	// a probes Redis every 100ms and goes back after 2 good probes; the
-	// switch back is told to each of the 4 limiters that share the
-	// client's watch of its node (all of them: one client, one clock),
-	// each hook from a goroutine of its own: wait for all 4.
+	err = waitUp(ctx, up)
+	return t, err
+}
+
+// trafficLimiters are the limiters of traffic.
+type trafficLimiters struct {
+	a, b, shadow, queue *redlimit.RateLimiter
+	all                 []*redlimit.RateLimiter
+}
+
+// newTrafficLimiters makes the limiters of traffic, each with the metrics
+// of its name, each sending on up when it is back on Redis after an
+// outage. The caller closes them, also after an error.
+func newTrafficLimiters(rdb redis.UniversalClient, m *metrics, up chan<- struct{}) (*trafficLimiters, error) {
+	isUp := func(tr redlimit.Transition) {
+		if !tr.Down && tr.Evicted == 0 {
+			select { // say that a limiter is back on Redis
+			case up <- struct{}{}:
+			default:
+			}
+		}
+	}
+	l := &trafficLimiters{}
+	var newErr error
+	newLim := func(name string, newFn func(redis.UniversalClient, redlimit.Limit, ...redlimit.Option) (*redlimit.RateLimiter, error), limit redlimit.Limit, opts ...redlimit.Option) *redlimit.RateLimiter {
+		options := []redlimit.Option{
+			redlimit.WithPrefix("prometheus-selftest"),
+			redlimit.WithObserver(m.c.Observer(name)),
+			redlimit.WithOnTransition(m.transition(name, isUp)),
+		}
+		lim, err := newFn(rdb, limit, append(options, opts...)...)
+		if err != nil {
+			newErr = errors.Join(newErr, err)
+			return nil
+		}
+		l.all = append(l.all, lim)
+		return lim
+	}
+	l.a = newLim("api", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second), redlimit.WithDenyCache(1000))
+	l.b = newLim("api-b", redlimit.NewTokenBucket, redlimit.PerSecond(5), redlimit.WithBlock(time.Second))
+	l.shadow = newLim("candidate", redlimit.NewTokenBucket, redlimit.PerSecond(2), redlimit.WithPrefix("prometheus-candidate"), redlimit.WithShadow())
+	l.queue = newLim("queue", redlimit.NewLeakyBucket, redlimit.Limit{Rate: 2, Period: time.Second, Burst: 3})
+	return l, newErr
+}
+
+// reset resets the keys of traffic: it starts fresh on a real Redis.
+func (l *trafficLimiters) reset(ctx context.Context) error {
+	for _, reset := range []struct {
+		lim *redlimit.RateLimiter
+		key string
+	}{{l.a, "user:1"}, {l.a, "user:2"}, {l.a, "user:4"}, {l.shadow, "user:3"}, {l.queue, "job"}} {
+		if err := reset.lim.Reset(ctx, reset.key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// close closes the limiters.
+func (l *trafficLimiters) close() {
+	for _, lim := range l.all {
+		lim.Close()
+	}
+}
+
+// waitUp waits until the 4 limiters of traffic are back on Redis after an
+// outage. a probes Redis every 100ms and goes back after 2 good probes;
+// the switch back is told to each of the 4 limiters that share the
+// client's watch of its node (all of them: one client, one clock), each
+// hook from a goroutine of its own: it waits for all 4.
+func waitUp(ctx context.Context, up <-chan struct{}) error {
 	timeout := time.After(5 * time.Second)
 	for range 4 {
 		select {
 		case <-up:
 		case <-timeout:
-			return t, errors.New("selftest: not back on Redis 5s after the outage")
+			return errors.New("selftest: not back on Redis 5s after the outage")
 		case <-ctx.Done():
-			return t, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	return t, nil
+	return nil
 }
 
 // scrape fetches url and returns its redlimit_ lines, and their values by

@@ -59,32 +59,16 @@ func main() {
 		m.SetTime(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)) // a fixed clock: the same output every run
 		*addr = m.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  *addr,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		MaxRetries:            -1, // a retried script could count an event twice
-		ContextTimeoutEnabled: true,
-	})
+	rdb := newClient(*addr)
 	defer rdb.Close()
 	ctx := context.Background()
 
-	// The policy's own rules, the free plan's, are for users with no plan.
-	p, err := redlimit.NewPolicy(rdb, plans["free"], redlimit.WithPrefix("tiers"),
-		redlimit.WithRulesFunc(func(_ context.Context, user string) ([]redlimit.Rule, error) {
-			return plans[users[user]], nil // nil: the policy's own
-		}))
+	p, err := newPolicy(rdb)
 	if err != nil {
 		log.Fatalf("tiers: %v", err)
 	}
 	defer p.Close()
-	for _, plan := range []string{"free", "paid"} {
-		fmt.Printf("%s:", plan)
-		for _, r := range plans[plan] {
-			fmt.Printf(" %s %v", r.Name, r.Limit)
-		}
-		fmt.Println()
-	}
+	printPlans()
 
 	// A rule shares state with a single limiter of its strategy, period and
 	// prefix. Here two stand for the rules: one records the 995 requests
@@ -113,25 +97,64 @@ func main() {
 	// sliding window: his 995 requests count, less and less, into the next.
 	fmt.Println("\na burst of 12 requests per user (dave has made 995 this hour; erin has no plan):")
 	for _, user := range []string{"user:alice", "user:bob", "user:dave", "user:erin"} {
-		var line []string
-		for range 12 {
-			res, err := p.Allow(ctx, user)
-			if err != nil {
-				log.Fatalf("tiers: %v", err)
-			}
-			if res.Allowed {
-				line = append(line, "ok")
-			} else {
-				line = append(line, fmt.Sprintf("%s (%v)", res.Rule, res.RetryAfter.Round(time.Second/10)))
-			}
-		}
-		fmt.Printf("  %-10s %s\n", user, compact(line))
+		fmt.Printf("  %-10s %s\n", user, compact(burst(ctx, p, user, 12)))
 	}
 	res, err := second.AllowN(ctx, "user:dave", 0) // n = 0 consumes nothing
 	if err != nil {
 		log.Fatalf("tiers: %v", err)
 	}
 	fmt.Printf("\nuser:dave has %d of his 10 requests this second left: those the hour denied took nothing.\n", res.Remaining)
+}
+
+// newClient returns a client of the Redis at addr, with short timeouts and
+// no retries.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		MaxRetries:            -1, // a retried script could count an event twice
+		ContextTimeoutEnabled: true,
+	})
+}
+
+// newPolicy returns the policy of the plans: a user's rules are their
+// plan's, asked on every call. The policy's own rules, the free plan's, are
+// for users with no plan.
+func newPolicy(rdb redis.UniversalClient) (*redlimit.Policy, error) {
+	return redlimit.NewPolicy(rdb, plans["free"], redlimit.WithPrefix("tiers"),
+		redlimit.WithRulesFunc(func(_ context.Context, user string) ([]redlimit.Rule, error) {
+			return plans[users[user]], nil // nil: the policy's own
+		}))
+}
+
+// printPlans prints the rules of each plan.
+func printPlans() {
+	for _, plan := range []string{"free", "paid"} {
+		fmt.Printf("%s:", plan)
+		for _, r := range plans[plan] {
+			fmt.Printf(" %s %v", r.Name, r.Limit)
+		}
+		fmt.Println()
+	}
+}
+
+// burst makes n calls for user, and returns the answers: "ok", or the rule
+// that denied and when to retry.
+func burst(ctx context.Context, p *redlimit.Policy, user string, n int) []string {
+	var line []string
+	for range n {
+		res, err := p.Allow(ctx, user)
+		if err != nil {
+			log.Fatalf("tiers: %v", err)
+		}
+		if res.Allowed {
+			line = append(line, "ok")
+		} else {
+			line = append(line, fmt.Sprintf("%s (%v)", res.Rule, res.RetryAfter.Round(time.Second/10)))
+		}
+	}
+	return line
 }
 
 // compact writes runs of the same answer once, with a count.

@@ -42,13 +42,7 @@ func main() {
 		defer m.Close()
 		*addr = m.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                  *addr,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		MaxRetries:            -1, // a retried script could count an event twice
-		ContextTimeoutEnabled: true,
-	})
+	rdb := newClient(*addr)
 	defer rdb.Close()
 
 	// 5 per second with Burst 1: strict spacing of 200ms, no queue. A worker
@@ -68,13 +62,31 @@ func main() {
 		log.Fatalf("worker: %v", err)
 	}
 
+	fmt.Printf("%d jobs, %d workers, limit %v on key %q:\n\n", jobs, workers, limit, key)
+	runJobs(ctx, lim, limit)
+}
+
+// newClient returns a client of the Redis at addr, with short timeouts and
+// no retries.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		MaxRetries:            -1, // a retried script could count an event twice
+		ContextTimeoutEnabled: true,
+	})
+}
+
+// runJobs has the workers send the jobs, each once lim lets it, and prints
+// when each went out.
+func runJobs(ctx context.Context, lim *redlimit.RateLimiter, limit redlimit.Limit) {
 	queue := make(chan int, jobs)
 	for j := 1; j <= jobs; j++ {
 		queue <- j
 	}
 	close(queue)
 
-	fmt.Printf("%d jobs, %d workers, limit %v on key %q:\n\n", jobs, workers, limit, key)
 	var (
 		mu         sync.Mutex
 		start      = time.Now()

@@ -23,7 +23,7 @@ func BenchmarkDecision(b *testing.B) {
 	b.Cleanup(func() { rdb.Close() })
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	b.Cleanup(func() { mp.Shutdown(context.Background()) })
+	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	m, err := redlimitotel.New(redlimitotel.WithMeterProvider(mp))
 	require.NoError(b, err)
 	for _, c := range []struct {

@@ -144,7 +144,20 @@ func New(opts ...Option) (*Metrics, error) {
 	if c.tp != nil {
 		m.tracer = c.tp.Tracer(ScopeName)
 	}
-	var errs [14]error
+	instErr := m.makeInstruments(meter) // first, as the instruments are listed
+	obs, obsErr := newObservables(meter)
+	if err := errors.Join(instErr, obsErr); err != nil {
+		return nil, err
+	}
+	if _, err := meter.RegisterCallback(m.observe(obs), obs.all()...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// makeInstruments makes m's synchronous instruments with meter.
+func (m *Metrics) makeInstruments(meter metric.Meter) error {
+	var errs [4]error
 	m.decisions, errs[0] = meter.Int64Counter("redlimit.decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit)."))
 	m.duration, errs[1] = meter.Float64Histogram("redlimit.decision.duration", metric.WithUnit("s"),
@@ -154,28 +167,47 @@ func New(opts ...Option) (*Metrics, error) {
 		metric.WithDescription("Switches of a Redis node's keys to the fallback (redlimit.to=fallback) and back (redlimit.to=redis)."))
 	m.evicted, errs[3] = meter.Int64Counter("redlimit.evicted_keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Keys a Redis node evicted, as redlimit.WithEvictionCheck samples them."))
-	active, err := meter.Int64ObservableGauge("redlimit.fallback.active", metric.WithUnit("{node}"),
+	return errors.Join(errs[:]...)
+}
+
+// observables are the instruments read at collection time: the fallback's
+// state per node, and the prefetches' figures.
+type observables struct {
+	active, held, unused metric.Int64ObservableGauge
+	// counters are the prefetches taken, served, returned and lost.
+	counters [4]metric.Int64ObservableCounter
+}
+
+// newObservables makes the observable instruments with meter.
+func newObservables(meter metric.Meter) (*observables, error) {
+	var obs observables
+	var errs [7]error
+	obs.active, errs[0] = meter.Int64ObservableGauge("redlimit.fallback.active", metric.WithUnit("{node}"),
 		metric.WithDescription("1 while a limiter decides a Redis node's keys without Redis (the node marked down), 0 once back."))
-	errs[4] = err
-	held, err := meter.Int64ObservableGauge("redlimit.prefetch.held", metric.WithUnit("{prefetch}"),
+	obs.held, errs[1] = meter.Int64ObservableGauge("redlimit.prefetch.held", metric.WithUnit("{prefetch}"),
 		metric.WithDescription("Prefetches held now, or being taken (redlimit.WithPrefetch)."))
-	errs[5] = err
-	unused, err := meter.Int64ObservableGauge("redlimit.prefetch.unused", metric.WithUnit("{event}"),
+	obs.unused, errs[2] = meter.Int64ObservableGauge("redlimit.prefetch.unused", metric.WithUnit("{event}"),
 		metric.WithDescription("Events the held prefetches took in Redis and have not served."))
-	errs[6] = err
-	counters := make([]metric.Int64ObservableCounter, 4)
 	for i, c := range []struct{ name, unit, desc string }{
 		{"redlimit.prefetch.taken", "{prefetch}", "Prefetches taken."},
 		{"redlimit.prefetch.served", "{call}", "Calls served from a prefetch, without a round trip."},
 		{"redlimit.prefetch.returned", "{event}", "Unused prefetched events settled back to Redis."},
 		{"redlimit.prefetch.lost", "{event}", "Unused prefetched events that could not be settled back: they stand as used."},
 	} {
-		counters[i], errs[7+i] = meter.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.desc))
+		obs.counters[i], errs[3+i] = meter.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.desc))
 	}
-	if err := errors.Join(errs[:]...); err != nil {
-		return nil, err
-	}
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return &obs, errors.Join(errs[:]...)
+}
+
+// all returns the observable instruments, for RegisterCallback.
+func (obs *observables) all() []metric.Observable {
+	return []metric.Observable{obs.active, obs.held, obs.unused, obs.counters[0], obs.counters[1], obs.counters[2], obs.counters[3]}
+}
+
+// observe returns the callback that reports m's fallback states and
+// prefetches' figures in obs.
+func (m *Metrics) observe(obs *observables) metric.Callback {
+	return func(_ context.Context, o metric.Observer) error {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for k, down := range m.down {
@@ -183,23 +215,19 @@ func New(opts ...Option) (*Metrics, error) {
 			if down {
 				v = 1
 			}
-			o.ObserveInt64(active, v, metric.WithAttributes(LimiterKey.String(k.limiter), NodeKey.String(k.node)))
+			o.ObserveInt64(obs.active, v, metric.WithAttributes(LimiterKey.String(k.limiter), NodeKey.String(k.node)))
 		}
 		for name, src := range m.prefetch {
 			s := src.PrefetchStats()
 			attrs := metric.WithAttributes(LimiterKey.String(name))
-			o.ObserveInt64(held, int64(s.Held), attrs)
-			o.ObserveInt64(unused, s.Unused, attrs)
+			o.ObserveInt64(obs.held, int64(s.Held), attrs)
+			o.ObserveInt64(obs.unused, s.Unused, attrs)
 			for i, v := range []uint64{s.Taken, s.Served, s.Returned, s.Lost} {
-				o.ObserveInt64(counters[i], int64(v), attrs)
+				o.ObserveInt64(obs.counters[i], int64(v), attrs)
 			}
 		}
 		return nil
-	}, active, held, unused, counters[0], counters[1], counters[2], counters[3])
-	if err != nil {
-		return nil, err
 	}
-	return m, nil
 }
 
 // Options returns the limiter options that record its decisions and

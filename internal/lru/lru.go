@@ -47,11 +47,11 @@ type lruEntry[V any] struct {
 	at     int // its slot in ring
 }
 
-// New returns a Cache that holds at most about max entries (at least one
+// New returns a Cache that holds at most about maxEntries entries (at least one
 // a shard).
-func New[V any](max int) *Cache[V] {
+func New[V any](maxEntries int) *Cache[V] {
 	c := &Cache[V]{seed: maphash.MakeSeed()}
-	per := max / Shards
+	per := maxEntries / Shards
 	if per < 1 {
 		per = 1
 	}
@@ -63,9 +63,9 @@ func New[V any](max int) *Cache[V] {
 }
 
 // NewWeighed is New whose entries weigh what weigh says of their
-// value (at least 1), and hold at most about max weight.
-func NewWeighed[V any](max int, weigh func(V) int) *Cache[V] {
-	c := New[V](max)
+// value (at least 1), and hold at most about maxWeight weight.
+func NewWeighed[V any](maxWeight int, weigh func(V) int) *Cache[V] {
+	c := New[V](maxWeight)
 	c.weigh = weigh
 	return c
 }
@@ -74,10 +74,10 @@ func (c *Cache[V]) shard(key string) *lruShard[V] {
 	return &c.shards[maphash.String(c.seed, key)%Shards]
 }
 
-// GetOrAdd returns key's value, adding the one make returns when key is
-// missing. make runs with the shard locked; it must be quick.
-func (c *Cache[V]) GetOrAdd(key string, make func() V) V {
-	v, _ := c.GetOrAddKeep(key, make, nil)
+// GetOrAdd returns key's value, adding the one newValue returns when key
+// is missing. newValue runs with the shard locked; it must be quick.
+func (c *Cache[V]) GetOrAdd(key string, newValue func() V) V {
+	v, _ := c.GetOrAddKeep(key, newValue, nil)
 	return v
 }
 
@@ -93,7 +93,7 @@ const KeepScan = 32
 // key is not added, and ok is false. So an add into a shard full of kept
 // entries costs KeepScan calls of keep, not one per entry, and the hand
 // goes on from there: the next adds look at the next ones.
-func (c *Cache[V]) GetOrAddKeep(key string, make func() V, keep func(V) bool) (v V, ok bool) {
+func (c *Cache[V]) GetOrAddKeep(key string, newValue func() V, keep func(V) bool) (v V, ok bool) {
 	s := c.shard(key)
 	s.mu.RLock()
 	e, ok := s.items[key]
@@ -109,7 +109,7 @@ func (c *Cache[V]) GetOrAddKeep(key string, make func() V, keep func(V) bool) (v
 	if e, ok := s.items[key]; ok {
 		return e.value, true
 	}
-	e = &lruEntry[V]{key: key, value: make(), weight: 1}
+	e = &lruEntry[V]{key: key, value: newValue(), weight: 1}
 	if c.weigh != nil {
 		e.weight = int32(max(c.weigh(e.value), 1))
 	}

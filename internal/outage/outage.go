@@ -18,6 +18,7 @@ import (
 // Kind says what an error means for the node that gave it.
 type Kind int8
 
+// The kinds, from the least to the most that an error says of its node.
 const (
 	None Kind = iota // an answer, a bug, or the caller's own business
 	Call             // may concern this call only: probe the node before marking it down

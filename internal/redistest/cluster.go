@@ -75,14 +75,7 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 		"--repl-diskless-sync-delay", "0",
 	}, args...)
 
-	n := masters * (1 + replicasPerMaster)
-	nodes := make([]*Server, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range nodes {
-		wg.Go(func() { nodes[i], errs[i] = startServer(true, nodeArgs) })
-	}
-	wg.Wait()
+	nodes, err := startNodes(masters*(1+replicasPerMaster), nodeArgs)
 	c := &Cluster{ReplicasPerMaster: replicasPerMaster}
 	fail := func(err error) (*Cluster, error) {
 		c.Masters = nil
@@ -95,22 +88,55 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 		c.Close()
 		return nil, err
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return fail(err)
 	}
+	if err := createCluster(redisCLI, nodes, replicasPerMaster, deadline); err != nil {
+		return fail(err)
+	}
+	view, err := waitCreated(nodes, masters, replicasPerMaster, deadline)
+	if err != nil {
+		return fail(err)
+	}
+	if c.Masters, c.Replicas, err = byRole(nodes, view); err != nil {
+		return fail(err)
+	}
+	return c, nil
+}
 
+// startNodes starts n servers with args, at once, and returns them (nil
+// where one failed to start) and their errors.
+func startNodes(n int, args []string) ([]*Server, error) {
+	nodes := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() { nodes[i], errs[i] = startServer(true, args) })
+	}
+	wg.Wait()
+	return nodes, errors.Join(errs...)
+}
+
+// createCluster makes a cluster of nodes, with replicasPerMaster replicas
+// per master, with redis-cli --cluster create, by deadline.
+func createCluster(redisCLI string, nodes []*Server, replicasPerMaster int, deadline time.Time) error {
 	cli := []string{"--cluster", "create"}
 	for _, s := range nodes {
 		cli = append(cli, s.Addr)
 	}
 	cli = append(cli, "--cluster-replicas", strconv.Itoa(replicasPerMaster), "--cluster-yes")
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, redisCLI, cli...).CombinedOutput()
-	cancel()
 	if err != nil {
-		return fail(fmt.Errorf("redistest: redis-cli %s: %w\n%s", strings.Join(cli, " "), err, lastLines(string(out), 20)))
+		return fmt.Errorf("redistest: redis-cli %s: %w\n%s", strings.Join(cli, " "), err, lastLines(string(out), 20))
 	}
+	return nil
+}
 
+// waitCreated waits until every node of a new cluster sees its full layout
+// (checkCreated), by deadline, and returns the first node's view.
+func waitCreated(nodes []*Server, masters, replicasPerMaster int, deadline time.Time) (*nodesView, error) {
 	// Redis 7 leaves a replica out of CLUSTER SLOTS while its replication
 	// offset is 0, which it stays on an empty cluster until the master's
 	// next replication PING (repl-ping-replica-period, 10 s). Once every
@@ -118,42 +144,43 @@ func StartCluster(masters, replicasPerMaster int, args ...string) (*Cluster, err
 	// harmless on a new cluster) moves the offsets; the nodes learn them by
 	// gossip within about a second.
 	bumped := replicasPerMaster == 0
-	var view *nodesView
 	for {
 		if !bumped && replicasSynced(nodes) {
 			if err := flushMasters(nodes); err != nil {
-				return fail(err)
+				return nil, err
 			}
 			bumped = true
 		}
-		view, err = checkCreated(nodes, masters, replicasPerMaster)
+		view, err := checkCreated(nodes, masters, replicasPerMaster)
 		if err == nil {
-			break
+			return view, nil
 		}
 		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("redistest: cluster not ready after %v: %w", clusterStartTimeout, err))
+			return nil, fmt.Errorf("redistest: cluster not ready after %v: %w", clusterStartTimeout, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
 
-	byAddr := make(map[string]*Server, n)
+// byRole returns nodes as view sees them: the masters in the order of
+// their slots, and the replicas of each master in turn, by address.
+func byRole(nodes []*Server, view *nodesView) (masters, replicas []*Server, err error) {
+	byAddr := make(map[string]*Server, len(nodes))
 	for _, s := range nodes {
 		byAddr[s.Addr] = s
 	}
-	var ms, rs []*Server
 	for _, m := range view.mastersBySlot() {
-		ms = append(ms, byAddr[m.addr])
+		masters = append(masters, byAddr[m.addr])
 		reps := view.replicasOf(m.id)
 		sort.Slice(reps, func(i, j int) bool { return reps[i].addr < reps[j].addr })
 		for _, r := range reps {
-			rs = append(rs, byAddr[r.addr])
+			replicas = append(replicas, byAddr[r.addr])
 		}
 	}
-	if slices.Contains(ms, nil) || slices.Contains(rs, nil) || len(ms)+len(rs) != n {
-		return fail(fmt.Errorf("redistest: CLUSTER NODES does not match the started nodes:\n%v", view))
+	if slices.Contains(masters, nil) || slices.Contains(replicas, nil) || len(masters)+len(replicas) != len(nodes) {
+		return nil, nil, fmt.Errorf("redistest: CLUSTER NODES does not match the started nodes:\n%v", view)
 	}
-	c.Masters, c.Replicas = ms, rs
-	return c, nil
+	return masters, replicas, nil
 }
 
 // startSingleNodeCluster makes a cluster of one master that serves every
@@ -197,19 +224,8 @@ func checkCreated(nodes []*Server, masters, replicas int) (*nodesView, error) {
 		if err := checkStateOK(s); err != nil {
 			return nil, err
 		}
-		slots, err := clusterSlots(s.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("%s: CLUSTER SLOTS: %w", s.Addr, err)
-		}
-		covered := 0
-		for _, r := range slots {
-			covered += r.end - r.start + 1
-			if len(r.nodes) != 1+replicas {
-				return nil, fmt.Errorf("%s: CLUSTER SLOTS: slots %d-%d served by %d nodes, want %d", s.Addr, r.start, r.end, len(r.nodes), 1+replicas)
-			}
-		}
-		if covered != NumSlots {
-			return nil, fmt.Errorf("%s: CLUSTER SLOTS: %d slots covered", s.Addr, covered)
+		if err := checkSlotsServed(s, replicas); err != nil {
+			return nil, err
 		}
 		v, err := clusterNodes(s.Addr)
 		if err != nil {
@@ -244,6 +260,26 @@ func checkCreated(nodes []*Server, masters, replicas int) (*nodesView, error) {
 		}
 	}
 	return first, nil
+}
+
+// checkSlotsServed checks that s's CLUSTER SLOTS covers every slot, each
+// served by a master with replicas replicas.
+func checkSlotsServed(s *Server, replicas int) error {
+	slots, err := clusterSlots(s.Addr)
+	if err != nil {
+		return fmt.Errorf("%s: CLUSTER SLOTS: %w", s.Addr, err)
+	}
+	covered := 0
+	for _, r := range slots {
+		covered += r.end - r.start + 1
+		if len(r.nodes) != 1+replicas {
+			return fmt.Errorf("%s: CLUSTER SLOTS: slots %d-%d served by %d nodes, want %d", s.Addr, r.start, r.end, len(r.nodes), 1+replicas)
+		}
+	}
+	if covered != NumSlots {
+		return fmt.Errorf("%s: CLUSTER SLOTS: %d slots covered", s.Addr, covered)
+	}
+	return nil
 }
 
 // replicasSynced reports whether every replica (by its own INFO) has its
@@ -296,7 +332,7 @@ func (c *Cluster) Close() {
 	c.closeOnce.Do(func() {
 		var wg sync.WaitGroup
 		for _, s := range c.nodes() {
-			wg.Go(func() { s.Close() })
+			wg.Go(func() { _ = s.Close() }) // one that ignored SIGTERM was killed all the same
 		}
 		wg.Wait()
 	})
@@ -334,7 +370,7 @@ func (c *Cluster) MasterOf(slot int) (*Server, error) {
 	if slot < 0 || slot >= NumSlots {
 		return nil, fmt.Errorf("redistest: slot %d out of range", slot)
 	}
-	var lastErr error = errors.New("no live node")
+	lastErr := errors.New("no live node")
 	for _, s := range c.nodes() {
 		if !s.live() {
 			continue

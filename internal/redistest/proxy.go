@@ -45,10 +45,10 @@ type proxyConn struct {
 func (c *proxyConn) close() {
 	c.once.Do(func() {
 		close(c.done)
-		c.client.Close()
+		_ = c.client.Close() // a cut: what the close says is no matter
 		c.mu.Lock()
 		if c.server != nil {
-			c.server.Close()
+			_ = c.server.Close()
 		}
 		c.mu.Unlock()
 	})
@@ -115,7 +115,7 @@ func (p *Proxy) serve(ln net.Listener, done chan struct{}) {
 		p.mu.Lock()
 		if p.ln != ln { // cut or closed meanwhile
 			p.mu.Unlock()
-			c.Close()
+			_ = c.Close() // refused: what the close says is no matter
 			continue
 		}
 		p.conns[pc] = struct{}{}
@@ -131,6 +131,7 @@ type chunk struct {
 	due  time.Time
 }
 
+// handle proxies pc until either side closes it or the proxy cuts it.
 func (p *Proxy) handle(pc *proxyConn) {
 	defer p.wg.Done()
 	defer func() {
@@ -139,7 +140,21 @@ func (p *Proxy) handle(pc *proxyConn) {
 		delete(p.conns, pc)
 		p.mu.Unlock()
 	}()
+	server := p.dial(pc)
+	if server == nil {
+		return
+	}
+	var wg sync.WaitGroup
+	queue := make(chan chunk, 64)
+	wg.Go(func() { p.toServer(pc, server) })
+	wg.Go(func() { p.fromServer(pc, server, queue) })
+	wg.Go(func() { p.toClient(pc, queue) })
+	wg.Wait()
+}
 
+// dial connects pc to the target, within 2 s, and returns the connection:
+// nil when it failed or pc was closed meanwhile.
+func (p *Proxy) dial(pc *proxyConn) net.Conn {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	go func() {
 		select {
@@ -152,75 +167,77 @@ func (p *Proxy) handle(pc *proxyConn) {
 	server, err := d.DialContext(ctx, "tcp", p.target)
 	cancel()
 	if err != nil {
-		return
+		return nil
 	}
 	pc.mu.Lock()
 	pc.server = server
 	pc.mu.Unlock()
 	select {
 	case <-pc.done: // closed while dialling
-		server.Close()
-		return
+		_ = server.Close()
+		return nil
 	default:
 	}
+	return server
+}
 
-	var wg sync.WaitGroup
-	queue := make(chan chunk, 64)
-	wg.Add(3)
-	go func() { // client -> server
-		defer wg.Done()
-		defer pc.close()
+// toServer copies what the client sends to server (but in a black hole),
+// and closes pc when either side fails.
+func (p *Proxy) toServer(pc *proxyConn, server net.Conn) {
+	defer pc.close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := pc.client.Read(buf)
+		if n > 0 && !p.drop(pc) {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// fromServer queues what server sends (but in a black hole), each chunk
+// due after the proxy's delay, and closes queue when server's side ends.
+func (p *Proxy) fromServer(pc *proxyConn, server net.Conn, queue chan<- chunk) {
+	defer close(queue)
+	for {
 		buf := make([]byte, 32<<10)
-		for {
-			n, err := pc.client.Read(buf)
-			if n > 0 && !p.drop(pc) {
-				if _, werr := server.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
+		n, err := server.Read(buf)
+		if n > 0 && !p.drop(pc) {
+			select {
+			case queue <- chunk{buf[:n], time.Now().Add(p.getDelay())}:
+			case <-pc.done:
 				return
 			}
 		}
-	}()
-	go func() { // server -> queue
-		defer wg.Done()
-		defer close(queue)
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := server.Read(buf)
-			if n > 0 && !p.drop(pc) {
-				select {
-				case queue <- chunk{buf[:n], time.Now().Add(p.getDelay())}:
-				case <-pc.done:
-					return
-				}
-			}
-			if err != nil {
-				pc.close()
+		if err != nil {
+			pc.close()
+			return
+		}
+	}
+}
+
+// toClient writes each chunk of queue to the client at its due time, and
+// closes pc when the queue or the client ends.
+func (p *Proxy) toClient(pc *proxyConn, queue <-chan chunk) {
+	defer pc.close()
+	for c := range queue {
+		if wait := time.Until(c.due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-pc.done:
+				t.Stop()
 				return
 			}
 		}
-	}()
-	go func() { // queue -> client, each chunk at its due time
-		defer wg.Done()
-		defer pc.close()
-		for c := range queue {
-			if wait := time.Until(c.due); wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-t.C:
-				case <-pc.done:
-					t.Stop()
-					return
-				}
-			}
-			if _, err := pc.client.Write(c.data); err != nil {
-				return
-			}
+		if _, err := pc.client.Write(c.data); err != nil {
+			return
 		}
-	}()
-	wg.Wait()
+	}
 }
 
 // drop reports whether data on pc must be dropped because of a black hole,
@@ -251,7 +268,7 @@ func (p *Proxy) Cut() {
 	p.mu.Lock()
 	var done chan struct{}
 	if p.ln != nil {
-		p.ln.Close()
+		_ = p.ln.Close() // its accept loop ends on the error
 		p.ln, done = nil, p.lnDone
 	}
 	for pc := range p.conns {
@@ -332,7 +349,7 @@ func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	if p.ln != nil {
-		p.ln.Close()
+		_ = p.ln.Close() // its accept loop ends on the error
 		p.ln = nil
 	}
 	for pc := range p.conns {

@@ -485,13 +485,13 @@ func TestServerVersion(t *testing.T) {
 // missing program named there fails the test instead of skipping it.
 func TestServerEnv(t *testing.T) {
 	redistest.Require(t)
-	real, err := exec.LookPath("redis-server")
+	defaultServer, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("the default redis-server is not on the PATH")
 	}
 	dir := t.TempDir()
 	wrapper := filepath.Join(dir, "redis-server")
-	script := "#!/bin/sh\necho wrapped >&2\nexec " + real + " \"$@\"\n"
+	script := "#!/bin/sh\necho wrapped >&2\nexec " + defaultServer + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}

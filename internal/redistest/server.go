@@ -96,7 +96,7 @@ func startServer(bus bool, args []string) (*Server, error) {
 	for range 10 {
 		port, err := freePort(bus)
 		if err != nil {
-			os.RemoveAll(dir)
+			_ = os.RemoveAll(dir) // err is the one to report
 			return nil, err
 		}
 		s := &Server{
@@ -116,7 +116,7 @@ func startServer(bus bool, args []string) (*Server, error) {
 			break
 		}
 	}
-	os.RemoveAll(dir)
+	_ = os.RemoveAll(dir) // lastErr is the one to report
 	return nil, lastErr
 }
 
@@ -136,7 +136,6 @@ func (s *Server) launchLocked(timeout time.Duration, pong bool) error {
 	if err != nil {
 		return fmt.Errorf("redistest: %w", err)
 	}
-	defer stderr.Close() // the child has its own copy
 
 	argv := []string{
 		"--port", strconv.Itoa(s.Port),
@@ -153,18 +152,23 @@ func (s *Server) launchLocked(timeout time.Duration, pong bool) error {
 	cmd.Stdout = stderr
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The child has its own copy of stderr, read back from errPath. (Closed
+	// here, not deferred: the goroutine below stays launchLocked.func1, the
+	// name the tests' leak checks ignore.)
+	_ = stderr.Close()
+	if err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.prog, err)
 	}
 	done := make(chan struct{})
 	go func() {
-		cmd.Wait()
+		_ = cmd.Wait() // an exit, stopped or not: done is what matters
 		close(done)
 	}()
 	s.cmd, s.done, s.paused = cmd, done, false
 
 	if err := waitReady(s.Addr, done, timeout, pong); err != nil {
-		s.stopLocked(syscall.SIGKILL)
+		_ = s.stopLocked(syscall.SIGKILL) // err is the one to report
 		tail := readFrom(logPath, logOff) + readFrom(errPath, 0)
 		if strings.Contains(tail, "Address already in use") {
 			err = errAddrInUse
@@ -274,17 +278,17 @@ func (s *Server) stopLocked(sig syscall.Signal) error {
 	if sig == syscall.SIGKILL {
 		// The process is not reaped yet (at worst a zombie), so its pid,
 		// which is also its process group id, cannot have been reused.
-		syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(-pid, syscall.SIGKILL) // fails only if it exited: done tells
 	} else {
-		cmd.Process.Signal(sig)
-		cmd.Process.Signal(syscall.SIGCONT) // a paused server must run to exit
+		_ = cmd.Process.Signal(sig)             // fails only if it exited: done tells
+		_ = cmd.Process.Signal(syscall.SIGCONT) // a paused server must run to exit
 	}
 	select {
 	case <-done:
 		return nil
 	case <-time.After(stopTimeout):
 	}
-	syscall.Kill(-pid, syscall.SIGKILL)
+	_ = syscall.Kill(-pid, syscall.SIGKILL) // fails only if it exited: done tells
 	<-done
 	return fmt.Errorf("redistest: redis-server %d ignored %v for %v; killed", pid, sig, stopTimeout)
 }
@@ -378,8 +382,10 @@ func do(addr string, timeout time.Duration, args ...string) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(timeout))
+	defer func() { _ = conn.Close() }() // after the reply: nothing to lose
+	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
@@ -466,7 +472,7 @@ func readFrom(path string, off int64) string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: its Close loses nothing
 	b, _ := io.ReadAll(io.LimitReader(io.NewSectionReader(f, off, 1<<16), 1<<16))
 	return string(b)
 }

@@ -66,31 +66,39 @@ func main() {
 	}
 }
 
+// flags are the command's flags.
+var flags = struct {
+	n                            *int
+	workload, only, out, keep    *string
+	library, functions, variants *string
+	nkeys                        *int
+	eval                         *bool
+}{
+	n:         flag.Int("n", 2000, "decisions per contender"),
+	workload:  flag.String("workload", "one", "workload: one or keys"),
+	only:      flag.String("only", "", "regexp: count only the contenders whose name matches"),
+	out:       flag.String("out", "", "also write the Markdown table to this file"),
+	keep:      flag.String("keep", "", "keep each contender's callgrind dump in this directory"),
+	library:   flag.String("library", "", "instead of the contenders, measure the functions of this Redis Functions library (a file)"),
+	functions: flag.String("functions", "", "with -library: comma-separated names of its functions to measure"),
+	nkeys:     flag.Int("keys", 3, "with -library: how many keys each call passes (1 to 3)"),
+	eval:      flag.Bool("eval", false, "with -library: run each function's body as a script (EVALSHA) instead of calling it with FCALL"),
+	variants:  flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each scripted redlimit contender is also counted with its script built from them"),
+}
+
 func run() error {
-	n := flag.Int("n", 2000, "decisions per contender")
-	workload := flag.String("workload", "one", "workload: one or keys")
-	only := flag.String("only", "", "regexp: count only the contenders whose name matches")
-	out := flag.String("out", "", "also write the Markdown table to this file")
-	keep := flag.String("keep", "", "keep each contender's callgrind dump in this directory")
-	library := flag.String("library", "", "instead of the contenders, measure the functions of this Redis Functions library (a file)")
-	functions := flag.String("functions", "", "with -library: comma-separated names of its functions to measure")
-	nkeys := flag.Int("keys", 3, "with -library: how many keys each call passes (1 to 3)")
-	eval := flag.Bool("eval", false, "with -library: run each function's body as a script (EVALSHA) instead of calling it with FCALL")
-	variants := flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each scripted redlimit contender is also counted with its script built from them")
 	flag.Parse()
 	var match *regexp.Regexp
-	if *only != "" {
+	if *flags.only != "" {
 		var err error
-		if match, err = regexp.Compile(*only); err != nil {
+		if match, err = regexp.Compile(*flags.only); err != nil {
 			return err
 		}
 	}
-	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is not on the PATH", tool)
-		}
+	if err := checkTools(); err != nil {
+		return err
 	}
-	w, err := bench.MakeWorkload(*workload, 10_000, 1_000_000)
+	w, err := bench.MakeWorkload(*flags.workload, 10_000, 1_000_000)
 	if err != nil {
 		return err
 	}
@@ -98,7 +106,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // a temporary directory: nothing to report
 	srv, err := startServer(dir)
 	if err != nil {
 		return err
@@ -111,49 +119,87 @@ func run() error {
 		return err
 	}
 	defer env.Close()
-	if *library != "" {
-		return srv.library(env, *library, *functions, *nkeys, w.Name == "keys", *eval, *n)
+	if *flags.library != "" {
+		return srv.library(env, *flags.library, *flags.functions, *flags.nkeys, w.Name == "keys", *flags.eval, *flags.n)
 	}
 
+	table, err := srv.table(env, w, match)
+	if err != nil {
+		return err
+	}
+	fmt.Print(table)
+	if *flags.out != "" {
+		return os.WriteFile(*flags.out, []byte(table), 0o644)
+	}
+	return nil
+}
+
+// table counts the contenders on workload w (those match matches, when
+// set, and INCR), -n decisions each, and returns the Markdown table.
+func (s *server) table(env *bench.Env, w *bench.Workload, match *regexp.Regexp) (string, error) {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *n)
+	fmt.Fprintf(&sb, "redis-server instructions per decision (callgrind), workload `%s`, %d decisions each, one at a time.\n\n", w.Name, *flags.n)
 	sb.WriteString("| contender | instructions per decision |\n|---|---:|\n")
-	ctx := context.Background()
+	for _, c := range contenders(*flags.variants) {
+		if match != nil && !match.MatchString(c.Name) && c.Name != "INCR" {
+			continue
+		}
+		per, err := s.countKept(env, c, w, *flags.n, *flags.keep)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&sb, "| %s | %.0f |\n", c.Name, per)
+	}
+	return sb.String(), nil
+}
+
+// checkTools checks that the programs the command runs are on the PATH.
+func checkTools() error {
+	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is not on the PATH", tool)
+		}
+	}
+	return nil
+}
+
+// contenders returns what the command counts: the benchmark's contenders,
+// a few more of redlimit's, and each scripted one of redlimit's built from
+// each directory of variants (comma-separated), if any.
+func contenders(variants string) []bench.Contender {
 	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket),
 		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket), bench.Calendar())
 	for _, s := range redlimit.Strategies() {
 		cs = append(cs, bench.RedlimitSheddable(s))
 	}
-	if *variants != "" {
-		for _, dir := range strings.Split(*variants, ",") {
-			for _, c := range cs {
-				if c.Scripted && c.Kind == "redlimit" && !strings.Contains(c.Name, "[") && !strings.Contains(c.Name, "(functions)") {
-					cs = append(cs, bench.Variant(c, dir))
-				}
+	if variants == "" {
+		return cs
+	}
+	for _, dir := range strings.Split(variants, ",") {
+		for _, c := range cs {
+			if c.Scripted && c.Kind == "redlimit" && !strings.Contains(c.Name, "[") && !strings.Contains(c.Name, "(functions)") {
+				cs = append(cs, bench.Variant(c, dir))
 			}
 		}
 	}
-	for _, c := range cs {
-		if match != nil && !match.MatchString(c.Name) && c.Name != "INCR" {
-			continue
-		}
-		per, dump, err := srv.count(ctx, env, c, w, *n)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.Name, err)
-		}
-		if *keep != "" {
-			if err := keepDump(dump, *keep, c.Name); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(os.Stderr, "%s: %.0f\n", c.Name, per)
-		fmt.Fprintf(&sb, "| %s | %.0f |\n", c.Name, per)
+	return cs
+}
+
+// countKept returns the instructions per decision of contender c (see
+// count), printed on stderr as it goes; with keep, the callgrind dump is
+// kept in that directory.
+func (s *server) countKept(env *bench.Env, c bench.Contender, w *bench.Workload, n int, keep string) (float64, error) {
+	per, dump, err := s.count(context.Background(), env, c, w, n)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", c.Name, err)
 	}
-	fmt.Print(sb.String())
-	if *out != "" {
-		return os.WriteFile(*out, []byte(sb.String()), 0o644)
+	if keep != "" {
+		if err := keepDump(dump, keep, c.Name); err != nil {
+			return 0, err
+		}
 	}
-	return nil
+	fmt.Fprintf(os.Stderr, "%s: %.0f\n", c.Name, per)
+	return per, nil
 }
 
 // server is a redis-server running under callgrind.
@@ -169,7 +215,7 @@ func startServer(dir string) (*server, error) {
 		return nil, err
 	}
 	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	_ = l.Close() // only its port was wanted
 	cmd := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+filepath.Join(dir, "callgrind.out"),
 		"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	cmd.Stdout, cmd.Stderr = nil, nil
@@ -193,13 +239,13 @@ func startServer(dir string) (*server, error) {
 
 // stop ends the server by its PID.
 func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	_ = s.cmd.Process.Signal(syscall.SIGTERM) // fails only if it exited: done tells
 	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }()
+	go func() { _ = s.cmd.Wait(); close(done) }() // stopped: its exit status says nothing more
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		s.cmd.Process.Kill()
+		_ = s.cmd.Process.Kill()
 		<-done
 	}
 }
@@ -395,7 +441,7 @@ func readTotals(name string) (uint64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: its Close loses nothing
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {

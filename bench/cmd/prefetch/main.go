@@ -52,7 +52,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }() // killed if it ignores SIGTERM: the report is made
 	opts := redistest.TunedOptions(s.Addr)
 	opts.PoolSize = 64 // the closed loop's goroutines each hold a connection without prefetches
 	rep, err := bench.RunPrefetch(context.Background(), bench.PrefetchConfig{

@@ -72,17 +72,20 @@ func main() {
 	}
 	rep, err := run(config{duration: *duration, keys: keys, workers: *workers, restart: *restart, sample: *sample})
 	var w io.Writer = os.Stdout
+	var f *os.File
 	if *out != "" {
-		f, ferr := os.Create(*out)
-		if ferr != nil {
+		var ferr error
+		if f, ferr = os.Create(*out); ferr != nil {
 			fmt.Fprintln(os.Stderr, "soak:", ferr)
 			os.Exit(1)
 		}
-		defer f.Close()
 		w = io.MultiWriter(os.Stdout, f)
 	}
 	if rep != nil {
 		rep.markdown(w)
+	}
+	if f != nil {
+		err = errors.Join(err, f.Close())
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
@@ -128,148 +131,179 @@ func run(cfg config) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer srv.Close()
-	rep := &report{cfg: cfg}
+	defer func() { _ = srv.Close() }() // killed if it ignores SIGTERM: the checks are made
+	s := &soak{cfg: cfg, rep: &report{cfg: cfg}, srv: srv}
 	if v, err := redistest.ServerVersion(); err == nil {
-		rep.startVersion = "Redis " + v.String()
+		s.rep.startVersion = "Redis " + v.String()
 	}
-	rep.goroutines[0] = runtime.NumGoroutine()
+	s.rep.goroutines[0] = runtime.NumGoroutine()
 
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
+	s.rdb = redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
 	var transitions atomic.Uint64
-	lims, conc, err := makeLimiters(rdb, func(redlimit.Transition) { transitions.Add(1) })
+	s.lims, s.conc, err = makeLimiters(s.rdb, func(redlimit.Transition) { transitions.Add(1) })
 	if err != nil {
-		rdb.Close()
-		return rep, err
+		s.rdb.Close()
+		return s.rep, err
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var (
-		calls, degraded, errCount, queued atomic.Uint64
-		firstErr                          atomic.Value
-		keySpace                          atomic.Int64
-		wg                                sync.WaitGroup
-	)
-	fail := func(err error) {
-		if errCount.Add(1) == 1 {
-			firstErr.Store(err.Error())
-		}
-	}
-	keySpace.Store(int64(cfg.keys[0]))
+	s.keySpace.Store(int64(cfg.keys[0]))
+	var wg sync.WaitGroup
 	for w := range cfg.workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 42))
-			for ctx.Err() == nil {
-				key := "user:" + strconv.Itoa(rng.IntN(int(keySpace.Load())))
-				res, err := call(ctx, rng, lims, conc, key)
-				if ctx.Err() != nil {
-					return
-				}
-				calls.Add(1)
-				if errors.Is(err, errQueued) {
-					queued.Add(1) // Settle's documented answer in an outage
-					continue
-				}
-				if err != nil {
-					fail(err)
-					continue
-				}
-				if res.Degraded {
-					degraded.Add(1)
-				}
-			}
-		})
+		wg.Go(func() { s.work(ctx, w) })
 	}
-
-	// The TTL scans: before each restart and at the end.
-	var scanMu sync.Mutex
-	scanTTL := func() error {
-		total, noTTL, err := keysWithoutTTL(rdb)
-		scanMu.Lock()
-		defer scanMu.Unlock()
-		rep.redisKeys += total
-		rep.noTTL += noTTL
-		rep.scans++
-		return err
-	}
-
-	// The restarts.
 	var restarts int
 	restartDone := make(chan struct{})
 	go func() {
 		defer close(restartDone)
-		if cfg.restart <= 0 {
+		restarts = s.restartEvery(ctx, cfg.restart)
+	}()
+	s.runPhases()
+	cancel()
+	wg.Wait()
+	<-restartDone
+	s.rep.restarts = restarts
+	s.end()
+
+	rep := s.rep
+	rep.calls, rep.degraded, rep.errs, rep.queued = s.calls.Load(), s.degraded.Load(), s.errCount.Load(), s.queued.Load()
+	rep.transitions = transitions.Load()
+	if e, ok := s.firstErr.Load().(string); ok {
+		rep.firstErr = e
+	}
+	return rep, rep.check()
+}
+
+// soak is a run: its limiters, what its workers counted, and its report.
+type soak struct {
+	cfg  config
+	rep  *report
+	srv  *redistest.Server
+	rdb  *redis.Client
+	lims []redlimit.Limiter
+	conc *redlimit.Concurrency
+
+	calls, degraded, errCount, queued atomic.Uint64
+	firstErr                          atomic.Value // string
+	keySpace                          atomic.Int64 // keys per limiter now
+	scanMu                            sync.Mutex   // guards rep's scan counts
+}
+
+// fail counts a failed call or check, and keeps the first's error.
+func (s *soak) fail(err error) {
+	if s.errCount.Add(1) == 1 {
+		s.firstErr.Store(err.Error())
+	}
+}
+
+// work makes calls on random keys, worker w's, until ctx is done.
+func (s *soak) work(ctx context.Context, w int) {
+	rng := rand.New(rand.NewPCG(uint64(w), 42))
+	for ctx.Err() == nil {
+		key := "user:" + strconv.Itoa(rng.IntN(int(s.keySpace.Load())))
+		res, err := call(ctx, rng, s.lims, s.conc, key)
+		if ctx.Err() != nil {
 			return
 		}
-		t := time.NewTicker(cfg.restart)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			// Every key must expire: read them before the restart
-			// empties Redis.
-			if err := scanTTL(); err != nil {
-				fail(err)
-			}
-			if err := restart(srv); err != nil {
-				fail(fmt.Errorf("restarting redis-server: %w", err))
-				return
-			}
-			restarts++
+		s.calls.Add(1)
+		if errors.Is(err, errQueued) {
+			s.queued.Add(1) // Settle's documented answer in an outage
+			continue
 		}
-	}()
+		if err != nil {
+			s.fail(err)
+			continue
+		}
+		if res.Degraded {
+			s.degraded.Add(1)
+		}
+	}
+}
 
-	// The phases, the heap sampled in each.
+// scanTTL reads every key's TTL in Redis (before each restart and at the
+// end), and adds to the report how many there were, and without a TTL.
+func (s *soak) scanTTL() error {
+	total, noTTL, err := keysWithoutTTL(s.rdb)
+	s.scanMu.Lock()
+	defer s.scanMu.Unlock()
+	s.rep.redisKeys += total
+	s.rep.noTTL += noTTL
+	s.rep.scans++
+	return err
+}
+
+// restartEvery kills and restarts redis-server every period (never when
+// period is 0), its keys' TTLs read first, until ctx is done, and returns
+// how many times it did.
+func (s *soak) restartEvery(ctx context.Context, period time.Duration) int {
+	if period <= 0 {
+		return 0
+	}
+	restarts := 0
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return restarts
+		case <-t.C:
+		}
+		// Every key must expire: read them before the restart empties
+		// Redis.
+		if err := s.scanTTL(); err != nil {
+			s.fail(err)
+		}
+		if err := restart(s.srv); err != nil {
+			s.fail(fmt.Errorf("restarting redis-server: %w", err))
+			return restarts
+		}
+		restarts++
+	}
+}
+
+// runPhases runs a phase per -keys figure, the same share of -duration
+// each, the heap sampled every -sample.
+func (s *soak) runPhases() {
+	cfg := s.cfg
 	per := cfg.duration / time.Duration(len(cfg.keys))
 	for i, k := range cfg.keys {
-		keySpace.Store(int64(k))
+		s.keySpace.Store(int64(k))
 		p := phase{keys: k}
-		before := calls.Load()
+		before := s.calls.Load()
 		end := time.Now().Add(per)
 		for time.Now().Before(end) {
 			time.Sleep(min(cfg.sample, time.Until(end)))
 			p.heap = append(p.heap, heapAfterGC())
 		}
-		p.calls = calls.Load() - before
+		p.calls = s.calls.Load() - before
 		p.plateau, p.levelled = levelled(p.heap)
-		rep.phases = append(rep.phases, p)
+		s.rep.phases = append(s.rep.phases, p)
 		fmt.Fprintf(os.Stderr, "soak: phase %d/%d (%d keys per limiter): %d calls, heap %s, %s\n",
 			i+1, len(cfg.keys), k, p.calls, mb(p.plateau), map[bool]string{true: "levelled off", false: "still moving"}[p.levelled])
 	}
-	cancel()
-	wg.Wait()
-	<-restartDone
-	rep.restarts = restarts
+}
 
-	// Let the limiters go back to Redis (a restart may have just happened),
-	// then read every key's TTL.
-	if err := waitRedis(rdb); err != nil {
-		fail(err)
+// end lets the limiters go back to Redis (a restart may have just
+// happened), reads every key's TTL, closes the limiters and the client,
+// and counts the goroutines left.
+func (s *soak) end() {
+	if err := waitRedis(s.rdb); err != nil {
+		s.fail(err)
 	}
 	time.Sleep(2 * time.Second)
-	if err := scanTTL(); err != nil {
-		fail(err)
+	if err := s.scanTTL(); err != nil {
+		s.fail(err)
 	}
-	for _, l := range lims {
+	for _, l := range s.lims {
 		if err := l.Close(); err != nil {
-			fail(fmt.Errorf("Close: %w", err))
+			s.fail(fmt.Errorf("a limiter's Close: %w", err))
 		}
 	}
-	if err := conc.Close(); err != nil {
-		fail(fmt.Errorf("Close: %w", err))
+	if err := s.conc.Close(); err != nil {
+		s.fail(fmt.Errorf("the Concurrency's Close: %w", err))
 	}
-	rdb.Close()
-	rep.goroutines[1] = goroutinesSettle(rep.goroutines[0])
-
-	rep.calls, rep.degraded, rep.errs, rep.queued = calls.Load(), degraded.Load(), errCount.Load(), queued.Load()
-	rep.transitions = transitions.Load()
-	if s, ok := firstErr.Load().(string); ok {
-		rep.firstErr = s
-	}
-	return rep, rep.check()
+	s.rdb.Close()
+	s.rep.goroutines[1] = goroutinesSettle(s.rep.goroutines[0])
 }
 
 // check says which promise did not hold.
@@ -349,10 +383,10 @@ func makeLimiters(rdb *redis.Client, onTransition func(redlimit.Transition)) ([]
 	}
 	if err := errors.Join(errs...); err != nil {
 		for _, l := range lims {
-			l.Close()
+			_ = l.Close() // unused: err says why they are closed
 		}
 		if conc != nil {
-			conc.Close()
+			_ = conc.Close()
 		}
 		return nil, nil, err
 	}
