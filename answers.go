@@ -24,8 +24,8 @@ type ruleAnswers struct {
 	none bool // the reply is no rule's answer (a penalty block's)
 }
 
-// newAnswers returns the table of a limiter's answers, of about max.
-func newAnswers(max int) *answers.Table { return answers.New(max, MaxRules) }
+// newAnswers returns the table of a limiter's answers, of about size.
+func newAnswers(size int) *answers.Table { return answers.New(size, MaxRules) }
 
 // noteAnswer records in a Redis's answer res to a call of n on rs, sent
 // at sent (monoNow), for the key whose first state key is state: each

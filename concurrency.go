@@ -147,23 +147,23 @@ const releaseTimeout = time.Second
 
 // NewConcurrency limits how many leases per key are held at once across
 // every instance. A lease not released or extended within ttl expires, so a
-// crashed holder's slot comes back. max must be in [1, MaxConcurrency] and
+// crashed holder's slot comes back. maxHeld (the max) must be in [1, MaxConcurrency] and
 // ttl in [MinLeaseTTL, MaxLeaseTTL], a whole number of microseconds; else
 // the error wraps ErrInvalidLimit. An invalid option, or one that does not
 // apply (see [Concurrency]), is an error wrapping ErrInvalidArgument.
-func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts ...Option) (*Concurrency, error) {
+func NewConcurrency(rdb redis.UniversalClient, maxHeld int, ttl time.Duration, opts ...Option) (*Concurrency, error) {
 	bad := func(format string, args ...any) (*Concurrency, error) {
 		return nil, errorf("concurrency: %s: %w", fmt.Sprintf(format, args...), ErrInvalidLimit)
 	}
 	switch {
-	case max < 1 || max > MaxConcurrency:
-		return bad("max %d must be between 1 and %d", max, MaxConcurrency)
+	case maxHeld < 1 || maxHeld > MaxConcurrency:
+		return bad("max %d must be between 1 and %d", maxHeld, MaxConcurrency)
 	case ttl < MinLeaseTTL || ttl > MaxLeaseTTL:
 		return bad("ttl %v must be between %v and %v", ttl, MinLeaseTTL, MaxLeaseTTL)
 	case ttl%time.Microsecond != 0:
 		return bad("ttl %v must be a whole number of microseconds", ttl)
 	}
-	limit := Limit{Rate: max, Period: ttl, Burst: max}
+	limit := Limit{Rate: maxHeld, Period: ttl, Burst: maxHeld}
 	r := rule{alg: concurrencyAlg, limit: limit, suffix: "}:" + concurrencyAlg.code}
 	e, err := newEngine(rdb, "concurrency", []rule{r}, concurrencyScript(), opts)
 	if err != nil {
@@ -191,7 +191,7 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 		local:    lru.New[*localSem](e.cfg.localKeys),
 		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
-		wakeCap:  min(max, 64),
+		wakeCap:  min(maxHeld, 64),
 		done:     make(chan struct{}),
 		releases: requeue.New(e.rescue.isDown, e.cfg.pingInterval, maxPendingReleases),
 	}
@@ -201,13 +201,13 @@ func NewConcurrency(rdb redis.UniversalClient, max int, ttl time.Duration, opts 
 	return c, nil
 }
 
-// fallbackCapacity is an instance's share of max for the in-process
+// fallbackCapacity is an instance's share of maxHeld (the max) for the in-process
 // semaphores: floor(max × share), at least 1. Unlike a rate (newLocal keeps
 // a fractional capacity on average), a semaphore's capacity is a hard
 // bound, so it is rounded down: N instances with a share of 1/N never hold
 // more than max between them unless max < N.
-func fallbackCapacity(max int, share float64) int {
-	return int(math.Max(math.Floor(float64(max)*share+1e-9), 1))
+func fallbackCapacity(maxHeld int, share float64) int {
+	return int(math.Max(math.Floor(float64(maxHeld)*share+1e-9), 1))
 }
 
 // TryAcquire takes a lease on key if one is free, without waiting. When
@@ -288,7 +288,7 @@ func (c *Concurrency) tryAcquire(ctx context.Context, key string) (*Lease, Resul
 			c.queueRelease(key, state, id, true)
 			return nil, Result{}, errorf("concurrency %q: %w", key, ctxErr)
 		}
-		if !c.e.rescue.outage(ctx, err, state) {
+		if !c.e.rescue.outage(err, state) {
 			return nil, Result{}, errorf("concurrency %q: %w", key, err)
 		}
 		if mayHaveRun(err) {
@@ -680,7 +680,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// that the caller's deadline does not keep the slot until ttl.
 		c.queueRelease(l.key, l.state, l.id, true)
 		return errorf("release %q (made again in the background): %w", l.key, callerDone(ctx))
-	case c.e.rescue.outage(ctx, err, l.state):
+	case c.e.rescue.outage(err, l.state):
 		return c.lostRelease(l)
 	}
 	return errorf("release %q: %w", l.key, err)
@@ -761,7 +761,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 		if ctxErr := callerDone(ctx); ctxErr != nil {
 			return errorf("extend lease of %q: %w", l.key, ctxErr)
 		}
-		if c.e.rescue.outage(ctx, err, l.state) {
+		if c.e.rescue.outage(err, l.state) {
 			return errorf("extend lease of %q: %w: %w", l.key, ErrUnavailable, err)
 		}
 		return errorf("extend lease of %q: %w", l.key, err)

@@ -99,7 +99,7 @@ func (r *rescue) stage(q *request, next decider) error {
 	if ctxErr := callerDone(q.ctx); ctxErr != nil {
 		return errorf("%s %q: %w", e.kind, q.key, ctxErr)
 	}
-	if !r.outage(q.ctx, err, q.state) {
+	if !r.outage(err, q.state) {
 		return errorf("%s %q: %w", e.kind, q.key, err)
 	}
 	return r.decide(q, err)

@@ -41,43 +41,43 @@ func newRedisFunction(files []string, count, checks string) *redisFunction {
 // not call or load them, the engine runs the script from then on. (Every
 // path to the script follows an FCALL that Redis refused before running
 // it: no decision is made twice.)
-func (e *engine) fcall(ctx context.Context, fn *redisFunction, keys []string, args []any) (reply any, err error, ok bool) {
+func (e *engine) fcall(ctx context.Context, fn *redisFunction, keys []string, args []any) (reply any, ok bool, err error) {
 	reply, err = e.rdb.FCall(ctx, fn.name, keys, args...).Result()
 	if err == nil || !isServerError(err) {
-		return reply, err, true
+		return reply, true, err
 	}
 	if functionMissing(err) {
 		if err := e.loadFunction(ctx, fn, keys[0]); err != nil {
 			if !isServerError(err) {
-				return nil, err, true
+				return nil, true, err
 			}
 			// Not loaded: this call runs the script; and so do the
 			// next ones where the server will never load it.
 			if loadRefused(err) {
 				e.noFunctions.Store(true)
 			}
-			return nil, nil, false
+			return nil, false, nil
 		}
 		reply, err = e.rdb.FCall(ctx, fn.name, keys, args...).Result()
 		if err == nil || !isServerError(err) {
-			return reply, err, true
+			return reply, true, err
 		}
 		if functionMissing(err) {
 			// The key moved to another node meanwhile (or, through
 			// an AutoPipeliner over a cluster, the library went to
 			// another node): this call runs the script, and the next
 			// loads the library again.
-			return nil, nil, false
+			return nil, false, nil
 		}
 	}
 	switch {
 	case functionsRefused(err):
 		e.noFunctions.Store(true)
-		return nil, nil, false
+		return nil, false, nil
 	case refusedBeforeRunning(err):
-		return nil, nil, false
+		return nil, false, nil
 	}
-	return reply, err, true
+	return reply, true, err
 }
 
 // loadFunction loads fn's library on the node that serves key.

@@ -95,7 +95,7 @@ func TestEveryRunnerRemembersAnswersRedis(t *testing.T) {
 		require.True(t, res.Allowed && !res.Degraded, "%s: on Redis: %+v", c.name, res)
 	}
 	require.NoError(t, srv.Pause())
-	defer srv.Resume()
+	defer func() { assert.NoError(t, srv.Resume()) }()
 	for i, c := range lims {
 		got := 0
 		for range 20 {
@@ -133,7 +133,7 @@ func TestEveryRunnerKeepsBlockRedis(t *testing.T) {
 	}
 	time.Sleep(150 * time.Millisecond) // every bucket refilled
 	require.NoError(t, srv.Pause())
-	defer srv.Resume()
+	defer func() { assert.NoError(t, srv.Resume()) }()
 	for i, lim := range lims {
 		res, err := lim.Allow(ctx, fmt.Sprint("k", i))
 		require.NoError(t, err, names[i])

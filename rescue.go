@@ -324,7 +324,7 @@ func (r *rescue) downCause(state string) error {
 // marks the node down; if err may concern that call only, it has the node
 // probed, and marked down only if the probe fails too. An error from a
 // Redis client that the program closed is not an outage.
-func (r *rescue) outage(ctx context.Context, err error, state string) bool {
+func (r *rescue) outage(err error, state string) bool {
 	kind := outage.Classify(err)
 	if kind == outage.None {
 		return false

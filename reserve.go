@@ -453,7 +453,7 @@ func (r *Reservation) settleErr(ctx context.Context, err error) error {
 	if ctxErr := callerDone(ctx); ctxErr != nil {
 		return errorf("settle %q: %w", r.key, ctxErr)
 	}
-	if r.e.rescue.outage(ctx, err, r.state) {
+	if r.e.rescue.outage(err, r.state) {
 		return errorf("settle %q: %w: %w", r.key, ErrUnavailable, err)
 	}
 	return errorf("settle %q: %w", r.key, err)

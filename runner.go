@@ -49,7 +49,7 @@ func (fr functionRunner) run(e *engine, r *request) (any, error) {
 	trimDefaults(r)
 	a := &r.args
 	if !e.noFunctions.Load() {
-		if reply, err, ok := e.fcall(r.ctx, fr.fn, a.keys, a.args); ok {
+		if reply, ok, err := e.fcall(r.ctx, fr.fn, a.keys, a.args); ok {
 			return reply, err
 		}
 	}

@@ -58,10 +58,10 @@ func (v Answer) Sent() int64 { return v.At - int64(v.rtt)*int64(time.Microsecond
 // End is when the answer is of no use any more, on the clock of At.
 func (v Answer) End() int64 { return v.At + int64(v.life)*int64(time.Second) }
 
-// New returns a Table of at most about max answers (as many as the
+// New returns a Table of at most about size answers (as many as the
 // fallback keeps stand-ins), for keys of at most rules rules each.
-func New(max, rules int) *Table {
-	return &Table{seed: maphash.MakeSeed(), per: (max + shards - 1) / shards, rules: rules}
+func New(size, rules int) *Table {
+	return &Table{seed: maphash.MakeSeed(), per: (size + shards - 1) / shards, rules: rules}
 }
 
 // Hash is the hash of the key state, for Get.

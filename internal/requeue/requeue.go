@@ -57,9 +57,9 @@ const Timeout = time.Second
 
 // New returns a Queue that makes a pass every interval (and when kicked),
 // skipping the calls whose Key down reports as down, and that holds at
-// most max calls.
-func New(down func(key string) bool, every time.Duration, max int) *Queue {
-	return &Queue{down: down, every: every, max: max, kick: make(chan struct{}, 1), done: make(chan struct{})}
+// most limit calls.
+func New(down func(key string) bool, every time.Duration, limit int) *Queue {
+	return &Queue{down: down, every: every, max: limit, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // Add queues c, to be made at once if now is set, else at the next pass

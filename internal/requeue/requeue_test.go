@@ -120,8 +120,8 @@ func TestCloseDrops(t *testing.T) {
 // to Timeout) still waits, and must not make room for another.
 func TestBoundExact(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	const max = 50
-	q := New(never, time.Hour, max)
+	const maxCalls = 50
+	q := New(never, time.Hour, maxCalls)
 	far := time.Now().Add(time.Hour)
 	started, unblock := make(chan struct{}), make(chan struct{})
 	var once sync.Once // Close may make it again: its pass ended with the queue
@@ -132,13 +132,13 @@ func TestBoundExact(t *testing.T) {
 	}}, true))
 	<-started // the pass has taken it off the queue, and makes it
 	accepted := 1
-	for range max + 10 {
+	for range maxCalls + 10 {
 		if q.Add(Call{Key: "s", Until: far, Do: func(context.Context) bool { return false }}, false) {
 			accepted++
 		}
 	}
-	assert.Equal(t, max, q.Len(), "pending, the one in flight included")
+	assert.Equal(t, maxCalls, q.Len(), "pending, the one in flight included")
 	close(unblock)
-	assert.Equal(t, max, accepted, "calls accepted")
+	assert.Equal(t, maxCalls, accepted, "calls accepted")
 	assert.Zero(t, q.Close(true), "dropped")
 }

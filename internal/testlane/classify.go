@@ -49,60 +49,11 @@ func Classify(dir string) (map[string]Lane, error) {
 	if err != nil {
 		return nil, err
 	}
-	fset := token.NewFileSet()
-	refs := map[string]map[string]bool{} // a declared name -> the names its declaration refers to
-	var tests []string
-	for _, f := range files {
-		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return nil, fmt.Errorf("testlane: %w", err)
-		}
-		imports := importNames(file)
-		for _, d := range file.Decls {
-			switch d := d.(type) {
-			case *ast.FuncDecl:
-				if d.Body == nil {
-					continue
-				}
-				add(refs, d.Name.Name, names(d.Body, imports))
-				if d.Recv == nil && isTest(d) {
-					tests = append(tests, d.Name.Name)
-				}
-			case *ast.GenDecl:
-				for _, s := range d.Specs {
-					if v, ok := s.(*ast.ValueSpec); ok {
-						for _, n := range v.Names {
-							for _, val := range v.Values {
-								add(refs, n.Name, names(val, imports))
-							}
-						}
-					}
-				}
-			}
-		}
+	refs, tests, err := declarations(files)
+	if err != nil {
+		return nil, err
 	}
-
-	// The lane each declared name reaches, to a fixed point. Tests are not
-	// followed through: one test naming another does not run it.
-	lane := map[string]Lane{}
-	for changed := true; changed; {
-		changed = false
-		for name, rs := range refs {
-			best := lane[name]
-			for r := range rs {
-				l, ok := roots[r]
-				if !ok && !strings.HasPrefix(r, "Test") {
-					l = lane[r]
-				}
-				if l.rank() > best.rank() {
-					best = l
-				}
-			}
-			if best != lane[name] {
-				lane[name], changed = best, true
-			}
-		}
-	}
+	lane := reach(refs)
 	out := make(map[string]Lane, len(tests))
 	for _, t := range tests {
 		l := lane[t]
@@ -196,4 +147,68 @@ func add(refs map[string]map[string]bool, name string, ns map[string]bool) {
 	for n := range ns {
 		refs[name][n] = true
 	}
+}
+
+// declarations reads the test files, and returns what each declared name
+// (function, method, package-level variable) refers to, and the tests.
+func declarations(files []string) (map[string]map[string]bool, []string, error) {
+	fset := token.NewFileSet()
+	refs := map[string]map[string]bool{} // a declared name -> the names its declaration refers to
+	var tests []string
+	for _, f := range files {
+		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, nil, fmt.Errorf("testlane: %w", err)
+		}
+		imports := importNames(file)
+		for _, d := range file.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Body == nil {
+					continue
+				}
+				add(refs, d.Name.Name, names(d.Body, imports))
+				if d.Recv == nil && isTest(d) {
+					tests = append(tests, d.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					if v, ok := s.(*ast.ValueSpec); ok {
+						for _, n := range v.Names {
+							for _, val := range v.Values {
+								add(refs, n.Name, names(val, imports))
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return refs, tests, nil
+}
+
+// reach returns the lane each declared name reaches, to a fixed point.
+func reach(refs map[string]map[string]bool) map[string]Lane {
+	// Tests are not followed through: one test naming another does not
+	// run it.
+	lane := map[string]Lane{}
+	for changed := true; changed; {
+		changed = false
+		for name, rs := range refs {
+			best := lane[name]
+			for r := range rs {
+				l, ok := roots[r]
+				if !ok && !strings.HasPrefix(r, "Test") {
+					l = lane[r]
+				}
+				if l.rank() > best.rank() {
+					best = l
+				}
+			}
+			if best != lane[name] {
+				lane[name], changed = best, true
+			}
+		}
+	}
+	return lane
 }
