@@ -33,8 +33,12 @@ func runnerCases() []runnerCase {
 		f := WithLimitFunc(func(context.Context, string) (Limit, error) { return l, nil })
 		return newLimiter(t, rdb, s, l, append(opts, f)...)
 	}
+	var written runner = writtenRunner{}
+	if functionsByDefault { // REDLIMIT_TEST_FUNCTIONS=1: every limiter on Redis Functions
+		written = functionRunner{}
+	}
 	return []runnerCase{
-		{"written-in script", writtenRunner{}, plain},
+		{"written-in script", written, plain},
 		{"Redis Function", functionRunner{}, functions},
 		{"rules as arguments", argsRunner{}, dynamic},
 	}
@@ -87,7 +91,11 @@ func TestEveryRunnerRemembersAnswersRedis(t *testing.T) {
 			lims = append(lims, limiterCase{name, lim})
 		}
 	}
-	assert.Len(t, kinds, 4, "the runners covered: %v", kinds)
+	want := 4 // written-in, Function, arguments, calendar
+	if functionsByDefault {
+		want = 3 // the written-in scripts are Functions too
+	}
+	assert.Len(t, kinds, want, "the runners covered: %v", kinds)
 	ctx := t.Context()
 	for i, c := range lims {
 		res, err := c.lim.AllowN(ctx, fmt.Sprint("k", i), 30)
