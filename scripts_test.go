@@ -155,6 +155,9 @@ func compareBakedAndArgs(t *testing.T, rdb redis.UniversalClient, periods []time
 		policies = append(policies, args)
 		require.NotNil(t, baked.own.script, "round %d: no script with the rules written in", round)
 		args.own.script = nil // the rules as arguments, with the script for any strategy
+		args.own.run = argsRunner{warm: args.own.warm}
+		_, asArgs := baked.own.run.(argsRunner)
+		require.False(t, asArgs, "round %d: the baked policy runs its rules as arguments", round)
 
 		maxN := baked.own.maxN
 		if baked.own.logs > 0 {
