@@ -614,3 +614,22 @@ func TestBlockDenyCache(t *testing.T) {
 		})
 	}
 }
+
+// Issue 10, item 9: AllowN(0) on a blocked key reports, never denies.
+func TestBlockedKeyReportsWithZero(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, PerSecond(1), WithBlock(time.Minute))
+	ctx := t.Context()
+	for range 2 {
+		_, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	res, err := lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "n = 0 on a blocked key: %+v", res)
+	assert.Equal(t, 0, res.Remaining)
+	assert.Equal(t, time.Minute, res.ResetAfter, "the block's time left")
+	res, err = lim.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "still blocked for n = 1")
+}

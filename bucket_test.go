@@ -405,3 +405,39 @@ func TestBucketClockSteppedBack(t *testing.T) {
 		})
 	}
 }
+
+// A plan's Rate raised on a bucket gives no refill that did not happen.
+// bucket.lua stores what is used as of the start of its write's ms, adding
+// the refill since at the writer's Rate, which a reader takes away at its
+// own: after a raise, the reader is given (new Rate - old Rate) × the µs
+// of the write's ms, a free refill. With Period 1 ms that is up to one
+// token per unit of Rate raised: Limit{1, 1ms, Burst 12} used up at
+// 999 µs into a ms, raised to 12/1ms, admitted 10 more at the same µs, 22
+// at once against Burst 12 (TestProperty seeds 883, 988: 13 and 16
+// against 12 and 10; at 1 s or 1 min Periods, an event a few hundred µs
+// early).
+func TestPropertyFoundBucketRateRaiseNoFreeRefill(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		b, _ := miniBackend(t)
+		raised := false
+		lim := newLimiter(t, b.rdb, s, Limit{Rate: 1, Period: time.Millisecond, Burst: 12},
+			WithLimitFunc(func(context.Context, string) (Limit, error) {
+				if raised {
+					return Limit{Rate: 12, Period: time.Millisecond, Burst: 12}, nil
+				}
+				return Limit{}, nil
+			}))
+		ctx := context.Background()
+		b.advance(999 * time.Microsecond)
+		res, err := lim.AllowN(ctx, "k", 12)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		raised = true // the same µs: nothing refilled
+		res, err = lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 0, res.Remaining, "%v: Remaining right after the bucket was used up and its Rate raised", s)
+		res, err = lim.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "%v: a 13th event at the same µs, against Burst 12", s)
+	}
+}

@@ -27,7 +27,7 @@ import (
 
 // Tests of Concurrency (concurrency.go). Their names start with
 // TestConcurrencyLimit: TestConcurrencyRedis and TestConcurrencyCluster are
-// the rate limiters' load tests.
+// the rate limiters' load tests (load_test.go).
 
 // newConc builds a Concurrency and closes it at the end of the test.
 func newConc(t testing.TB, rdb redis.UniversalClient, maxHolders int, ttl time.Duration, opts ...Option) *Concurrency {

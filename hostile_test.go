@@ -359,3 +359,72 @@ func FuzzMissedWindow(f *testing.F) {
 		require.Equal(t, us, v)
 	})
 }
+
+// A nil Context, a nil or zero Reservation and a nil Lease are errors
+// wrapping ErrInvalidArgument, never panics, and change nothing in Redis.
+func TestNilArgumentsAreErrors(t *testing.T) {
+	b, m := miniBackend(t)
+	lim := newLimiter(t, b.rdb, TokenBucket, Limit{Rate: 10, Period: time.Second, Burst: 10}, WithPrefix("nil"))
+	pol, err := NewPolicy(b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: Limit{Rate: 10, Period: time.Second, Burst: 10}},
+		{Strategy: FixedWindow, Limit: Limit{Rate: 100, Period: time.Hour}},
+	}, WithPrefix("nil"))
+	require.NoError(t, err)
+	t.Cleanup(func() { pol.Close() })
+	sem, err := NewConcurrency(b.rdb, 2, time.Minute, WithPrefix("nil"))
+	require.NoError(t, err)
+	t.Cleanup(func() { sem.Close() })
+	ctx := context.Background()
+	res, err := lim.Reserve(ctx, "k", 1)
+	require.NoError(t, err)
+	lease, err := sem.Acquire(ctx, "k")
+	require.NoError(t, err)
+	before := m.Dump()
+
+	var nilCtx context.Context
+	calls := map[string]func() error{
+		"RateLimiter.Allow":   func() error { _, err := lim.Allow(nilCtx, "k"); return err },
+		"RateLimiter.AllowN":  func() error { _, err := lim.AllowN(nilCtx, "k", 1); return err },
+		"RateLimiter.Wait":    func() error { return lim.Wait(nilCtx, "k") },
+		"RateLimiter.WaitN":   func() error { return lim.WaitN(nilCtx, "k", 1) },
+		"RateLimiter.Reset":   func() error { return lim.Reset(nilCtx, "k") },
+		"RateLimiter.Reserve": func() error { _, err := lim.Reserve(nilCtx, "k", 1); return err },
+		"Policy.Allow":        func() error { _, err := pol.Allow(nilCtx, "k"); return err },
+		"Policy.WaitN":        func() error { return pol.WaitN(nilCtx, "k", 1) },
+		"Policy.Reset":        func() error { return pol.Reset(nilCtx, "k") },
+		"Policy.Reserve":      func() error { _, err := pol.Reserve(nilCtx, "k", 1); return err },
+		"Reservation.Settle":  func() error { _, err := res.Settle(nilCtx, 1); return err },
+		"Reservation.Cancel":  func() error { return res.Cancel(nilCtx) },
+		"Concurrency.TryAcquire": func() error {
+			_, _, err := sem.TryAcquire(nilCtx, "k")
+			return err
+		},
+		"Concurrency.Acquire": func() error { _, err := sem.Acquire(nilCtx, "k"); return err },
+		"Lease.Extend":        func() error { return lease.Extend(nilCtx) },
+		"Lease.Release":       func() error { return lease.Release(nilCtx) },
+		"nil Reservation.Settle": func() error {
+			var r *Reservation
+			_, err := r.Settle(ctx, 1)
+			return err
+		},
+		"nil Reservation.Cancel": func() error { var r *Reservation; return r.Cancel(ctx) },
+		"zero Reservation.Settle": func() error {
+			_, err := (&Reservation{}).Settle(ctx, 1)
+			return err
+		},
+	}
+	for name, call := range calls {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%s: %v", name, err)
+		assert.Equal(t, before, m.Dump(), "%s changed Redis", name)
+	}
+	var nilRes *Reservation
+	assert.Equal(t, Result{}, nilRes.Result(), "a nil Reservation's Result")
+
+	// The reservation and the lease still work with a real context.
+	_, err = res.Settle(ctx, 1)
+	require.NoError(t, err, "the reservation after the nil-context calls")
+	require.NoError(t, lease.Extend(ctx), "the lease after the nil-context calls")
+	require.NoError(t, lease.Release(ctx), "the lease after the nil-context calls")
+}

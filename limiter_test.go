@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -528,4 +529,38 @@ func TestClockSteps(t *testing.T) {
 			require.False(t, res.Allowed, "admitted a 6th event in the same instant")
 		})
 	}
+}
+
+// realBackend runs the shared suite on a real redis-server: time passes by
+// sleeping. Its client is steadyOptions's.
+func realBackend(t *testing.T) *backend {
+	s := realServer(t)
+	rdb := redis.NewClient(steadyOptions(s.Addr))
+	t.Cleanup(func() { rdb.Close() })
+	return &backend{name: "redis", rdb: rdb, advance: time.Sleep}
+}
+
+// steadyTimeout is the dial, pool, read and write timeout of the clients of
+// the tests that run on a healthy Redis.
+const steadyTimeout = 2 * time.Second
+
+// steadyOptions are redistest.TunedOptions with room for a loaded machine,
+// for the tests that check decisions on a healthy Redis (not how soon a
+// failure is seen: the fault tests do, with the tuned options): on 2 busy
+// cores under -race a dial or a reply can take more than the tuned 100 ms,
+// and a timeout there is a fallback decision that fails such a test for
+// nothing the library did. The pool holds 64 connections, the most
+// goroutines one of these tests runs, so that no call waits for a
+// connection, and every timeout is 2 s.
+func steadyOptions(addr string) *redis.Options {
+	opts := redistest.TunedOptions(addr)
+	opts.PoolSize = 64
+	opts.DialTimeout, opts.PoolTimeout = steadyTimeout, steadyTimeout
+	opts.ReadTimeout, opts.WriteTimeout = steadyTimeout, steadyTimeout
+	return opts
+}
+
+func TestBehaviourRedis(t *testing.T) {
+	clearOfHourEdge(t, time.Minute) // the suite's hour-long windows, on a real clock
+	testBehaviour(t, realBackend)
 }

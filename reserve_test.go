@@ -1296,3 +1296,58 @@ func prefetchRefundAfterRefund(t *testing.T, b *backend) {
 	t.Logf("admitted %d at one instant (%v), against Burst %d", n, took, l.Burst)
 	assert.LessOrEqual(t, n, l.Burst+refilled, "admitted at one instant (%v), against Burst %d", took, l.Burst)
 }
+
+// Settle's Result is the key's state "as AllowN(ctx, key, 0) reports it"
+// (Reservation.Settle): under the key's limit now, as AllowN decides, not
+// under the one the reservation was taken with. After a plan's Rate
+// lowered from 11 to 6 between Reserve(9) and its Cancel, Settle said
+// Remaining 11, and AllowN(11) is an error (ErrExceedsLimit: 6 at most at
+// once); AllowN(0) says 6 (TestProperty seeds 12, 76, 87).
+func TestPropertyFoundSettleResultUnderThePlanNow(t *testing.T) {
+	b, _ := miniBackend(t)
+	lowered := false
+	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 11, Period: 800 * time.Millisecond},
+		WithLimitFunc(func(context.Context, string) (Limit, error) {
+			if lowered {
+				return Limit{Rate: 6, Period: 800 * time.Millisecond}, nil
+			}
+			return Limit{}, nil
+		}))
+	ctx := context.Background()
+	rv, err := lim.Reserve(ctx, "k", 9)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	lowered = true
+	res, err := rv.Settle(ctx, 0)
+	require.NoError(t, err)
+	look, err := lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	require.Equal(t, look.Remaining, res.Remaining, "Settle's Remaining, against AllowN(0)'s right after")
+}
+
+// Settle's Result during a penalty block is the key's state as AllowN(0)
+// reports it then: nothing left until the block ends. A Cancel during a
+// block said Remaining 4 (the window's), and AllowN(4) right after was
+// blocked (TestProperty seeds 6, 21, 31, 53, 63 and others: the settle
+// script does not read the block).
+func TestPropertyFoundSettleResultDuringBlock(t *testing.T) {
+	b, _ := miniBackend(t)
+	lim := newLimiter(t, b.rdb, FixedWindow, Limit{Rate: 4, Period: time.Millisecond}, WithBlock(time.Second))
+	ctx := context.Background()
+	rv, err := lim.Reserve(ctx, "k", 3)
+	require.NoError(t, err)
+	require.True(t, rv.Result().Allowed)
+	res, err := lim.AllowN(ctx, "k", 3) // denied: sets the block
+	require.NoError(t, err)
+	require.False(t, res.Allowed)
+	res, err = rv.Settle(ctx, 0)
+	require.NoError(t, err)
+	look, err := lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	require.Equal(t, look.Remaining, res.Remaining, "Settle's Remaining during the block, against AllowN(0)'s right after")
+	if res.Remaining > 0 {
+		take, err := lim.AllowN(ctx, "k", res.Remaining)
+		require.NoError(t, err)
+		require.True(t, take.Allowed, "AllowN(%d), Settle's Remaining, during the block: %+v", res.Remaining, take)
+	}
+}

@@ -5,8 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -476,6 +479,24 @@ return out`)
 			}
 			assert.Equal(t, floor, got[2*i], "%s: floor_div(%d, %d)", name, a, b)
 			assert.Equal(t, ceil, got[2*i+1], "%s: ceil_div(%d, %d)", name, a, b)
+		}
+	}
+}
+
+// Lua numbers are doubles: tostring keeps 14 digits of a µs timestamp on
+// real Redis (and all of them on miniredis), so the scripts never use it,
+// nor '..' on a number.
+func TestScriptsNeverStringifyNumbers(t *testing.T) {
+	files, err := filepath.Glob("scripts/*.lua")
+	require.NoError(t, err, "no scripts: %v", err)
+	require.NotEmpty(t, files, "no scripts: %v", err)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(src), "\n") {
+			code, _, _ := strings.Cut(line, "--")
+			assert.NotContains(t, code, "tostring", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
+			assert.NotContains(t, code, "..", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
 		}
 	}
 }

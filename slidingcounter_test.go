@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/testlane"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,4 +47,43 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 	require.NoError(t, err, "stored %q, %v; want the counts as text", v, err)
 	// c:p:w, w the window index (t0 + 1.5s, in whole seconds).
 	require.Equal(t, fmt.Sprintf("700000000:600000000:%d", t0.Unix()+1), v, "stored %q; want the counts as text", v)
+}
+
+// Issue 10, item 9: the sliding counter under-admits at small rates. Its
+// estimate rounds the previous window's weighted count up (never over the
+// limit), so a steady caller gets about half of a Rate of 1, and 92% of a
+// Rate of 10, in 10 periods. This table is in the README; small limits
+// should use the sliding log, which is exact.
+func TestSlidingCounterSmallRates(t *testing.T) {
+	testlane.MarkHeavy(t)
+	cases := []struct {
+		rate     int
+		min, max int // admitted in 10 periods, one call every period/20
+	}{
+		{1, 5, 6},
+		{10, 90, 95},
+	}
+	for _, c := range cases {
+		b, _ := miniBackend(t)
+		lim := newLimiter(t, b.rdb, SlidingCounter, PerSecond(c.rate))
+		log := newLimiter(t, b.rdb, SlidingLog, PerSecond(c.rate), WithPrefix("log"))
+		ctx := t.Context()
+		admitted, exact := 0, 0
+		step := time.Second / time.Duration(20*c.rate)
+		for range 200 * c.rate {
+			for range 2 { // offered at twice the rate
+				res, err := lim.Allow(ctx, "k")
+				require.NoError(t, err)
+				admitted += btoi(res.Allowed)
+				res, err = log.Allow(ctx, "k")
+				require.NoError(t, err)
+				exact += btoi(res.Allowed)
+			}
+			b.advance(step)
+		}
+		t.Logf("rate %d/s over 10s: sliding counter %d, sliding log %d", c.rate, admitted, exact)
+		assert.GreaterOrEqual(t, admitted, c.min, "rate %d", c.rate)
+		assert.LessOrEqual(t, admitted, c.max, "rate %d", c.rate)
+		assert.Equal(t, 10*c.rate, exact, "the sliding log is exact")
+	}
 }

@@ -354,3 +354,64 @@ func scriptStats(t *testing.T, rdb *redis.Client) (usec, calls int) {
 	}
 	return usec, calls
 }
+
+// A sliding log's expiry covers every event of the millisecond that set it:
+// an event admitted later in that millisecond skips PEXPIRE (the expiry
+// is "the same, to the ms"), so the key must live until that millisecond's
+// end plus Period, also where a key expires at exactly its write time plus
+// PX, as miniredis does (Redis expires it at the end of that ms). A key
+// that expired at its first write's time plus Period lost the events
+// admitted after it in the same ms while they still counted: 11 admitted
+// in 100 ms at 10/100ms (TestProperty seed 613).
+func TestPropertyFoundSlidingLogExpiryCoversItsMs(t *testing.T) {
+	for _, policy := range []bool{false, true} {
+		b, _ := miniBackend(t)
+		l := Limit{Rate: 10, Period: 100 * time.Millisecond}
+		var lim Limiter = newLimiter(t, b.rdb, SlidingLog, l)
+		if policy { // the rules passed as arguments: another path to the PX
+			p, err := NewPolicy(b.rdb, []Rule{{Strategy: SlidingLog, Limit: l}, {Strategy: FixedWindow, Limit: PerHour(1000)}}, WithPrefix("p"))
+			require.NoError(t, err)
+			t.Cleanup(func() { p.Close() })
+			lim = p
+		}
+		ctx := context.Background()
+		res, err := lim.AllowN(ctx, "k", 8)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		b.advance(999 * time.Microsecond) // the same ms
+		res, err = lim.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		// At 100 ms the 8 events of t=0 have left; the one of t=999µs
+		// counts until 100.999 ms.
+		b.advance(l.Period - 999*time.Microsecond)
+		res, err = lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 9, res.Remaining, "policy %v: Remaining at 100 ms, with the event of 999 µs in the window", policy)
+		b.advance(999 * time.Microsecond)
+		res, err = lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		require.Equal(t, 10, res.Remaining, "policy %v: Remaining at 100.999 ms", policy)
+	}
+}
+
+// The same where an overspend's entries set the expiry (settle.lua).
+func TestPropertyFoundSlidingLogSettleExpiryCoversItsMs(t *testing.T) {
+	b, _ := miniBackend(t)
+	l := Limit{Rate: 10, Period: 100 * time.Millisecond}
+	lim := newLimiter(t, b.rdb, SlidingLog, l)
+	ctx := context.Background()
+	rv, err := lim.Reserve(ctx, "k", 1) // t=0: the key expires at 100 ms
+	require.NoError(t, err)
+	b.advance(50*time.Millisecond + 500*time.Microsecond)
+	_, err = rv.Settle(ctx, 3) // 2 more entries, at 50.5 ms, and the key's expiry moved to 150.5 ms
+	require.NoError(t, err)
+	b.advance(499 * time.Microsecond) // the same ms: the expiry stays
+	res, err := lim.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	b.advance(l.Period - 499*time.Microsecond) // 150.5 ms: the entries of 50.5 ms have left
+	res, err = lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	require.Equal(t, 9, res.Remaining, "Remaining at 150.5 ms, with the event of 50.999 ms in the window")
+}

@@ -3,10 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,61 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// realBackend runs the shared suite on a real redis-server: time passes by
-// sleeping. Its client is steadyOptions's.
-func realBackend(t *testing.T) *backend {
-	s := realServer(t)
-	rdb := redis.NewClient(steadyOptions(s.Addr))
-	t.Cleanup(func() { rdb.Close() })
-	return &backend{name: "redis", rdb: rdb, advance: time.Sleep}
-}
-
-// steadyTimeout is the dial, pool, read and write timeout of the clients of
-// the tests that run on a healthy Redis.
-const steadyTimeout = 2 * time.Second
-
-// steadyOptions are redistest.TunedOptions with room for a loaded machine,
-// for the tests that check decisions on a healthy Redis (not how soon a
-// failure is seen: the fault tests do, with the tuned options): on 2 busy
-// cores under -race a dial or a reply can take more than the tuned 100 ms,
-// and a timeout there is a fallback decision that fails such a test for
-// nothing the library did. The pool holds 64 connections, the most
-// goroutines one of these tests runs, so that no call waits for a
-// connection, and every timeout is 2 s.
-func steadyOptions(addr string) *redis.Options {
-	opts := redistest.TunedOptions(addr)
-	opts.PoolSize = 64
-	opts.DialTimeout, opts.PoolTimeout = steadyTimeout, steadyTimeout
-	opts.ReadTimeout, opts.WriteTimeout = steadyTimeout, steadyTimeout
-	return opts
-}
-
-func TestBehaviourRedis(t *testing.T) {
-	clearOfHourEdge(t, time.Minute) // the suite's hour-long windows, on a real clock
-	testBehaviour(t, realBackend)
-}
-
-// Lua numbers are doubles: tostring keeps 14 digits of a µs timestamp on
-// real Redis (and all of them on miniredis), so the scripts never use it,
-// nor '..' on a number.
-func TestScriptsNeverStringifyNumbers(t *testing.T) {
-	files, err := filepath.Glob("scripts/*.lua")
-	require.NoError(t, err, "no scripts: %v", err)
-	require.NotEmpty(t, files, "no scripts: %v", err)
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		require.NoError(t, err)
-		for i, line := range strings.Split(string(src), "\n") {
-			code, _, _ := strings.Cut(line, "--")
-			assert.NotContains(t, code, "tostring", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
-			assert.NotContains(t, code, "..", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
-		}
-	}
-}
+// Load tests of the rate limiters: goroutines hammer one key, and the
+// admitted events are held to each strategy's bound (TestConcurrencyRedis
+// here, TestConcurrencyCluster in cluster_test.go).
 
 // concurrencyCase is a limit to hammer, and the bound on admissions that
 // the strategy guarantees for any interval of client time.
@@ -266,36 +213,4 @@ func checkAdmissions(t *testing.T, tc concurrencyCase, admitted, done []time.Dur
 	assert.GreaterOrEqual(t, got, low*ideal, "admitted %d, fewer than %.0f%% of the %.0f the limit allows", len(admitted), low*100, ideal)
 	ideal = expect(runFor)
 	assert.LessOrEqual(t, got, ideal+float64(burst)+float64(l.Rate), "admitted %d, more than the %.0f the limit allows over the run", len(admitted), ideal)
-}
-
-// Redis memory each strategy keeps per limited key.
-func TestMemoryPerKeyRedis(t *testing.T) {
-	b := realBackend(t)
-	ctx := context.Background()
-	for _, s := range Strategies() {
-		lim := newLimiter(t, b.rdb, s, Limit{Rate: 1000, Period: time.Minute, Burst: 1000})
-		for _, events := range []int{1, 100, 1000} {
-			key := fmt.Sprintf("user:%d", 10000+events)
-			require.NoError(t, lim.Reset(ctx, key))
-			_, err := lim.AllowN(ctx, key, events)
-			require.NoError(t, err)
-			used, err := b.rdb.MemoryUsage(ctx, lim.stateKey(key), 0).Result() // SAMPLES 0: exact, not sampled
-			require.NoError(t, err)
-			t.Logf("%-16s key %q, %3d events: MEMORY USAGE %d bytes", s, lim.stateKey(key), events, used)
-			switch s {
-			case SlidingLog:
-			case SubWindowCounter:
-				// A hash of two fields here (the events in one sub-window);
-				// a full one, TestSubWindowCounterMemoryRedis.
-				assert.LessOrEqual(t, used, int64(128), "%v keeps %d bytes per key, want at most 128", s, used)
-			default:
-				assert.LessOrEqual(t, used, int64(100), "%v keeps %d bytes per key, want at most 100", s, used)
-			}
-			// A small sorted set is a listpack (about 36 bytes an event); past
-			// 128 members Redis makes it a skiplist (about 118).
-			if most := int64(100 + 40*min(events, 128) + 150*max(events-128, 0)); s == SlidingLog {
-				assert.LessOrEqual(t, used, most, "sliding log keeps %d bytes for %d events, want at most %d", used, events, most)
-			}
-		}
-	}
 }
