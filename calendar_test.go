@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,26 +31,26 @@ func loadZone(t testing.TB, name string) *time.Location {
 // time.Date of each local date at 00:00 (it normalises a day past the
 // month's end and a skipped midnight).
 func expectedStarts(l Limit, from time.Time) []time.Time {
-	loc := l.cal.loc
+	loc := l.cal.Loc
 	y, m, d := from.In(loc).Date()
 	var out []time.Time
-	switch l.cal.kind {
-	case calendarDay:
+	switch l.cal.Kind {
+	case calendar.Day:
 		for k := 0; k <= 2*366; k++ {
 			out = append(out, time.Date(y, m, d+k, 0, 0, 0, 0, loc))
 		}
-	case calendarWeek:
-		for time.Date(y, m, d, 12, 0, 0, 0, loc).Weekday() != time.Weekday(l.cal.day) {
+	case calendar.Week:
+		for time.Date(y, m, d, 12, 0, 0, 0, loc).Weekday() != time.Weekday(l.cal.Day) {
 			d++
 		}
 		for k := 0; k <= 2*53; k++ {
 			out = append(out, time.Date(y, m, d+7*k, 0, 0, 0, 0, loc))
 		}
-	case calendarMonth:
+	case calendar.Month:
 		for k := 0; k <= 24; k++ {
 			// The month's last day, from the first of the next month.
 			last := time.Date(y, m+time.Month(k)+1, 1, 12, 0, 0, 0, loc).AddDate(0, 0, -1).Day()
-			out = append(out, time.Date(y, m+time.Month(k), min(l.cal.day, last), 0, 0, 0, 0, loc))
+			out = append(out, time.Date(y, m+time.Month(k), min(l.cal.Day, last), 0, 0, 0, 0, loc))
 		}
 	}
 	return out
@@ -73,7 +74,7 @@ func TestCalendarWindowsMatchTimePackage(t *testing.T) {
 			for k := 0; k+1 < len(starts); k++ {
 				s, e := starts[k], starts[k+1]
 				for _, at := range []time.Time{s, e.Add(-time.Microsecond), s.Add(e.Sub(s) / 2)} {
-					gs, ge, idx := l.cal.window(at)
+					gs, ge, idx := l.cal.Window(at)
 					if !gs.Equal(s) || !ge.Equal(e) {
 						t.Fatalf("%v: window(%v) = [%v, %v), want [%v, %v)", l, at.In(loc), gs, ge, s, e)
 					}
@@ -81,7 +82,7 @@ func TestCalendarWindowsMatchTimePackage(t *testing.T) {
 						t.Fatalf("%v: window(%v) index %d, want %d", l, at.In(loc), idx, prev+1)
 					}
 				}
-				_, _, prev = l.cal.window(s)
+				_, _, prev = l.cal.Window(s)
 			}
 		}
 	}
@@ -101,11 +102,11 @@ func TestCalendarDaylightSavingDays(t *testing.T) {
 		{lh, time.Date(2026, 10, 4, 12, 0, 0, 0, lh), 23*time.Hour + 30*time.Minute},
 		{lh, time.Date(2026, 4, 5, 12, 0, 0, 0, lh), 24*time.Hour + 30*time.Minute},
 	} {
-		s, e, _ := Daily(1, c.loc).cal.window(c.day)
+		s, e, _ := Daily(1, c.loc).cal.Window(c.day)
 		assert.Equal(t, c.want, e.Sub(s), "the day of %v", c.day)
 	}
 	at := time.Date(2026, 3, 8, 1, 0, 0, 0, ny)
-	_, e, _ := Daily(1, ny).cal.window(at)
+	_, e, _ := Daily(1, ny).cal.Window(at)
 	assert.Equal(t, 22*time.Hour, e.Sub(at))
 }
 
@@ -192,7 +193,7 @@ func TestCalendarDecisionsAtEveryBoundary(t *testing.T) {
 	for _, zone := range calendarZones {
 		loc := loadZone(t, zone)
 		for _, l := range []Limit{Daily(2, loc), Weekly(2, loc, time.Monday), Monthly(2, loc, 31), Monthly(2, loc, 29)} {
-			t.Run(zone+"/"+l.cal.name(), func(t *testing.T) {
+			t.Run(zone+"/"+l.cal.Name(), func(t *testing.T) {
 				b, _ := miniBackend(t)
 				lim := newLimiter(t, b.rdb, FixedWindow, l)
 				ctx := t.Context()
@@ -200,7 +201,7 @@ func TestCalendarDecisionsAtEveryBoundary(t *testing.T) {
 				visited := 0 // the last window that took an event at its start
 				for k := 1; k+1 < len(starts); k++ {
 					s, e := starts[k], starts[k+1]
-					if l.cal.kind == calendarDay && k%8 != 1 && e.Sub(s) == 24*time.Hour && s.Sub(starts[k-1]) == 24*time.Hour {
+					if l.cal.Kind == calendar.Day && k%8 != 1 && e.Sub(s) == 24*time.Hour && s.Sub(starts[k-1]) == 24*time.Hour {
 						continue // of the days: every 8th, and those around a change of offset
 					}
 					b.at(s.Add(-time.Microsecond))

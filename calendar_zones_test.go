@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -49,7 +50,7 @@ func tzZones(t testing.TB) []string {
 // 1970-01-01).
 func localDay(t time.Time, loc *time.Location) int64 {
 	y, m, d := t.In(loc).Date()
-	return civilDay(y, m, d)
+	return calendar.CivilDay(y, m, d)
 }
 
 // Every zone of the tz database, 2000–2040: around each change of offset
@@ -108,9 +109,9 @@ func TestCalendarWindowsEveryZone(t *testing.T) {
 // checkWindow checks the window of l that holds p and its neighbours (see
 // TestCalendarWindowsEveryZone): it returns what is wrong, or "".
 func checkWindow(l Limit, p time.Time) string {
-	loc := l.cal.loc
+	loc := l.cal.Loc
 	at := func(x time.Time) string { return x.In(loc).Format("2006-01-02 15:04:05.999999 MST") }
-	s, e, idx := l.cal.window(p)
+	s, e, idx := l.cal.Window(p)
 	if p.Before(s) || !p.Before(e) {
 		return fmt.Sprintf("%v at %s: window [%s, %s) does not hold it", l, at(p), at(s), at(e))
 	}
@@ -122,16 +123,16 @@ func checkWindow(l Limit, p time.Time) string {
 	// A day's window is the instant's own local date, or the next one where
 	// the clocks went back past midnight after it began (America/Goose_Bay
 	// until 2011: from 00:01 back to 23:01), as s <= p shows.
-	if day := localDay(p, loc); l.cal.kind == calendarDay && localDay(s, loc) != day && localDay(s, loc) != day+1 {
+	if day := localDay(p, loc); l.cal.Kind == calendar.Day && localDay(s, loc) != day && localDay(s, loc) != day+1 {
 		return fmt.Sprintf("%v at %s: the day's window starts at %s", l, at(p), at(s))
 	}
 	for _, q := range []time.Time{s, e.Add(-time.Microsecond)} {
-		if qs, qe, qi := l.cal.window(q); !qs.Equal(s) || !qe.Equal(e) || qi != idx {
+		if qs, qe, qi := l.cal.Window(q); !qs.Equal(s) || !qe.Equal(e) || qi != idx {
 			return fmt.Sprintf("%v at %s: window [%s, %s) #%d, at %s [%s, %s) #%d", l, at(p), at(s), at(e), idx, at(q), at(qs), at(qe), qi)
 		}
 	}
-	ns, _, ni := l.cal.window(e)
-	_, pe, pi := l.cal.window(s.Add(-time.Microsecond))
+	ns, _, ni := l.cal.Window(e)
+	_, pe, pi := l.cal.Window(s.Add(-time.Microsecond))
 	if !ns.Equal(e) || !pe.Equal(s) || pi >= idx || idx >= ni {
 		return fmt.Sprintf("%v at %s: window [%s, %s) #%d; the next starts at %s #%d, the previous ends at %s #%d", l, at(p), at(s), at(e), idx, at(ns), ni, at(pe), pi)
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/calendar"
 )
 
 // Limit is a rate: Rate events per Period. The zero value is not a valid
@@ -24,7 +26,7 @@ type Limit struct {
 	// [MaxSubWindows], none shorter than 1 ms.
 	SubWindows int
 
-	cal calendar // Daily, Weekly, Monthly: windows of a calendar (calendar.go)
+	cal calendar.Calendar // Daily, Weekly, Monthly: windows of a calendar (calendar.go)
 }
 
 // PerSecond returns a Limit of rate events per second.
@@ -160,11 +162,11 @@ func (l Limit) validate(maxRate int) (Limit, error) {
 		return bad("Burst must be at most %d", MaxRate)
 	}
 	if l.isCalendar() {
-		if why := l.cal.check(); why != "" {
+		if why := l.cal.Check(); why != "" {
 			return bad("%s", why)
 		}
-		if l.Period != l.cal.period() {
-			return bad("a calendar limit's Period must be its calendar's, %v", l.cal.period())
+		if l.Period != l.cal.Period() {
+			return bad("a calendar limit's Period must be its calendar's, %v", l.cal.Period())
 		}
 	}
 	if l.Burst == 0 {

@@ -83,7 +83,7 @@ func policyRules(rules []Rule) (*ruleSet, error) {
 		if name == "" {
 			name = defaultRuleName(r.Strategy, r.Limit.Period)
 			if r.Limit.isCalendar() {
-				name = r.Strategy.String() + "-" + r.Limit.cal.name()
+				name = r.Strategy.String() + "-" + r.Limit.cal.Name()
 			}
 		}
 		ru, err := newRule(name, alg, r.Limit)
