@@ -329,7 +329,7 @@ func (r *rescue) outage(err error, state string) bool {
 	if kind == outage.None {
 		return false
 	}
-	if errors.Is(err, redis.ErrClosed) && clientClosed(r.w.ctx, r.e.rdb) {
+	if errors.Is(err, redis.ErrClosed) && outage.ClientClosed(r.w.ctx, r.e.rdb) {
 		r.w.setGone()
 		return false
 	}
@@ -543,7 +543,7 @@ func (w *nodeWatch) checkNode(n *node) bool {
 		return true
 	}
 	err := w.probe(n)
-	gone := errors.Is(err, redis.ErrClosed) && clientClosed(w.ctx, w.key.rdb)
+	gone := errors.Is(err, redis.ErrClosed) && outage.ClientClosed(w.ctx, w.key.rdb)
 	if gone {
 		w.setGone()
 	}
@@ -589,7 +589,7 @@ func (w *nodeWatch) waitBack(n *node) bool {
 			every, wait = d, d
 			tick.Reset(every)
 		}
-		if closedNow(w.key.rdb) {
+		if outage.ClosedNow(w.key.rdb) {
 			w.setGone()
 			return false
 		}
@@ -600,7 +600,7 @@ func (w *nodeWatch) waitBack(n *node) bool {
 		switch {
 		case err == nil:
 			wait = every
-		case errors.Is(err, redis.ErrClosed) && !clientClosed(w.ctx, w.key.rdb):
+		case errors.Is(err, redis.ErrClosed) && !outage.ClientClosed(w.ctx, w.key.rdb):
 			// The client dropped this node (a ring shard removed, say):
 			// there is nothing left to wait for.
 			err = nil

@@ -1,11 +1,10 @@
 package redlimit
 
 import (
-	"sync"
-
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/hashslot"
+	"github.com/redlimit/redlimit/internal/outage"
 )
 
 // The scope of down-state. A limiter marks down one Redis node at a time,
@@ -20,9 +19,6 @@ import (
 // A node is probed with a short key of the failing key's slot, never with
 // the caller's key, so that a huge or odd key cannot make probes fail.
 
-// numSlots is the number of hash slots of a Redis Cluster.
-const numSlots = hashslot.Count
-
 // scope is one Redis node as the limiter sees it: what is marked down, and
 // how it is probed.
 type scope struct {
@@ -34,7 +30,7 @@ type scope struct {
 // scopeOf returns the scope of the state key state: the node the client
 // sends it to now. It does not touch the network.
 func (r *rescue) scopeOf(state string) scope {
-	key := r.e.cfg.prefix + ":{" + probeTag(hashslot.Of(state)) + "}" + probeSuffix
+	key := r.e.cfg.prefix + ":{" + hashslot.Tag(hashslot.Of(state)) + "}" + probeSuffix
 	switch c := r.e.rdb.(type) {
 	case *redis.ClusterClient:
 		// Probes go through the cluster client, so that they follow the
@@ -69,68 +65,9 @@ func (r *rescue) scopeID(state string) string {
 // context, go-redis answers from the layout it has and never touches the
 // network.
 func clusterNode(c *redis.ClusterClient, key string) string {
-	m, err := c.MasterForKey(cancelledCtx, key)
+	m, err := c.MasterForKey(outage.Cancelled, key)
 	if err != nil {
 		return ""
 	}
 	return m.Options().Addr
-}
-
-var (
-	probeTagsOnce sync.Once
-	probeTags     *[numSlots]string
-)
-
-// probeTag returns a short hash tag (1 to 3 letters or digits) whose slot
-// is slot. The table of all 16384 is built on first use, in about 1ms.
-func probeTag(slot int) string {
-	probeTagsOnce.Do(buildProbeTags)
-	return probeTags[slot]
-}
-
-// buildProbeTags gives each slot the first string of letters and digits,
-// shortest first, whose slot it is. Strings of up to 3 characters cover
-// every slot; the CRC of a string is carried on from its prefix's.
-func buildProbeTags() {
-	const digits = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-	var (
-		found [numSlots][4]byte // the tag, and its length in the last byte
-		left  = numSlots
-		walk  func(prefix []byte, crc uint16, depth int)
-	)
-	walk = func(prefix []byte, crc uint16, depth int) {
-		for i := 0; i < len(digits) && left > 0; i++ {
-			c := hashslot.Next(crc, digits[i])
-			s := append(prefix, digits[i])
-			if depth == 1 {
-				if t := &found[c%numSlots]; t[3] == 0 {
-					copy(t[:], s)
-					t[3] = byte(len(s))
-					left--
-				}
-				continue
-			}
-			walk(s, c, depth-1)
-		}
-	}
-	for n := 1; left > 0 && n <= 4; n++ {
-		walk(make([]byte, 0, 4), 0, n)
-	}
-	// One string holds every tag; each tag is a slice of it.
-	var all []byte
-	var ends [numSlots]int
-	for i := range found {
-		all = append(all, found[i][:found[i][3]]...)
-		ends[i] = len(all)
-	}
-	s := string(all)
-	tags := new([numSlots]string)
-	for i := range tags {
-		start := 0
-		if i > 0 {
-			start = ends[i-1]
-		}
-		tags[i] = s[start:ends[i]]
-	}
-	probeTags = tags
 }
