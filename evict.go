@@ -33,5 +33,5 @@ func (r *rescue) notify(t Transition) {
 	}
 	r.queue = append(r.queue, t)
 	r.mu.Unlock()
-	r.flush()
+	r.Flush()
 }

@@ -1,4 +1,4 @@
-package redlimit
+package nodewatch
 
 import (
 	"github.com/redis/go-redis/v9"
@@ -7,19 +7,12 @@ import (
 	"github.com/redlimit/redlimit/internal/outage"
 )
 
-// The scope of down-state. A limiter marks down one Redis node at a time,
-// never Redis as a whole: the node that serves the failing key, as the
-// client routes it. For a *redis.Client (a FailoverClient too) that is its
-// one server; for a *redis.ClusterClient, the master of the key's slot (by
-// address, so every slot of a dead master falls back together, and a slot
-// that fails over comes back when the client routes it to the new master);
-// for a *redis.Ring, the shard of the key. An *redis.AutoPipeliner does not
-// tell where a key goes, so it is one scope, like any other client type.
-//
-// A node is probed with a short key of the failing key's slot, never with
-// the caller's key, so that a huge or odd key cannot make probes fail.
+// ProbeSuffix ends every probe key, which is <prefix>:{<tag>}:p with a tag
+// of 1 to 3 letters or digits chosen for its slot (hashslot.Tag). No
+// limiter's state key ends so.
+const ProbeSuffix = ":p"
 
-// scope is one Redis node as the limiter sees it: what is marked down, and
+// scope is one Redis node as the watch sees it: what is marked down, and
 // how it is probed.
 type scope struct {
 	id    string         // the node's address; "" for the whole client
@@ -27,11 +20,17 @@ type scope struct {
 	key   string         // the probe key
 }
 
-// scopeOf returns the scope of the state key state: the node the client
-// sends it to now. It does not touch the network.
-func (r *rescue) scopeOf(state string) scope {
-	key := r.e.cfg.prefix + ":{" + hashslot.Tag(hashslot.Of(state)) + "}" + probeSuffix
-	switch c := r.e.rdb.(type) {
+// locate returns the scope of the key state, for a limiter with this key
+// prefix: the node the client sends it to now. For a *redis.Client (a
+// FailoverClient too) that is its one server; for a *redis.ClusterClient,
+// the master of the key's slot (by address, so every slot of a dead master
+// falls back together, and a slot that fails over comes back when the
+// client routes it to the new master); for a *redis.Ring, the shard of the
+// key. An *redis.AutoPipeliner does not tell where a key goes, so it is
+// one scope, like any other client type. It does not touch the network.
+func locate(rdb redis.UniversalClient, prefix, state string) scope {
+	key := prefix + ":{" + hashslot.Tag(hashslot.Of(state)) + "}" + ProbeSuffix
+	switch c := rdb.(type) {
 	case *redis.ClusterClient:
 		// Probes go through the cluster client, so that they follow the
 		// slot when it moves to another master.
@@ -44,12 +43,12 @@ func (r *rescue) scopeOf(state string) scope {
 		}
 		return scope{probe: c, key: key}
 	}
-	return scope{probe: r.e.rdb, key: key}
+	return scope{probe: rdb, key: key}
 }
 
-// scopeID is scopeOf(state).id, without the probe key.
-func (r *rescue) scopeID(state string) string {
-	switch c := r.e.rdb.(type) {
+// nodeID is locate(rdb, prefix, state).id, without the probe key.
+func nodeID(rdb redis.UniversalClient, state string) string {
+	switch c := rdb.(type) {
 	case *redis.ClusterClient:
 		return clusterNode(c, state)
 	case *redis.Ring:
