@@ -2,13 +2,13 @@ package redlimit
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/answers"
+	"github.com/redlimit/redlimit/internal/hookqueue"
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/nodewatch"
 )
@@ -149,10 +149,9 @@ type rescue struct {
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
 
-	mu       sync.Mutex
-	closed   bool
-	queue    []Transition // switches not yet reported, oldest first
-	draining bool         // a goroutine is reporting the queue
+	// hook holds the transitions not yet reported to WithOnTransition's
+	// hook; Close closes it.
+	hook hookqueue.Queue[Transition]
 }
 
 // probeScript checks what a decision needs: the server's clock, and a write
@@ -222,64 +221,19 @@ func (r *rescue) Queue(e nodewatch.Event) {
 	} else if c := r.e.clock; c != nil {
 		c.Stale()
 	}
-	r.enqueue(t)
+	r.hook.Add(t)
 }
 
 // Gone records that the program closed the Redis client (nodewatch.Sub).
 func (r *rescue) Gone() { r.gone.Store(true) }
 
-// enqueue queues t for r's hook, unless r is closed.
-func (r *rescue) enqueue(t Transition) {
-	r.mu.Lock()
-	if !r.closed {
-		r.queue = append(r.queue, t)
-	}
-	r.mu.Unlock()
-}
-
-// Flush reports the queued switches in order, one at a time, unless another
-// goroutine is reporting them (it then reports these too). No lock is held
-// while the hook runs, so that it may call the limiter, Close included
-// (nodewatch.Sub).
-func (r *rescue) Flush() {
-	f := r.e.cfg.onTransition
-	r.mu.Lock()
-	if f == nil {
-		r.queue = nil
-	}
-	if r.draining {
-		r.mu.Unlock()
-		return
-	}
-	r.draining = true
-	for len(r.queue) > 0 {
-		t := r.queue[0]
-		r.queue[0] = Transition{}
-		r.queue = r.queue[1:]
-		r.mu.Unlock()
-		callHook(f, t)
-		r.mu.Lock()
-	}
-	r.queue = nil
-	r.draining = false
-	r.mu.Unlock()
-}
-
-// callHook calls the OnTransition hook f, dropping a panic: the hook runs
-// on whichever of the limiter's goroutines noticed the switch (the
-// monitor's, for a switch back, where a panic would end the process), and
-// reporting must go on for the next switches.
-func callHook(f func(Transition), t Transition) {
-	defer func() { _ = recover() }()
-	f(t)
-}
+// Flush reports the queued transitions to r's hook in order, with no lock
+// held, so that it may call the limiter, Close included (nodewatch.Sub).
+func (r *rescue) Flush() { r.hook.Flush(r.e.cfg.onTransition) }
 
 // close takes r off its watch (the last limiter to leave stops the probes
 // and waits for them) and drops the switches not reported yet.
 func (r *rescue) close() {
-	r.mu.Lock()
-	r.closed = true
-	r.queue = nil
-	r.mu.Unlock()
+	r.hook.Close()
 	r.w.Leave(r)
 }
