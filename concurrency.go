@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"cmp"
 	"container/list"
 	"context"
 	"encoding/binary"
@@ -10,13 +9,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/localsem"
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/requeue"
@@ -97,8 +96,8 @@ type Concurrency struct {
 	limit  Limit // Rate = max, Period = ttl, Burst = max
 	ttlArg int64 // µs
 
-	local *lru.Cache[*localSem] // FallbackLocal's semaphores, by state key
-	held  *heldLeases           // FallbackLocal: the Redis leases held here; else nil
+	local *lru.Cache[*localsem.Sem] // FallbackLocal's semaphores, by state key
+	held  *heldLeases               // FallbackLocal: the Redis leases held here; else nil
 	// sweepAt says when to drop the semaphores that hold no live lease, at
 	// a call Redis answers (see sweepIdle): sweepNone, sweepNow, sweeping,
 	// or the time (ns, cfg.now's clock) when the leases left expire.
@@ -188,7 +187,7 @@ func NewConcurrency(rdb redis.UniversalClient, maxHeld int, ttl time.Duration, o
 		e:        e,
 		limit:    limit,
 		ttlArg:   int64(ttl / time.Microsecond),
-		local:    lru.New[*localSem](e.cfg.localKeys),
+		local:    lru.New[*localsem.Sem](e.cfg.localKeys),
 		poll:     acquirePollInterval,
 		waits:    make(map[string]*waiters),
 		wakeCap:  min(maxHeld, 64),
@@ -467,18 +466,19 @@ func (c *Concurrency) fallback(key, state string, limit Limit, share int64) (*Le
 	held := c.held.at(state, now)
 	kept := capacity - int(shareOf(int64(capacity), share))
 	for {
-		sem, ok := c.local.GetOrAddKeep(state, func() *localSem {
+		sem, ok := c.local.GetOrAddKeep(state, func() *localsem.Sem {
 			c.sweepAt.Store(sweepNow) // made by the outage: dropped once Redis answers
-			return newLocalSem(capacity)
-		}, func(s *localSem) bool { dead, _ := s.retire(now); return !dead })
+			return localsem.New(capacity)
+		}, func(s *localsem.Sem) bool { dead, _ := s.Retire(now); return !dead })
 		if !ok {
 			return nil, denied, nil
 		}
-		id, res, ok := sem.acquire(now, c.limit.Period, held, capacity, kept)
+		id, a, ok := sem.Acquire(now, c.limit.Period, held, capacity, kept)
 		if !ok {
 			continue // dropped meanwhile: the key's next one
 		}
-		res.Limit, res.Degraded = limit, true
+		res := Result{Allowed: a.Allowed, Limit: limit, Remaining: a.Remaining, RetryAfter: a.RetryAfter,
+			ResetAfter: a.ResetAfter, ByPriority: a.ByPriority, Degraded: true}
 		if !res.Allowed {
 			return nil, res, nil
 		}
@@ -518,8 +518,8 @@ func (c *Concurrency) sweepIdle() {
 		defer c.sweepWG.Done()
 		now := c.e.cfg.now()
 		var last time.Time // the latest expiry of a lease left
-		left := c.local.Sweep(func(s *localSem) bool {
-			dead, exp := s.retire(now)
+		left := c.local.Sweep(func(s *localsem.Sem) bool {
+			dead, exp := s.Retire(now)
 			if exp.After(last) {
 				last = exp
 			}
@@ -596,11 +596,11 @@ type Lease struct {
 	c     *Concurrency
 	key   string
 	state string
-	id    string    // the member in Redis; empty for a lease taken in process
-	sem   *localSem // FallbackLocal: the semaphore that holds it
-	local uint64    // its id in sem, under sem.mu (Extend changes it)
-	free  bool      // FallbackAllow: a lease that holds nothing
-	limit Limit     // the key's limit when the lease was taken (Rate = max)
+	id    string        // the member in Redis; empty for a lease taken in process
+	sem   *localsem.Sem // FallbackLocal: the semaphore that holds it
+	local uint64        // its id in sem, under sem's lock (Extend changes it)
+	free  bool          // FallbackAllow: a lease that holds nothing
+	limit Limit         // the key's limit when the lease was taken (Rate = max)
 	done  atomic.Bool
 
 	// In c.held, under its lock: the lease's expiry on this process's
@@ -614,14 +614,14 @@ type Lease struct {
 // an idle semaphore is kept for the key's next lease, and dropped when
 // room is needed).
 func (c *Concurrency) releaseLocal(l *Lease) {
-	if !l.sem.release(l) || c.e.rescue.isDown(l.state) {
+	if !l.sem.Release(&l.local) || c.e.rescue.isDown(l.state) {
 		return
 	}
-	c.local.RemoveIf(l.state, func(s *localSem) bool {
+	c.local.RemoveIf(l.state, func(s *localsem.Sem) bool {
 		if s != l.sem {
 			return false // dropped already, and made again
 		}
-		dead, _ := s.retire(c.e.cfg.now())
+		dead, _ := s.Retire(c.e.cfg.now())
 		return dead
 	})
 }
@@ -746,7 +746,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	}
 	switch {
 	case l.sem != nil:
-		if !l.sem.extend(l, c.e.cfg.now(), c.limit.Period) {
+		if !l.sem.Extend(&l.local, c.e.cfg.now(), c.limit.Period) {
 			l.done.Store(true)
 			return errorf("extend lease of %q: %w", l.key, ErrLeaseExpired)
 		}
@@ -775,170 +775,6 @@ func (l *Lease) Extend(ctx context.Context) error {
 	return nil
 }
 
-// localSem is FallbackLocal's semaphore for one key: its leases in order of
-// expiry, which is the order of their ids. Every lease lives ttl from its
-// acquire or last extend, on the monotonic clock, so a new or extended
-// lease (given a new id) always goes last and the expired ones are at the
-// front. A released lease stays in place, marked, until it reaches the
-// front or the marked ones are as many as the others; so a lease costs 32
-// bytes, and a semaphore of one lease about 100.
-type localSem struct {
-	mu     sync.Mutex
-	cap    int
-	next   uint64
-	leases []localLease // earliest expiry first; released ones marked
-	live   int          // leases not released (those expired included, until pruned)
-	// dead: dropped from the Concurrency's map (it held no live lease);
-	// it takes no lease any more, another semaphore serves its key.
-	dead bool
-}
-
-// localLease is one lease of a localSem; a zero exp marks it released.
-type localLease struct {
-	id  uint64
-	exp time.Time
-}
-
-func newLocalSem(capacity int) *localSem {
-	return &localSem{cap: capacity}
-}
-
-// pruneLocked drops the leases that expired by now, and the released ones
-// before them.
-func (s *localSem) pruneLocked(now time.Time) {
-	i := 0
-	for ; i < len(s.leases); i++ {
-		ll := &s.leases[i]
-		if !ll.exp.IsZero() {
-			if now.Before(ll.exp) {
-				break
-			}
-			s.live--
-		}
-	}
-	if i > 0 {
-		clear(s.leases[:i])
-		s.leases = s.leases[i:]
-	}
-}
-
-// findLocked returns the index of the lease id in s.leases, or -1.
-func (s *localSem) findLocked(id uint64) int {
-	i, ok := slices.BinarySearchFunc(s.leases, id, func(ll localLease, id uint64) int { return cmp.Compare(ll.id, id) })
-	if !ok || s.leases[i].exp.IsZero() {
-		return -1
-	}
-	return i
-}
-
-// dropLocked marks the lease at i released, drops the released ones at
-// the back, and compacts the leases once the marked ones are as many as
-// the others.
-func (s *localSem) dropLocked(i int) {
-	s.leases[i].exp = time.Time{}
-	s.live--
-	n := len(s.leases)
-	for n > 0 && s.leases[n-1].exp.IsZero() {
-		n--
-	}
-	clear(s.leases[n:])
-	s.leases = s.leases[:n]
-	if len(s.leases) > 2*s.live+8 {
-		kept := s.leases[:0]
-		for _, ll := range s.leases {
-			if !ll.exp.IsZero() {
-				kept = append(kept, ll)
-			}
-		}
-		clear(s.leases[len(kept):])
-		s.leases = kept
-	}
-}
-
-// boundsLocked returns the first and last expiry of the live leases;
-// s.leases is pruned and holds a live one.
-func (s *localSem) boundsLocked() (first, last time.Time) {
-	return s.leases[0].exp, s.leases[len(s.leases)-1].exp
-}
-
-// acquire takes a lease of ttl if one is free, and returns its id. The
-// Redis leases of held take slots too. capacity is the key's capacity now
-// (WithLimitFunc may change it; leases beyond it stay until released).
-// kept slots are left out for the call's priority share (see callShare); a
-// denial that only they make has ByPriority set (its RetryAfter is still
-// the first expiry: a hint). ok is false, and nothing is done, when s was
-// dropped from the map meanwhile: the caller takes the key's new one.
-func (s *localSem) acquire(now time.Time, ttl time.Duration, held heldCount, capacity, kept int) (id uint64, res Result, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.dead {
-		return 0, Result{}, false
-	}
-	s.cap = capacity
-	s.pruneLocked(now)
-	if used := s.live + held.n; used >= s.cap-kept {
-		first, last := held.first, held.last
-		if s.live > 0 {
-			f, b := s.boundsLocked()
-			if held.n == 0 || f.Before(first) {
-				first = f
-			}
-			if held.n == 0 || b.After(last) {
-				last = b
-			}
-		}
-		return 0, Result{RetryAfter: first.Sub(now), ResetAfter: last.Sub(now), ByPriority: used < s.cap}, true
-	}
-	s.next++
-	s.leases = append(s.leases, localLease{id: s.next, exp: now.Add(ttl)})
-	s.live++
-	return s.next, Result{Allowed: true, Remaining: s.cap - kept - s.live - held.n, ResetAfter: ttl}, true
-}
-
-// retire marks s dead if it holds no live lease at now, and reports
-// whether it did; else it returns the last expiry of its leases. The map
-// calls it, its shard locked, to drop s.
-func (s *localSem) retire(now time.Time) (dead bool, last time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pruneLocked(now)
-	if s.live == 0 {
-		s.dead = true
-		return true, time.Time{}
-	}
-	_, last = s.boundsLocked()
-	return false, last
-}
-
-// release gives back l's lease, if it is still held; it reports whether s
-// holds no lease left.
-func (s *localSem) release(l *Lease) (empty bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if i := s.findLocked(l.local); i >= 0 {
-		s.dropLocked(i)
-	}
-	return s.live == 0
-}
-
-// extend renews l's lease for ttl from now, under a new id; false when it
-// is not live.
-func (s *localSem) extend(l *Lease, now time.Time, ttl time.Duration) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pruneLocked(now)
-	i := s.findLocked(l.local)
-	if i < 0 {
-		return false
-	}
-	s.dropLocked(i)
-	s.next++
-	s.leases = append(s.leases, localLease{id: s.next, exp: now.Add(ttl)})
-	s.live++
-	l.local = s.next
-	return true
-}
-
 // heldLeases is, for FallbackLocal, the Redis leases this Concurrency holds
 // that are live by their ttl on this process's clock, by state key: while
 // Redis is unavailable they take slots of the key's in-process semaphore,
@@ -954,13 +790,6 @@ type heldLeases struct {
 	mu      sync.Mutex
 	byState map[string]*list.List // *Lease, earliest expiry first
 	sweepAt int                   // len(byState) at which every key is pruned
-}
-
-// heldCount is the live Redis leases of one key: how many, and the
-// earliest and latest expiry when n > 0.
-type heldCount struct {
-	n           int
-	first, last time.Time
 }
 
 // minHeldSweep is the fewest keys heldLeases keeps before it sweeps.
@@ -1037,21 +866,21 @@ func (h *heldLeases) removeLocked(l *Lease) {
 }
 
 // at returns the live Redis leases of state at now. h may be nil.
-func (h *heldLeases) at(state string, now time.Time) heldCount {
+func (h *heldLeases) at(state string, now time.Time) localsem.Held {
 	if h == nil {
-		return heldCount{}
+		return localsem.Held{}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ls := h.byState[state]
 	if ls == nil {
-		return heldCount{}
+		return localsem.Held{}
 	}
 	if pruneHeld(ls, now) == 0 {
 		delete(h.byState, state)
-		return heldCount{}
+		return localsem.Held{}
 	}
-	return heldCount{n: ls.Len(), first: ls.Front().Value.(*Lease).exp, last: ls.Back().Value.(*Lease).exp}
+	return localsem.Held{N: ls.Len(), First: ls.Front().Value.(*Lease).exp, Last: ls.Back().Value.(*Lease).exp}
 }
 
 // pruneHeld drops the leases of ls that expired by now, and returns how

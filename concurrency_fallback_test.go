@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/localsem"
 )
 
 // Tests of a Concurrency's in-process semaphores (FallbackLocal) at their
@@ -70,10 +71,8 @@ func TestConcurrencyLimitFallbackFullFast(t *testing.T) {
 	}
 	require.Equal(t, bound, c.local.Len(), "every semaphore")
 	idle := 0
-	c.local.Sweep(func(s *localSem) bool { // drops none
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.live == 0 {
+	c.local.Sweep(func(s *localsem.Sem) bool { // drops none
+		if s.Live() == 0 {
 			idle++
 		}
 		return false
@@ -212,58 +211,3 @@ func within(d time.Duration, f func() bool) bool {
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
-// A semaphore's leases, released, extended and expiring in any order,
-// against a model: a map of each live lease's expiry.
-func TestConcurrencyLimitLocalSemModel(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	const capacity, ttl = 50, time.Minute
-	s := newLocalSem(capacity)
-	now := t0
-	model := map[*Lease]time.Time{}
-	var leases []*Lease
-	liveAt := func() int {
-		n := 0
-		for _, exp := range model {
-			if now.Before(exp) {
-				n++
-			}
-		}
-		return n
-	}
-	for step := range 20_000 {
-		switch op := rng.IntN(10); {
-		case op < 4:
-			id, res, ok := s.acquire(now, ttl, heldCount{}, capacity, 0)
-			require.True(t, ok)
-			want := liveAt() < capacity
-			require.Equal(t, want, res.Allowed, "step %d: acquire with %d live", step, liveAt())
-			if res.Allowed {
-				l := &Lease{sem: s, local: id}
-				model[l] = now.Add(ttl)
-				leases = append(leases, l)
-				require.Equal(t, capacity-liveAt(), res.Remaining, "step %d", step)
-			}
-		case op < 7 && len(leases) > 0:
-			i := rng.IntN(len(leases))
-			l := leases[i]
-			leases = slices.Delete(leases, i, i+1)
-			s.release(l)
-			delete(model, l)
-		case op < 8 && len(leases) > 0:
-			l := leases[rng.IntN(len(leases))]
-			want := now.Before(model[l])
-			require.Equal(t, want, s.extend(l, now, ttl), "step %d: extend", step)
-			if want {
-				model[l] = now.Add(ttl)
-			}
-		default:
-			now = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
-		}
-		s.mu.Lock()
-		s.pruneLocked(now)
-		live, n := s.live, len(s.leases)
-		s.mu.Unlock()
-		require.Equal(t, liveAt(), live, "step %d: live leases", step)
-		require.LessOrEqual(t, n, 2*live+8, "step %d: leases kept, released ones included", step)
-	}
-}

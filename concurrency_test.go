@@ -435,10 +435,8 @@ func TestConcurrencyLimitFallbackLocal(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 	assert.Equal(t, 1, c.local.Len(), "a lease left on the semaphore")
 	require.NoError(t, l3.Release(ctx))
-	sem.mu.Lock()
-	require.Zero(t, sem.live)
-	require.True(t, sem.dead)
-	sem.mu.Unlock()
+	require.Zero(t, sem.Live())
+	require.True(t, sem.Dead())
 	assert.Zero(t, c.local.Len(), "the semaphore dropped with its last lease")
 	require.NoError(t, onRedis2.Release(ctx))
 }
