@@ -11,8 +11,8 @@ const (
 	// MinEvents is the smallest prefetch worth taking; a key is hot when
 	// it saw at least this many events here in the last maximum age.
 	MinEvents = 4
-	// Share: a prefetch takes at most 1/Share of the Remaining that Redis
-	// last reported for the key.
+	// Share is the part of the Remaining that Redis last reported for the
+	// key that a prefetch takes at most: 1/Share.
 	Share = 4
 )
 
