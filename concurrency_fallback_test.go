@@ -210,4 +210,3 @@ func within(d time.Duration, f func() bool) bool {
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }
-
