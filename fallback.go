@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
+	"github.com/redlimit/redlimit/internal/subring"
 	"github.com/redlimit/redlimit/internal/warmcurve"
 )
 
@@ -40,7 +41,7 @@ type localRule struct {
 	queue    bool
 	perCall  bool             // counts a call as one event (Rule.PerCall)
 	warm     *warmcurve.Curve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
-	sub      *subRing         // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
+	sub      *subring.Ring    // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
 	// taken is the events the stand-in admitted since it started (from
 	// Redis's answer, or full): what a late answer cannot count (see
 	// rescue.lower).
@@ -281,7 +282,7 @@ func takeLocked(set *localSet, verdicts *[MaxRules]verdict, n int, rc *reserveCa
 				rc.local.paidAt[i] = lr.warm.Next() // the reservation's time ends
 			}
 		case lr.sub != nil:
-			tag := lr.sub.take(lr.count(n), now)
+			tag := lr.sub.Take(lr.count(n), now)
 			if rc != nil {
 				rc.local.tags[i] = tag
 			}
@@ -524,7 +525,7 @@ func reserveAt(lim *rate.Limiter, now time.Time, n int) *rate.Reservation {
 // bucket of Rate/Period per second with burst Rate (a calendar quota's
 // Period is its nominal one, see calendar.go); TokenBucket keeps
 // Rate/Period and Burst; LeakyBucket keeps its queue; SubWindowCounter
-// keeps its sub-windows (subRing), never more than its capacity in any
+// keeps its sub-windows (subring.Ring), never more than its capacity in any
 // Period. Rates and capacities are scaled by the fallback share. A capacity that the share makes
 // fractional, c = capacity × share, is kept on average: the bucket holds
 // ceil(c) but starts one token short with probability ceil(c) - c. So 20
@@ -552,7 +553,7 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 		if ru.alg.strategy == SubWindowCounter {
 			// Its sub-windows, at the share's capacity: a fraction kept on
 			// average, as one event more with its probability.
-			lr.sub = newSubRing(ru.limit.Period, ru.limit.SubWindows)
+			lr.sub = subring.New(ru.limit.Period, ru.limit.SubWindows)
 			lr.capacity = int(c)
 			if rand.Float64() < c-float64(lr.capacity) {
 				lr.capacity++

@@ -481,9 +481,9 @@ func (r *Reservation) settleLocal(used int) Result {
 			// As settle.lua does: a refund back to the sub-window the
 			// events were taken from, while it counts; a charge now.
 			if delta < 0 {
-				g.giveBack(h.tags[i], -delta, now)
+				g.GiveBack(h.tags[i], -delta, now)
 			} else if delta > 0 {
-				g.take(delta, now)
+				g.Take(delta, now)
 			}
 			continue
 		}
