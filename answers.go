@@ -8,6 +8,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/redlimit/redlimit/internal/answers"
+	"github.com/redlimit/redlimit/internal/subring"
 )
 
 // Redis's last answers, for the fallback (FallbackLocal): the table that
@@ -112,9 +113,9 @@ func (r *rescue) startFrom(lr *localRule, ru *rule, v answers.Answer, at time.Ti
 	if lr.sub != nil {
 		// Counted when Redis answered, so they count a Period from then:
 		// the stand-in never admits more than its capacity in a Period.
-		lr.sub = newSubRing(ru.limit.Period, ru.limit.SubWindows)
+		lr.sub = subring.New(ru.limit.Period, ru.limit.SubWindows)
 		if k := int(math.Ceil(used - 1e-9)); k > 0 {
-			lr.sub.take(k, at)
+			lr.sub.Take(k, at)
 		}
 		return
 	}

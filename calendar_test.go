@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/calendar"
 )
 
 // calendarZones are the zones the calendar tests cross: daylight saving in

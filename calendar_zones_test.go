@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/calendar"
 )
 
 // tzZones returns the names of the zones of the tz database: the Zone lines

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/outage"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -37,7 +38,7 @@ func TestCheckClientNoNetwork(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, rdb := range []redis.UniversalClient{client, ring} {
-		assert.ErrorIs(t, rdb.Ping(cancelledCtx).Err(), context.Canceled, "%T", rdb)
+		assert.ErrorIs(t, rdb.Ping(outage.Cancelled).Err(), context.Canceled, "%T", rdb)
 	}
 	for _, rdb := range []redis.UniversalClient{client, cluster, ring, ap} {
 		assert.NoError(t, checkClient(rdb), "%T, open", rdb)

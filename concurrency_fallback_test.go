@@ -10,9 +10,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redlimit/redlimit/internal/localsem"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/localsem"
 )
 
 // Tests of a Concurrency's in-process semaphores (FallbackLocal) at their

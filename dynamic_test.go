@@ -11,9 +11,11 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/evictwatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/evictwatch"
+	"github.com/redlimit/redlimit/internal/nodewatch"
 )
 
 // plans gives each key the limit of its plan, by the key's prefix.
@@ -196,14 +198,7 @@ func TestRefusedFuncLeavesNoWatch(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	watches := func() (nodes, evicts int) {
-		nodeWatches.Lock()
-		for k := range nodeWatches.m {
-			if k.rdb == redis.UniversalClient(rdb) {
-				nodes++
-			}
-		}
-		nodeWatches.Unlock()
-		return nodes, evictwatch.Watching(rdb)
+		return nodewatch.Watching(rdb), evictwatch.Watching(rdb)
 	}
 	rulesFunc := WithRulesFunc(func(context.Context, string) ([]Rule, error) { return nil, nil })
 	_, err := NewTokenBucket(rdb, PerSecond(1), rulesFunc, WithEvictionCheck(time.Hour))

@@ -295,7 +295,7 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 	e.decide = e.buildPipeline()
 	// A node that another limiter on the client marked down is down for
 	// this one too: its hook is told at once.
-	e.rescue.flush()
+	e.rescue.Flush()
 	return nil
 }
 

@@ -26,12 +26,6 @@ func transition(e *engine, rep evictwatch.Report) Transition {
 // notify reports t through the OnTransition hook, after the switches
 // queued before it, unless the limiter is closed.
 func (r *rescue) notify(t Transition) {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return
-	}
-	r.queue = append(r.queue, t)
-	r.mu.Unlock()
-	r.flush()
+	r.hook.Add(t)
+	r.Flush()
 }

@@ -8,6 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
+
+	"github.com/redlimit/redlimit/internal/subring"
+	"github.com/redlimit/redlimit/internal/warmcurve"
 )
 
 // localSet is the in-process stand-in of one key while Redis is down: one
@@ -36,9 +39,9 @@ type localRule struct {
 	burst    int     // capacity of lim (1 for a queue)
 	capacity int     // a queue's capacity in events; else burst
 	queue    bool
-	perCall  bool       // counts a call as one event (Rule.PerCall)
-	warm     *warmCurve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
-	sub      *subRing   // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
+	perCall  bool             // counts a call as one event (Rule.PerCall)
+	warm     *warmcurve.Curve // a limit with a WarmUp: the stand-in follows its curve (lim is unused)
+	sub      *subring.Ring    // a sub-window counter: the stand-in counts its sub-windows (lim is unused)
 	// taken is the events the stand-in admitted since it started (from
 	// Redis's answer, or full): what a late answer cannot count (see
 	// rescue.lower).
@@ -189,9 +192,7 @@ func (r *rescue) follow(set *localSet, rs *ruleSet, now time.Time) {
 			// As warmup.lua's warm_read: the stored permits scaled by
 			// the new rate over the old (Guava's setRate), so that the
 			// key is as cold as it was, up to the new most.
-			ol.warm.sync(now)
-			nl.warm.stored = min(ol.warm.stored*ol.warm.stable/nl.warm.stable, nl.warm.max)
-			nl.warm.next = ol.warm.next
+			nl.warm.Follow(ol.warm, now)
 			continue
 		}
 		var used float64 // events in use: taken from a bucket, or queued
@@ -276,12 +277,12 @@ func takeLocked(set *localSet, verdicts *[MaxRules]verdict, n int, rc *reserveCa
 		lr.taken += lr.count(n)
 		switch {
 		case lr.warm != nil:
-			lr.warm.take(lr.count(n), now)
+			lr.warm.Take(lr.count(n), now)
 			if rc != nil {
-				rc.local.paidAt[i] = lr.warm.next // the reservation's time ends
+				rc.local.paidAt[i] = lr.warm.Next() // the reservation's time ends
 			}
 		case lr.sub != nil:
-			tag := lr.sub.take(lr.count(n), now)
+			tag := lr.sub.Take(lr.count(n), now)
 			if rc != nil {
 				rc.local.tags[i] = tag
 			}
@@ -469,10 +470,10 @@ func (r *rescue) checkQueue(lr *localRule, now time.Time, n int, maxDelay time.D
 // in its capacity's. It takes nothing (decideLocked takes the events).
 func checkWarm(lr *localRule, now time.Time, n int, maxDelay time.Duration) verdict {
 	c := lr.warm
-	wait := c.wait(now)
-	v := verdict{ok: true, resetNow: c.untilCold(now)}
+	wait := c.Wait(now)
+	v := verdict{ok: true, resetNow: c.UntilCold(now)}
 	if lr.queue {
-		interval := seconds(c.stable)
+		interval := c.Stable()
 		room := time.Duration(lr.capacity)*interval - wait
 		v.wait, v.avail = wait, max(int(room/interval), 0)
 		over := time.Duration(n)*interval - room
@@ -495,8 +496,8 @@ func checkWarm(lr *localRule, now time.Time, n int, maxDelay time.Duration) verd
 	}
 	if v.ok && n > 0 {
 		after := *c
-		after.take(n, now)
-		v.resetAfter = after.untilCold(now)
+		after.Take(n, now)
+		v.resetAfter = after.UntilCold(now)
 	}
 	return v
 }
@@ -524,7 +525,7 @@ func reserveAt(lim *rate.Limiter, now time.Time, n int) *rate.Reservation {
 // bucket of Rate/Period per second with burst Rate (a calendar quota's
 // Period is its nominal one, see calendar.go); TokenBucket keeps
 // Rate/Period and Burst; LeakyBucket keeps its queue; SubWindowCounter
-// keeps its sub-windows (subRing), never more than its capacity in any
+// keeps its sub-windows (subring.Ring), never more than its capacity in any
 // Period. Rates and capacities are scaled by the fallback share. A capacity that the share makes
 // fractional, c = capacity × share, is kept on average: the bucket holds
 // ceil(c) but starts one token short with probability ceil(c) - c. So 20
@@ -552,7 +553,7 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 		if ru.alg.strategy == SubWindowCounter {
 			// Its sub-windows, at the share's capacity: a fraction kept on
 			// average, as one event more with its probability.
-			lr.sub = newSubRing(ru.limit.Period, ru.limit.SubWindows)
+			lr.sub = subring.New(ru.limit.Period, ru.limit.SubWindows)
 			lr.capacity = int(c)
 			if rand.Float64() < c-float64(lr.capacity) {
 				lr.capacity++
@@ -563,7 +564,7 @@ func (r *rescue) newLocal(rs *ruleSet) *localSet {
 		if ru.alg.warm {
 			// The curve at the share's rate, cold: a fractional capacity
 			// needs no correction (a warming bucket starts slowly anyway).
-			lr.warm = newWarmCurve(lr.every, ru.limit.WarmUp, now)
+			lr.warm = warmcurve.New(lr.every, ru.limit.WarmUp, now)
 			set.lims[i] = lr
 			continue
 		}

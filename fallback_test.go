@@ -10,9 +10,10 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // fallbackMemoryRules returns a policy of n rules (token buckets of

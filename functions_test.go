@@ -373,7 +373,7 @@ func TestRedisFunctionsRefusedWritesRedis(t *testing.T) {
 		assert.Equal(t, !hasFunctions, lim.noFunctions.Load(), "%s is no reason to stop trying functions", c.want)
 		require.NoError(t, rdb.ConfigSet(ctx, c.param, old[c.param]).Err())
 		// The refused write marked the node down in the watch that the
-		// limiters of rdb share (see nodeWatch): the next case's limiter
+		// limiters of rdb share (see internal/nodewatch): the next case's limiter
 		// starts with a watch of its own once this one, its only member,
 		// has closed.
 		require.NoError(t, lim.Close())

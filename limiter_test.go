@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // suiteLimit is the limit the shared suite uses for s: small, with a short

@@ -186,9 +186,9 @@ func TestNodeWatchRefCounted(t *testing.T) {
 	require.Same(t, a.rescue.w, b.rescue.w, "one watch for the same client")
 	require.Same(t, a.rescue.w, other.rescue.w, "one watch whatever the ping interval and prefix")
 	require.NotSame(t, a.rescue.w, clientClock.rescue.w, "another clock, another watch")
-	assert.Equal(t, 5*time.Millisecond, a.rescue.w.interval(), "the shortest ping interval")
+	assert.Equal(t, 5*time.Millisecond, a.rescue.w.Interval(), "the shortest ping interval")
 	require.NoError(t, other.Close())
-	assert.Equal(t, 10*time.Millisecond, a.rescue.w.interval(), "the shortest ping interval of those left")
+	assert.Equal(t, 10*time.Millisecond, a.rescue.w.Interval(), "the shortest ping interval of those left")
 
 	m.SetError("LOADING Redis is loading the dataset in memory")
 	res, err := a.Allow(ctx, "k")
@@ -214,9 +214,7 @@ func TestNodeWatchRefCounted(t *testing.T) {
 	require.NoError(t, b.Close())
 	w := c.e.rescue.w
 	require.NoError(t, c.Close())
-	w.mu.Lock()
-	assert.True(t, w.closed, "the last Close stops the watch")
-	w.mu.Unlock()
+	assert.True(t, w.Stopped(), "the last Close stops the watch")
 }
 
 // A Transition says what it reports in Kind and in its String, so that a

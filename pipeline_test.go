@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // runnerCase makes a limiter whose calls one runner decides.

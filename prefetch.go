@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/hotkey"
 	"github.com/redlimit/redlimit/internal/lru"
 	"github.com/redlimit/redlimit/internal/outage"
 )
@@ -21,12 +22,6 @@ type prefetchConfig struct {
 }
 
 const (
-	// prefetchMinEvents is the smallest prefetch worth taking; a key is hot when
-	// it saw at least this many events here in the last maxAge.
-	prefetchMinEvents = 4
-	// prefetchShare: a prefetch takes at most 1/prefetchShare of the Remaining that
-	// Redis reported for the key.
-	prefetchShare = 4
 	// prefetchMaxHeld bounds the prefetches a limiter holds at once.
 	prefetchMaxHeld = 1024
 	// prefetchKeys bounds the keys whose rate a limiter tracks.
@@ -56,8 +51,8 @@ func (c prefetchConfig) check(kind string, rules []rule, reserveTTL time.Duratio
 	switch {
 	case c.size == 0:
 		return nil
-	case c.size < prefetchMinEvents || c.size > MaxRate:
-		return bad("size %d must be 0 or between %d and %d", c.size, prefetchMinEvents, MaxRate)
+	case c.size < hotkey.MinEvents || c.size > MaxRate:
+		return bad("size %d must be 0 or between %d and %d", c.size, hotkey.MinEvents, MaxRate)
 	case c.maxAge < time.Millisecond || c.maxAge > prefetchMaxAge:
 		return bad("maxAge %v must be between 1ms and %v", c.maxAge, prefetchMaxAge)
 	case c.maxAge > reserveTTL/2:
@@ -159,17 +154,11 @@ type prefetcher struct {
 // prefetchEntry is one key's prefetch state in this process. Its fields are
 // guarded by mu.
 type prefetchEntry struct {
-	mu sync.Mutex
-	// Events seen here: cur since winStart (ns, monoNow), prev in the
-	// maxAge before.
-	winStart  int64
-	cur, prev int64
-	remaining int   // the Remaining Redis last reported; -1: unknown
-	pending   int   // events of prefetches taken off this key and not yet given back
-	windowEnd int64 // a fixed window: when the window Redis last reported ends (monoNow); 0: unknown
-	prefetch  *prefetch
-	fetching  *prefetchRequest // the prefetch request in flight, if any
-	epoch     uint64           // Resets: a prefetch taken across one is given back
+	mu       sync.Mutex
+	hot      hotkey.State // the key's rate here, and what Redis said it has left (monoNow)
+	prefetch *prefetch
+	fetching *prefetchRequest // the prefetch request in flight, if any
+	epoch    uint64           // Resets: a prefetch taken across one is given back
 }
 
 // prefetchRequest is a prefetch request in flight: done is closed when it is
@@ -212,31 +201,7 @@ func newPrefetcher(e *engine) *prefetcher {
 	}
 }
 
-func newPrefetchEntry() *prefetchEntry { return &prefetchEntry{remaining: -1} }
-
-// record counts n events at now in the key's rate estimate.
-func (en *prefetchEntry) record(now int64, n int, w int64) {
-	switch d := now - en.winStart; {
-	case d >= 2*w || d < 0:
-		en.prev, en.cur, en.winStart = 0, 0, now
-	case d >= w:
-		en.prev, en.cur, en.winStart = en.cur, 0, en.winStart+w
-	}
-	en.cur += int64(n)
-}
-
-// recent returns the events seen here in the last w, as the sliding
-// counter estimates them (prev evenly spread).
-func (en *prefetchEntry) recent(now int64, w int64) int64 {
-	d := now - en.winStart
-	switch {
-	case d >= 2*w || d < 0:
-		return 0
-	case d >= w:
-		return int64(float64(en.cur) * float64(2*w-d) / float64(w))
-	}
-	return en.cur + int64(float64(en.prev)*float64(w-d)/float64(w))
-}
+func newPrefetchEntry() *prefetchEntry { return &prefetchEntry{hot: hotkey.New()} }
 
 // valid reports whether pf can serve n events now under the limits sig.
 func (pf *prefetch) valid(now int64, n int, sig uint64) bool {
@@ -262,7 +227,7 @@ func (l *prefetcher) serve(state string, n int, rs *ruleSet) (Result, bool) {
 	en := l.keys.GetOrAdd(state, newPrefetchEntry)
 	now := monoNow()
 	en.mu.Lock()
-	en.record(now, n, l.maxAge)
+	en.hot.Record(now, n, l.maxAge)
 	pf := en.prefetch
 	if pf == nil {
 		en.mu.Unlock()
@@ -423,7 +388,7 @@ func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefet
 		close(f.done)
 		return
 	}
-	en.remaining = res.Remaining
+	en.hot.Remaining = res.Remaining
 	l.sawWindow(en, rs, now, res)
 	if pf == nil {
 		// Denied: the call is decided on its own, with its own n (a
@@ -444,7 +409,7 @@ func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefet
 		f.ok = true
 		en.mu.Unlock()
 	} else {
-		en.pending += k - n
+		en.hot.Pending += k - n
 		en.mu.Unlock()
 		l.giveBack(pf)
 	}
@@ -455,32 +420,19 @@ func (l *prefetcher) fetch(callCtx context.Context, en *prefetchEntry, f *prefet
 // call. It holds a place among the held prefetches for a prefetch it sizes (the
 // caller lets it go when no prefetch is made). en.mu is held.
 func (l *prefetcher) sizeFor(en *prefetchEntry, now int64, n int, rs *ruleSet) int {
-	if en.remaining < 0 || l.closed.Load() || !prefetchable(rs) {
+	if l.closed.Load() || !prefetchable(rs) {
 		return 0
 	}
-	want := en.recent(now, l.maxAge)
-	if rs.rules[0].alg.strategy == FixedWindow && en.windowEnd != 0 {
-		// A fixed window's prefetch ends with its window: hold no more than
-		// the key's rate here until then.
-		left := en.windowEnd - now
-		if left <= 0 {
-			return 0 // a new window: learn what it has left first
-		}
-		if left < l.maxAge {
-			want = int64(float64(want) * float64(left) / float64(l.maxAge))
-		}
-	}
-	// What prefetches taken off this key still hold until they are given back
-	// counts against size: one key never holds more than size idle here.
-	k := min(int64(l.size-en.pending), want, int64(en.remaining/prefetchShare))
-	if k < int64(max(prefetchMinEvents, 2*n)) {
+	fixed := rs.rules[0].alg.strategy == FixedWindow
+	k := en.hot.Size(now, n, hotkey.Sizing{Max: l.size, MaxAge: l.maxAge, FixedWindow: fixed})
+	if k == 0 {
 		return 0
 	}
 	if l.nheld.Add(1) > prefetchMaxHeld {
 		l.nheld.Add(-1)
 		return 0
 	}
-	return int(k)
+	return k
 }
 
 // sawWindow records when a fixed window that Redis reported on ends.
@@ -489,7 +441,7 @@ func (l *prefetcher) sawWindow(en *prefetchEntry, rs *ruleSet, start int64, res 
 	if rs.rules[0].alg.strategy == FixedWindow && len(rs.rules) == 1 && res.ResetAfter > 0 {
 		// ResetAfter runs to the window's end from Redis's now, which is
 		// after start: start + ResetAfter is never past the end.
-		en.windowEnd = start + int64(res.ResetAfter)
+		en.hot.WindowEnd = start + int64(res.ResetAfter)
 	}
 }
 
@@ -500,7 +452,7 @@ func (l *prefetcher) direct(ctx context.Context, en *prefetchEntry, state string
 	res, why, err := l.e.evalState(ctx, state, n, rs, nil)
 	if err == nil {
 		en.mu.Lock()
-		en.remaining = res.Remaining
+		en.hot.Remaining = res.Remaining
 		l.sawWindow(en, rs, start, res)
 		en.mu.Unlock()
 		if why == reasonLimit && l.e.cfg.block > 0 {
@@ -665,7 +617,7 @@ func (l *prefetcher) detach(pf *prefetch) bool {
 // detachLocked takes the entry's prefetch off it; its unused events count as
 // pending until it is given back. en.mu is held.
 func (en *prefetchEntry) detachLocked() {
-	en.pending += en.prefetch.k - en.prefetch.used
+	en.hot.Pending += en.prefetch.k - en.prefetch.used
 	en.prefetch = nil
 }
 
@@ -699,9 +651,9 @@ func (l *prefetcher) settle(ctx context.Context, pf *prefetch, final bool) bool 
 	l.mu.Unlock()
 	en := pf.entry
 	en.mu.Lock()
-	en.pending -= int(unused)
+	en.hot.Pending -= int(unused)
 	if err == nil {
-		en.remaining = res.Remaining
+		en.hot.Remaining = res.Remaining
 	}
 	en.mu.Unlock()
 	l.nheld.Add(-1)
@@ -739,7 +691,7 @@ func (l *prefetcher) drop(ctx context.Context, state string) {
 		l.settle(ctx, pf, true)
 	}
 	en.mu.Lock()
-	en.remaining, en.windowEnd = -1, 0 // the Reset empties the key: learn again
+	en.hot.Forget() // the Reset empties the key: learn again
 	en.mu.Unlock()
 }
 

@@ -1,19 +1,16 @@
 package redlimit
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"reflect"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/answers"
+	"github.com/redlimit/redlimit/internal/hookqueue"
 	"github.com/redlimit/redlimit/internal/lru"
-	"github.com/redlimit/redlimit/internal/outage"
+	"github.com/redlimit/redlimit/internal/nodewatch"
 )
 
 // FallbackPolicy says what a limiter answers while Redis is unavailable.
@@ -135,14 +132,14 @@ func (t Transition) String() string {
 	return fmt.Sprintf("redlimit: %s back after %v unavailable", node, t.Outage)
 }
 
-// rescue holds a limiter's fallback state: its share of the watch of its
-// client's Redis nodes (which are marked down, and the goroutines that
-// probe them, shared by every limiter, Policy and Concurrency on the same
-// client: see nodeWatch), the in-process stand-ins (fallback.go), and the
-// transitions not yet reported to its hook.
+// rescue holds a limiter's fallback state: its subscription to the watch
+// of its client's Redis nodes (which are marked down, and the goroutines
+// that probe them, shared by every limiter, Policy and Concurrency on the
+// same client: see internal/nodewatch), the in-process stand-ins
+// (fallback.go), and the transitions not yet reported to its hook.
 type rescue struct {
 	e      *engine
-	w      *nodeWatch
+	w      *nodewatch.Watch
 	locals *lru.Cache[*localSet]
 
 	// answers is what Redis last said of each key (answers.go), with
@@ -152,62 +149,9 @@ type rescue struct {
 	// gone is set once the program has closed the Redis client.
 	gone atomic.Bool
 
-	mu       sync.Mutex
-	closed   bool
-	queue    []Transition // switches not yet reported, oldest first
-	draining bool         // a goroutine is reporting the queue
-}
-
-// nodeWatch is the down-state of one Redis client's nodes and the
-// goroutines that probe them, shared by the limiters built on that client
-// with the same clock (the probe's script depends on it), so that an
-// outage costs one probe per node and ping interval however many limiters
-// share the client. A node's probe key has the prefix of the limiter that
-// marked it down (any of theirs will do: they share the client's
-// credentials), and the probes go every shortest ping interval of the
-// limiters sharing the watch. Each limiter reports the switches to its own
-// hook. The last limiter to close stops it.
-type nodeWatch struct {
-	key    watchKey
-	every  atomic.Int64    // ns: the shortest WithPingInterval of subs
-	ctx    context.Context // cancelled when the last limiter leaves: ends probes in flight
-	cancel context.CancelFunc
-
-	// down maps the id of each node marked down to the error that marked
-	// it; nil when no node is down, which is all a healthy call reads.
-	down atomic.Pointer[map[string]error]
-
-	mu     sync.Mutex
-	subs   map[*rescue]struct{} // the limiters sharing the watch
-	nodes  map[string]*node     // nodes marked down, or being checked by a probe
-	closed bool
-	stop   chan struct{}
-	wg     sync.WaitGroup // the goroutines that probe
-}
-
-// watchKey tells which limiters share a nodeWatch. The clock kind is part
-// of it: a probe that calls TIME fails on the servers that WithClientClock
-// is for, and one that does not cannot tell a server-clock limiter that
-// TIME works.
-type watchKey struct {
-	rdb         redis.UniversalClient
-	clientClock bool // WithClientClock: probes do not call TIME
-}
-
-// nodeWatches holds the watch of each watchKey whose client is comparable
-// (a map key); a client of another kind gets a watch of its own.
-var nodeWatches struct {
-	sync.Mutex
-	m map[watchKey]*nodeWatch
-}
-
-// node is one Redis node that is marked down, or that a probe checks after
-// a failure that may have concerned one call only.
-type node struct {
-	scope
-	down  bool      // marked down (else being checked)
-	cause error     // the error that marked it down (a call's, or the probe's that confirmed one)
-	since time.Time // when it was marked down
+	// hook holds the transitions not yet reported to WithOnTransition's
+	// hook; Close closes it.
+	hook hookqueue.Queue[Transition]
 }
 
 // probeScript checks what a decision needs: the server's clock, and a write
@@ -218,20 +162,17 @@ var probeScript = redis.NewScript(`redis.call('TIME') redis.call('SET', KEYS[1],
 // decisions never call TIME in a script: the servers it is for refuse that,
 // and would refuse every probe. (Its clock reads the plain TIME command,
 // again after an outage: a decision that cannot get it fails as any
-// other.)
+// other.) Limiters share a node watch by client and probe: one that calls
+// TIME fails on the servers that WithClientClock is for, and one that does
+// not cannot tell a server-clock limiter that TIME works.
 var clientClockProbe = redis.NewScript(`redis.call('SET', KEYS[1], '1', 'PX', 1000) return 1`)
 
-// probeSuffix ends every probe key, which is <prefix>:{<tag>}:p with a tag
-// of 1 to 3 letters or digits chosen for its slot. No state key ends so.
-const probeSuffix = ":p"
+// probeSuffix ends every probe key (see nodewatch.ProbeSuffix).
+const probeSuffix = nodewatch.ProbeSuffix
 
-// maxBackoff is how many ping intervals apart probes of a node that cannot
-// be reached are sent, at most.
-const maxBackoff = 3
-
-// newRescue makes e's fallback state and joins the watch of e's client. A
-// node that the watch has marked down already is reported to e's hook
-// (see engine.startRescue).
+// newRescue makes e's fallback state and joins the node watch of e's
+// client. A node that the watch has marked down already is reported to
+// e's hook (see engine.startRescue).
 func newRescue(e *engine) *rescue {
 	r := &rescue{
 		e:      e,
@@ -240,440 +181,59 @@ func newRescue(e *engine) *rescue {
 	if e.cfg.fallback == FallbackLocal {
 		r.answers = newAnswers(e.cfg.localKeys)
 	}
-	r.w = joinNodeWatch(r)
+	probe := probeScript
+	if e.cfg.clientClock {
+		probe = clientClockProbe
+	}
+	r.w = nodewatch.Join(nodewatch.Key{Client: e.rdb, Probe: probe}, r)
 	return r
 }
 
-// joinNodeWatch returns the watch of r's client and options, with r among
-// the limiters sharing it, and queues for r a Down switch of each node it
-// has marked down.
-func joinNodeWatch(r *rescue) *nodeWatch {
-	k := watchKey{rdb: r.e.rdb, clientClock: r.e.cfg.clientClock}
-	shared := reflect.TypeOf(k.rdb).Comparable()
-	nodeWatches.Lock()
-	defer nodeWatches.Unlock()
-	var w *nodeWatch
-	if shared {
-		w = nodeWatches.m[k]
-	}
-	if w == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		w = &nodeWatch{key: k, ctx: ctx, cancel: cancel, subs: make(map[*rescue]struct{}),
-			nodes: make(map[string]*node), stop: make(chan struct{})}
-		if shared {
-			if nodeWatches.m == nil {
-				nodeWatches.m = make(map[watchKey]*nodeWatch)
-			}
-			nodeWatches.m[k] = w
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.subs[r] = struct{}{}
-	w.setIntervalLocked()
-	for _, n := range w.nodes {
-		if n.down {
-			r.queue = append(r.queue, Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: n.cause})
-		}
-	}
-	return w
-}
-
-// setIntervalLocked sets the interval between probes: the shortest ping
-// interval of the limiters sharing w, so that each is probed for as often
-// as it asked. w.mu is held.
-func (w *nodeWatch) setIntervalLocked() {
-	var every time.Duration
-	for r := range w.subs {
-		if d := r.e.cfg.pingInterval; every == 0 || d < every {
-			every = d
-		}
-	}
-	if every > 0 {
-		w.every.Store(int64(every))
-	}
-}
-
-// interval returns the interval between probes.
-func (w *nodeWatch) interval() time.Duration { return time.Duration(w.every.Load()) }
-
 // anyDown reports whether any node is marked down.
-func (r *rescue) anyDown() bool { return r.w.down.Load() != nil }
+func (r *rescue) anyDown() bool { return r.w.AnyDown() }
 
 // isDown reports whether calls for the state key state go to the fallback:
 // whether the node the client sends it to is marked down.
-func (r *rescue) isDown(state string) bool {
-	m := r.w.down.Load()
-	if m == nil {
-		return false
-	}
-	_, down := (*m)[r.scopeID(state)]
-	return down
-}
+func (r *rescue) isDown(state string) bool { return r.w.IsDown(state) }
 
 // downCause returns the error that marked state's node down, if it is.
-func (r *rescue) downCause(state string) error {
-	if m := r.w.down.Load(); m != nil {
-		return (*m)[r.scopeID(state)]
-	}
-	return nil
-}
+func (r *rescue) downCause(state string) error { return r.w.Cause(state) }
 
 // outage reports whether err, met by a call for the state key state, is to
-// be answered by the fallback. If err says that the node cannot answer, it
-// marks the node down; if err may concern that call only, it has the node
-// probed, and marked down only if the probe fails too. An error from a
-// Redis client that the program closed is not an outage.
+// be answered by the fallback, and has the watch mark its node down or
+// probe it (see nodewatch.Watch.Outage).
 func (r *rescue) outage(err error, state string) bool {
-	kind := outage.Classify(err)
-	if kind == outage.None {
-		return false
-	}
-	if errors.Is(err, redis.ErrClosed) && clientClosed(r.w.ctx, r.e.rdb) {
-		r.w.setGone()
-		return false
-	}
-	sc := r.scopeOf(state)
-	if kind == outage.Node {
-		r.w.markDown(sc, err)
-	} else {
-		r.w.suspect(sc)
-	}
-	return true
+	return r.w.Outage(r.e.cfg.prefix, state, err)
 }
 
 func (r *rescue) strategy() Strategy { return r.e.own.rules[0].alg.strategy }
 
-// enqueue queues t for r's hook, unless r is closed.
-func (r *rescue) enqueue(t Transition) {
-	r.mu.Lock()
-	if !r.closed {
-		r.queue = append(r.queue, t)
+// Interval is r's ping interval, for the watch (nodewatch.Sub).
+func (r *rescue) Interval() time.Duration { return r.e.cfg.pingInterval }
+
+// Queue queues the watch's switch e for r's hook (nodewatch.Sub). A node
+// back may have come back on another machine: the client clock, if any,
+// is measured again.
+func (r *rescue) Queue(e nodewatch.Event) {
+	t := Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: e.Node, Down: e.Down, Err: e.Err, Outage: e.Outage}
+	if e.Down {
+		t.Kind = TransitionDown
+	} else if c := r.e.clock; c != nil {
+		c.Stale()
 	}
-	r.mu.Unlock()
+	r.hook.Add(t)
 }
 
-// flush reports the queued switches in order, one at a time, unless another
-// goroutine is reporting them (it then reports these too). No lock is held
-// while the hook runs, so that it may call the limiter, Close included.
-// Goroutines counted in the watch's wg call it only after they are done,
-// so that Close, waiting for them, never waits for a hook.
-func (r *rescue) flush() {
-	f := r.e.cfg.onTransition
-	r.mu.Lock()
-	if f == nil {
-		r.queue = nil
-	}
-	if r.draining {
-		r.mu.Unlock()
-		return
-	}
-	r.draining = true
-	for len(r.queue) > 0 {
-		t := r.queue[0]
-		r.queue[0] = Transition{}
-		r.queue = r.queue[1:]
-		r.mu.Unlock()
-		callHook(f, t)
-		r.mu.Lock()
-	}
-	r.queue = nil
-	r.draining = false
-	r.mu.Unlock()
-}
+// Gone records that the program closed the Redis client (nodewatch.Sub).
+func (r *rescue) Gone() { r.gone.Store(true) }
 
-// callHook calls the OnTransition hook f, dropping a panic: the hook runs
-// on whichever of the limiter's goroutines noticed the switch (the
-// monitor's, for a switch back, where a panic would end the process), and
-// reporting must go on for the next switches.
-func callHook(f func(Transition), t Transition) {
-	defer func() { _ = recover() }()
-	f(t)
-}
+// Flush reports the queued transitions to r's hook in order, with no lock
+// held, so that it may call the limiter, Close included (nodewatch.Sub).
+func (r *rescue) Flush() { r.hook.Flush(r.e.cfg.onTransition) }
 
 // close takes r off its watch (the last limiter to leave stops the probes
 // and waits for them) and drops the switches not reported yet.
 func (r *rescue) close() {
-	r.mu.Lock()
-	r.closed = true
-	r.queue = nil
-	r.mu.Unlock()
-	r.w.leave(r)
-}
-
-// leave takes r off the limiters sharing w; the last one to leave stops
-// the probes and waits for them.
-func (w *nodeWatch) leave(r *rescue) {
-	nodeWatches.Lock()
-	w.mu.Lock()
-	delete(w.subs, r)
-	w.setIntervalLocked()
-	last := len(w.subs) == 0 && !w.closed
-	if last {
-		w.closed = true
-		close(w.stop)
-		w.cancel()
-		if reflect.TypeOf(w.key.rdb).Comparable() && nodeWatches.m[w.key] == w {
-			delete(nodeWatches.m, w.key)
-		}
-	}
-	w.mu.Unlock()
-	nodeWatches.Unlock()
-	if last {
-		w.wg.Wait()
-	}
-}
-
-// subscribers returns the limiters sharing w.
-func (w *nodeWatch) subscribers() []*rescue {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	subs := make([]*rescue, 0, len(w.subs))
-	for r := range w.subs {
-		subs = append(subs, r)
-	}
-	return subs
-}
-
-// flushAll reports the queued switches of every limiter sharing w.
-func (w *nodeWatch) flushAll() {
-	for _, r := range w.subscribers() {
-		r.flush()
-	}
-}
-
-// setGone records that the program closed the Redis client.
-func (w *nodeWatch) setGone() {
-	for _, r := range w.subscribers() {
-		r.gone.Store(true)
-	}
-}
-
-// markDown marks the node sc down because of err, and has it probed.
-func (w *nodeWatch) markDown(sc scope, err error) {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return
-	}
-	n := w.nodes[sc.id]
-	switch {
-	case n == nil:
-		n = &node{scope: sc}
-		w.nodes[sc.id] = n
-		w.wg.Add(1)
-		go w.monitor(n)
-	case n.down:
-		w.mu.Unlock()
-		return
-	}
-	// A node being checked has its goroutine already, which goes on
-	// probing it once its probe returns.
-	w.setDownLocked(n, err)
-	w.mu.Unlock()
-	w.flushAll()
-}
-
-// suspect has the node sc probed once, after an error that may concern one
-// call only; unless it is already down or being checked.
-func (w *nodeWatch) suspect(sc scope) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed || w.nodes[sc.id] != nil {
-		return
-	}
-	n := &node{scope: sc}
-	w.nodes[sc.id] = n
-	w.wg.Add(1)
-	go w.monitor(n)
-}
-
-// setDownLocked marks n down and queues the switch for every limiter
-// sharing w. w.mu is held.
-func (w *nodeWatch) setDownLocked(n *node, err error) {
-	n.down, n.cause, n.since = true, err, time.Now()
-	w.publishLocked()
-	for r := range w.subs {
-		r.enqueue(Transition{Kind: TransitionDown, Strategy: r.strategy(), Node: n.id, Down: true, Err: err})
-	}
-}
-
-// publishLocked updates the map of nodes marked down. w.mu is held.
-func (w *nodeWatch) publishLocked() {
-	m := make(map[string]error)
-	for id, n := range w.nodes {
-		if n.down {
-			m[id] = n.cause
-		}
-	}
-	if len(m) == 0 {
-		w.down.Store(nil)
-		return
-	}
-	w.down.Store(&m)
-}
-
-// monitor probes the node n until it is back, then reports the switches.
-func (w *nodeWatch) monitor(n *node) {
-	w.watch(n)
-	w.flushAll()
-}
-
-// watch is monitor's loop. A node being checked is probed at once: if the
-// probe succeeds, the failure concerned one call and the node is forgotten;
-// otherwise it is marked down. A node marked down is probed every ping
-// interval (more apart while it cannot be reached) until two probes in a
-// row succeed.
-func (w *nodeWatch) watch(n *node) {
-	defer w.wg.Done()
-	if w.checkNode(n) && w.waitBack(n) {
-		w.back(n)
-	}
-}
-
-// checkNode probes a node that is not marked down yet: it forgets the node if
-// the probe succeeds, and else marks it down and hands the probing on to a
-// new monitor. It reports whether this goroutine goes on probing: only for
-// a node that a call marked down meanwhile.
-func (w *nodeWatch) checkNode(n *node) bool {
-	w.mu.Lock()
-	checking := !n.down
-	w.mu.Unlock()
-	if !checking {
-		return true
-	}
-	err := w.probe(n)
-	gone := errors.Is(err, redis.ErrClosed) && clientClosed(w.ctx, w.key.rdb)
-	if gone {
-		w.setGone()
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	switch {
-	case w.closed:
-		return false
-	case gone, err == nil && !n.down:
-		delete(w.nodes, n.id)
-		w.publishLocked()
-		return false
-	case !n.down:
-		w.setDownLocked(n, err)
-		// Probe on in a new goroutine; this one reports the switch once it
-		// is done (a hook calling Close from a goroutine counted in w.wg
-		// would wait for itself).
-		w.wg.Add(1)
-		go w.monitor(n)
-		return false
-	}
-	return true // marked down by a call meanwhile: go on probing
-}
-
-// waitBack probes a node marked down, at the first tick after the wait
-// since the last probe, until two probes in a row succeed (true), or the
-// last limiter or the client is closed (false). The ticks follow the
-// watch's interval, which limiters joining or leaving may change.
-func (w *nodeWatch) waitBack(n *node) bool {
-	every := w.interval()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	wait := every      // between probes; longer while the node cannot be reached
-	next := time.Now() // the next probe is due at the first tick after next
-	ok := 0
-	for {
-		select {
-		case <-w.stop:
-			return false
-		case <-tick.C:
-		}
-		if d := w.interval(); d != every {
-			every, wait = d, d
-			tick.Reset(every)
-		}
-		if closedNow(w.key.rdb) {
-			w.setGone()
-			return false
-		}
-		if time.Now().Before(next) {
-			continue
-		}
-		err := w.probe(n)
-		switch {
-		case err == nil:
-			wait = every
-		case errors.Is(err, redis.ErrClosed) && !clientClosed(w.ctx, w.key.rdb):
-			// The client dropped this node (a ring shard removed, say):
-			// there is nothing left to wait for.
-			err = nil
-			ok = 1
-		case errors.Is(err, redis.ErrClosed):
-			w.setGone()
-			return false
-		default:
-			ok = 0
-			wait = w.failed(err, wait)
-		}
-		next = time.Now().Add(wait - every/2) // due at the first tick after wait
-		if err != nil {
-			continue
-		}
-		if ok++; ok >= 2 {
-			return true
-		}
-	}
-}
-
-// failed returns the wait before the next probe after a probe failed with
-// err, the wait before it having been wait: doubled, up to maxBackoff ping
-// intervals, while the node cannot be reached at all, else one interval.
-// Through a cluster it also asks the client for a new view of the cluster.
-func (w *nodeWatch) failed(err error, wait time.Duration) time.Duration {
-	every := w.interval()
-	if outage.Unreachable(err) {
-		wait = min(2*wait, maxBackoff*every)
-	} else {
-		wait = every
-	}
-	// A failed-over cluster slot stays routed to the dead master until the
-	// client reloads its view of the cluster, which go-redis does only
-	// every ClusterStateReloadInterval (60s by default). Ask for a reload
-	// (go-redis runs at most one at a time, 200ms apart).
-	if cc, isCluster := w.key.rdb.(*redis.ClusterClient); isCluster {
-		cc.ReloadState(context.Background())
-	}
-	return wait
-}
-
-// back forgets a node that answers again, and queues the switch back for
-// every limiter's hook (see flush).
-func (w *nodeWatch) back(n *node) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return
-	}
-	delete(w.nodes, n.id)
-	w.publishLocked()
-	outage := time.Since(n.since)
-	for r := range w.subs {
-		if c := r.e.clock; c != nil {
-			c.Stale() // the server may have come back on another machine
-		}
-		r.enqueue(Transition{Kind: TransitionBack, Strategy: r.strategy(), Node: n.id, Outage: outage})
-	}
-}
-
-// probeTimeout bounds one probe, beyond the client's own timeouts (which
-// bound it first when they are shorter, as recommended): through a
-// cluster, a probe of a migrating slot takes several round trips (ASK,
-// ASKING, NOSCRIPT, EVAL).
-const probeTimeout = time.Second
-
-// probe runs the probe script once on the node n.
-func (w *nodeWatch) probe(n *node) error {
-	ctx, cancel := context.WithTimeout(w.ctx, max(w.interval(), probeTimeout))
-	defer cancel()
-	if w.key.clientClock {
-		return clientClockProbe.Run(ctx, n.probe, []string{n.key}).Err()
-	}
-	return probeScript.Run(ctx, n.probe, []string{n.key}).Err()
+	r.hook.Close()
+	r.w.Leave(r)
 }

@@ -464,7 +464,7 @@ func (r *Reservation) settleErr(ctx context.Context, err error) error {
 // refund; what passes the burst is dropped at its next update, so never
 // above full), but only those its refill cannot have paid back yet (after
 // paidAt, it pays back the reservation's events: refill is never given
-// twice), a warm-up's as settle.lua gives them back (warmCurve.giveBack);
+// twice), a warm-up's as settle.lua gives them back (warmcurve.Curve.GiveBack);
 // or takes the overspend as a debt (a reservation that need not wait).
 func (r *Reservation) settleLocal(used int) Result {
 	h := r.local
@@ -481,9 +481,9 @@ func (r *Reservation) settleLocal(used int) Result {
 			// As settle.lua does: a refund back to the sub-window the
 			// events were taken from, while it counts; a charge now.
 			if delta < 0 {
-				g.giveBack(h.tags[i], -delta, now)
+				g.GiveBack(h.tags[i], -delta, now)
 			} else if delta > 0 {
-				g.take(delta, now)
+				g.Take(delta, now)
 			}
 			continue
 		}
@@ -492,9 +492,9 @@ func (r *Reservation) settleLocal(used int) Result {
 			// events (its time only until its own ends, at paidAt); a
 			// charge pays forward.
 			if delta < 0 {
-				c.giveBack(float64(-delta), h.paidAt[i], now)
+				c.GiveBack(float64(-delta), h.paidAt[i], now)
 			} else if delta > 0 {
-				c.take(delta, now)
+				c.Take(delta, now)
 			}
 			continue
 		}
@@ -529,12 +529,12 @@ func (r *Reservation) localResult(now time.Time) Result {
 			continue
 		}
 		if c := lr.warm; c != nil {
-			if c.wait(now) == 0 && (i == 0 || lr.capacity < res.Remaining) {
+			if c.Wait(now) == 0 && (i == 0 || lr.capacity < res.Remaining) {
 				res.Remaining = lr.capacity
-			} else if c.wait(now) > 0 {
+			} else if c.Wait(now) > 0 {
 				res.Remaining = 0
 			}
-			res.ResetAfter = max(res.ResetAfter, c.untilCold(now))
+			res.ResetAfter = max(res.ResetAfter, c.UntilCold(now))
 			continue
 		}
 		tokens := lr.lim.TokensAt(now)

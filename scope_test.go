@@ -18,9 +18,9 @@ import (
 
 // Every slot has a probe tag of at most 3 characters, in that slot.
 func TestScopeProbeTags(t *testing.T) {
-	seen := make(map[string]bool, numSlots)
-	for slot := range numSlots {
-		tag := probeTag(slot)
+	seen := make(map[string]bool, hashslot.Count)
+	for slot := range hashslot.Count {
+		tag := hashslot.Tag(slot)
 		require.NotEmpty(t, tag)
 		require.LessOrEqual(t, len(tag), 3, "slot %d", slot)
 		require.Equal(t, slot, redistest.Slot("{"+tag+"}"), "tag %q", tag)

@@ -5,9 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redlimit/redlimit/internal/testlane"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 func TestSlidingCounterTable(t *testing.T) {

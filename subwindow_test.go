@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/subring"
 )
 
 func TestSubWindowCounterTable(t *testing.T) {
@@ -117,17 +119,17 @@ type swEvent struct{ at, n int64 }
 // decide returns what the model answers at now for n, and admits them if
 // it allows.
 func (m *swModel) decide(now, n int64) (ok bool, remaining, retry, reset int64) {
-	cw := subWindowOf(now, m.period, m.s)
+	cw := subring.Of(now, m.period, m.s)
 	lo := cw - m.s
 	var count int64
 	newest := int64(-1)
 	for _, e := range m.events {
-		if b := subWindowOf(e.at, m.period, m.s); b >= lo {
+		if b := subring.Of(e.at, m.period, m.s); b >= lo {
 			count += e.n
 			newest = b
 		}
 	}
-	until := func(b int64) int64 { return subWindowStart(b+m.s+1, m.period, m.s) - now }
+	until := func(b int64) int64 { return subring.Start(b+m.s+1, m.period, m.s) - now }
 	if count > 0 {
 		reset = until(newest)
 	}
@@ -135,7 +137,7 @@ func (m *swModel) decide(now, n int64) (ok bool, remaining, retry, reset int64) 
 	if n > avail {
 		need := count + n - int64(m.rate)
 		for _, e := range m.events {
-			b := subWindowOf(e.at, m.period, m.s)
+			b := subring.Of(e.at, m.period, m.s)
 			if b < lo {
 				continue
 			}
@@ -251,8 +253,8 @@ func TestSubWindowCounterModel(t *testing.T) {
 			case k == 13: // idle
 				move(period + r.Int64N(2*period))
 			case k < 17: // to a sub-window's bound, or a µs on either side
-				cw := subWindowOf(now, period, s)
-				move(subWindowStart(cw+1, period, s) - now + r.Int64N(3) - 1)
+				cw := subring.Of(now, period, s)
+				move(subring.Start(cw+1, period, s) - now + r.Int64N(3) - 1)
 			default:
 				move(1)
 			}
@@ -567,7 +569,7 @@ func TestSubWindowCounterFallback(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		rv, err := lim.Reserve(ctx, "k", 3)
 		require.NoError(t, err)
-		taken := subWindowOf(time.Now().UnixMicro(), 1_000_000, 7)
+		taken := subring.Of(time.Now().UnixMicro(), 1_000_000, 7)
 		require.True(t, rv.Result().Allowed && rv.Result().Degraded, "%+v", rv.Result())
 		time.Sleep(500 * time.Millisecond)
 		res, err := rv.Settle(ctx, 1)
@@ -577,7 +579,7 @@ func TestSubWindowCounterFallback(t *testing.T) {
 		res, err = lim.AllowN(ctx, "k", 5)
 		require.NoError(t, err)
 		require.False(t, res.Allowed, "%+v", res)
-		require.Equal(t, subWindowStart(taken+8, 1_000_000, 7)-time.Now().UnixMicro(), res.RetryAfter.Microseconds(), "%+v", res)
+		require.Equal(t, subring.Start(taken+8, 1_000_000, 7)-time.Now().UnixMicro(), res.RetryAfter.Microseconds(), "%+v", res)
 	})
 }
 

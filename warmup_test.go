@@ -15,6 +15,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/redlimit/redlimit/internal/testlane"
+	"github.com/redlimit/redlimit/internal/warmcurve"
 )
 
 // guava is a reference model of Guava's SmoothWarmingUp (cold factor 3),
@@ -473,13 +474,13 @@ func TestWarmUpFallback(t *testing.T) {
 
 	// The curve itself, against the model, at a share of a quarter.
 	l := Limit{Rate: 400, Period: time.Second, WarmUp: 2 * time.Second}
-	c := newWarmCurve(100, l.WarmUp, t0)
+	c := warmcurve.New(100, l.WarmUp, t0)
 	g := newGuava(Limit{Rate: 100, Period: time.Second, WarmUp: l.WarmUp})
 	got, want := 0, 0
 	for ms := range 6000 {
 		now := t0.Add(time.Duration(ms) * time.Millisecond)
-		if c.wait(now) == 0 {
-			c.take(1, now)
+		if c.Wait(now) == 0 {
+			c.Take(1, now)
 			got++
 		}
 		want += btoi(g.tryAcquire(1, float64(ms*1000)))
@@ -577,17 +578,16 @@ func TestWarmUpRateChange(t *testing.T) {
 				require.NoError(t, err)
 				return newRuleSet([]rule{r})
 			}
-			now := time.Now()
 			set := lim.rescue.newLocal(ruleSetOf(tc.from))
-			set.lims[0].warm.next = now
-			require.Zero(t, set.lims[0].warm.take(tc.first, now))
+			now := time.Now() // the curve is free from when it was made
+			require.Zero(t, set.lims[0].warm.Take(tc.first, now))
 			lim.rescue.follow(set, ruleSetOf(tc.to), now)
 			c := set.lims[0].warm
 			admitted := 0
 			for ms := 0; ms < 3000; ms += 5 {
 				at := now.Add(time.Duration(ms) * time.Millisecond)
-				if c.wait(at) == 0 {
-					c.take(1, at)
+				if c.Wait(at) == 0 {
+					c.Take(1, at)
 					admitted++
 				}
 			}

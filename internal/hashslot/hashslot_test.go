@@ -1,6 +1,11 @@
 package hashslot
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
 
 func TestOf(t *testing.T) {
 	for _, tt := range []struct {
@@ -43,4 +48,21 @@ func TestNext(t *testing.T) {
 			t.Errorf("CRC16(%q) = %#04x, want %#04x", s, got, want)
 		}
 	}
+}
+
+// Every slot has a tag of 1 to 3 letters or digits, in that slot, and no
+// two slots share one.
+func TestTag(t *testing.T) {
+	seen := make(map[string]bool, Count)
+	for slot := range Count {
+		tag := Tag(slot)
+		require.NotEmpty(t, tag)
+		require.LessOrEqual(t, len(tag), 3, "slot %d", slot)
+		require.Regexp(t, "^[0-9a-zA-Z]+$", tag, "slot %d", slot)
+		require.Equal(t, slot, Of("{"+tag+"}"), "tag %q", tag)
+		require.Equal(t, slot, int(CRC16(tag)%Count), "tag %q", tag)
+		require.False(t, seen[tag], "tag %q twice", tag)
+		seen[tag] = true
+	}
+	assert.Equal(t, "0", Tag(Of("0")), "the shortest tag first")
 }
