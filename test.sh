@@ -30,6 +30,14 @@ modules=(. grpclimit cmd/redlimit bench examples/prometheus extra/redlimitotel e
 workspace=$PWD/go.work
 gowork() { if [ "$1" = . ]; then echo off; else echo "$workspace"; fi; }
 
+# A -race binary sleeps 1 s before it exits (the race detector's
+# atexit_sleep_ms), for goroutines still running to report a race: 1 s
+# for each of the 26 runs of a test binary below, most of it on the cpu
+# lane's one package after another. The tests have ended by then (and the
+# testing package fails a test whose goroutines raced while it ran), so
+# 100 ms is enough. A GORACE of the caller's comes after, and wins.
+export GORACE="atexit_sleep_ms=100${GORACE:+ $GORACE}"
+
 # phase TITLE: a step's heading, with the time taken so far.
 phase() { echo "== $* (at ${SECONDS}s)"; }
 
