@@ -56,6 +56,7 @@ func TestBucketByteRateExact(t *testing.T) {
 // Burst + Rate·d, and never more, whatever its n.
 func TestBucketGreedyCallerGetsTheLimit(t *testing.T) {
 	testlane.MarkHeavy(t)
+	t.Parallel() // its own miniredis and clock: the heavy lane runs its tests on both cores
 	cases := []struct {
 		limit Limit
 		step  time.Duration // between rounds of calls
@@ -72,25 +73,30 @@ func TestBucketGreedyCallerGetsTheLimit(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, n := range c.ns {
-			b, _ := miniBackend(t)
-			lim := newLimiter(t, b.rdb, TokenBucket, c.limit)
-			ctx := t.Context()
-			total := 0
-			for elapsed := time.Duration(0); elapsed <= c.d; elapsed += c.step {
-				for {
-					res, err := lim.AllowN(ctx, "k", n)
-					require.NoError(t, err)
-					if !res.Allowed {
-						break
+			// Each n on its own miniredis and clock, in parallel: the
+			// heavy lane's longest test shares both cores.
+			t.Run(fmt.Sprintf("%v/n=%d", c.limit, n), func(t *testing.T) {
+				t.Parallel()
+				b, _ := miniBackend(t)
+				lim := newLimiter(t, b.rdb, TokenBucket, c.limit)
+				ctx := t.Context()
+				total := 0
+				for elapsed := time.Duration(0); elapsed <= c.d; elapsed += c.step {
+					for {
+						res, err := lim.AllowN(ctx, "k", n)
+						require.NoError(t, err)
+						if !res.Allowed {
+							break
+						}
+						total += n
 					}
-					total += n
+					b.advance(c.step)
 				}
-				b.advance(c.step)
-			}
-			bound := float64(c.limit.Burst) + float64(c.limit.Rate)*c.d.Seconds()/c.limit.Period.Seconds()
-			assert.LessOrEqual(t, float64(total), bound, "%v n=%d: admitted past Burst + Rate·d", c.limit, n)
-			// n-sized calls can leave less than n unused at the end.
-			assert.GreaterOrEqual(t, float64(total), 0.999*bound-float64(n), "%v n=%d: admitted %d of %.0f", c.limit, n, total, bound)
+				bound := float64(c.limit.Burst) + float64(c.limit.Rate)*c.d.Seconds()/c.limit.Period.Seconds()
+				assert.LessOrEqual(t, float64(total), bound, "%v n=%d: admitted past Burst + Rate·d", c.limit, n)
+				// n-sized calls can leave less than n unused at the end.
+				assert.GreaterOrEqual(t, float64(total), 0.999*bound-float64(n), "%v n=%d: admitted %d of %.0f", c.limit, n, total, bound)
+			})
 		}
 	}
 }

@@ -190,6 +190,7 @@ func TestCalendarDailySpringForward(t *testing.T) {
 // window starts at 0 (the old key, kept 1 ms more by its rounded expiry,
 // does not count) and resets at its own end.
 func TestCalendarDecisionsAtEveryBoundary(t *testing.T) {
+	t.Parallel() // simulated clocks, a miniredis per case: beside the lane's other parallel tests
 	from := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, zone := range calendarZones {
 		loc := loadZone(t, zone)

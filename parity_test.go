@@ -72,6 +72,7 @@ import (
 // REDLIMIT_PARITY_STEPS (default 10,000; 1,000 with -short). A failure
 // prints the seed, the step and the steps before it. Seeds 1 to 40 passed.
 func TestEngineParity(t *testing.T) {
+	t.Parallel() // a simulated clock on its own server: beside the lane's other parallel tests
 	seed := envInt(t, "REDLIMIT_PARITY_SEED", 23)
 	steps := envInt(t, "REDLIMIT_PARITY_STEPS", 10_000)
 	if testing.Short() {

@@ -121,6 +121,7 @@ func fill(r Result) Result {
 // limiters asked first with n = 0 (which consumes nothing).
 func TestPolicyTighterOfTwo(t *testing.T) {
 	testlane.MarkHeavy(t)
+	t.Parallel() // its own miniredis and clock: the heavy lane runs its tests on both cores
 	b, _ := miniBackend(t)
 	rules := []Rule{
 		{Strategy: TokenBucket, Limit: PerSecond(10)},

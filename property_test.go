@@ -53,6 +53,7 @@ import (
 // propShrinkReplays, and REDLIMIT_PROP_SHRINK_TOTAL for the whole run,
 // default propShrinkTotal), and the command that plays it again.
 func TestProperty(t *testing.T) {
+	t.Parallel() // simulated clocks, its own miniredis per replay: beside the lane's other parallel tests
 	seeds := propSeedList(t)
 	nops := int(envInt(t, "REDLIMIT_PROP_OPS", propOps))
 	budget := int(envInt(t, "REDLIMIT_PROP_SHRINK", propShrinkReplays))

@@ -899,6 +899,7 @@ func TestReserveDropsLapsedGradually(t *testing.T) {
 // (the set, about 120 bytes, with the first; about 26 bytes each up to 128
 // pending on a key, about 104 past that).
 func TestReservationMemoryRedis(t *testing.T) {
+	t.Parallel() // no clock, keys of its own: beside the lane's other parallel tests
 	opts := redistest.TunedOptions(realServer(t).Addr)
 	opts.PoolSize = 32
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second

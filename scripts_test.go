@@ -74,6 +74,7 @@ func randomRules(rng *rand.Rand, periods []time.Duration, count int) []Rule {
 // and no key here can expire during the test.
 func TestBakedScriptDecidesAsArguments(t *testing.T) {
 	testlane.MarkHeavy(t)
+	t.Parallel() // its own miniredis and clock: the heavy lane runs its tests on both cores
 	b, _ := miniBackend(t)
 	periods := []time.Duration{time.Millisecond, 250 * time.Millisecond, time.Second, time.Minute, time.Hour}
 	compareBakedAndArgs(t, b.rdb, periods, b.advance, time.Hour, 40, 0)

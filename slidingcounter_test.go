@@ -57,6 +57,7 @@ func TestSlidingCounterLargeCounts(t *testing.T) {
 // should use the sliding log, which is exact.
 func TestSlidingCounterSmallRates(t *testing.T) {
 	testlane.MarkHeavy(t)
+	t.Parallel() // its own miniredis and clock: the heavy lane runs its tests on both cores
 	cases := []struct {
 		rate     int
 		min, max int // admitted in 10 periods, one call every period/20

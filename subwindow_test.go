@@ -194,6 +194,7 @@ func (m *swModel) admittedSince(from int64) int64 {
 //   - RetryAfter exact: often, the same call is made again a µs before it
 //     (denied) and at it (admitted).
 func TestSubWindowCounterModel(t *testing.T) {
+	t.Parallel() // a simulated clock on its own miniredis: beside the lane's other parallel tests
 	seed := uint64(envInt(t, "REDLIMIT_SUBWINDOW_SEED", 39))
 	limiters := int(envInt(t, "REDLIMIT_SUBWINDOW_LIMITERS", 60))
 	if testing.Short() {

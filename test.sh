@@ -14,9 +14,10 @@
 # Functions are then tested by their own tests (functions_test.go).
 #
 # The release check, the micro-benchmarks and the linter run in the
-# background while the docs' commands run (no timing depends on them),
-# their output shown when they end; the tests run after them, in two lanes
-# at once (see below).
+# background at the lowest priority from the start (no timing depends on
+# them), on what the docs' commands and the tests leave of the 2 cores;
+# their output is shown at the end. The tests run after the docs'
+# commands, in lanes (see below).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,6 +30,14 @@ modules=(. grpclimit cmd/redlimit bench examples/prometheus extra/redlimitotel e
 # build it: the workspace would lend it the other modules' requirements.
 workspace=$PWD/go.work
 gowork() { if [ "$1" = . ]; then echo off; else echo "$workspace"; fi; }
+
+# A -race binary sleeps 1 s before it exits (the race detector's
+# atexit_sleep_ms), for goroutines still running to report a race: 1 s
+# for each of the 26 runs of a test binary below, most of it on the cpu
+# lane's one package after another. The tests have ended by then (and the
+# testing package fails a test whose goroutines raced while it ran), so
+# 100 ms is enough. A GORACE of the caller's comes after, and wins.
+export GORACE="atexit_sleep_ms=100${GORACE:+ $GORACE}"
 
 # phase TITLE: a step's heading, with the time taken so far.
 phase() { echo "== $* (at ${SECONDS}s)"; }
@@ -77,32 +86,29 @@ finish() {
   [ "$status" -eq 0 ] || { echo "$name failed (exit $status)" >&2; return 1; }
 }
 
-# While the docs' commands run: the release check (it tags a snapshot of
-# this tree, serves it from a file-based module proxy and checks that go
-# install of cmd/redlimit and go get of grpclimit and the metric modules
-# work) and the micro-benchmarks, once each (to keep them working, not to
-# judge speed). Neither depends on timing.
-bg release .ci/release-check.sh
-bg benchmarks env GOWORK=off go test -run '^$' -bench . -benchtime=1x ./...
-# And the linter (.ci/lint.sh: golangci-lint as tools/go.mod pins it, with
-# .golangci.yml, on every module), at the lowest priority: on a machine
-# that has not built it yet, building it takes minutes of CPU that the
-# docs' commands, each under a timeout, need more. Built once, it takes
-# seconds.
+# From here to the end, at the lowest priority (nice 19): the release
+# check (it tags a snapshot of this tree, serves it from a file-based
+# module proxy and checks that go install of cmd/redlimit and go get of
+# grpclimit and the metric modules work), the micro-benchmarks, once each
+# (to keep them working, not to judge speed), and the linter (.ci/lint.sh:
+# golangci-lint as tools/go.mod pins it, with .golangci.yml, on every
+# module). None depends on timing, and they are mostly builds that the
+# docs' commands, each under a timeout, need more: minutes of CPU for the
+# linter on a machine that has not built it yet, and for the release
+# check after a change to the library (its -trimpath builds share no
+# cache with the others'), which the tests used to wait for. They end on
+# what the docs' commands and the tests leave idle (the alone lane mostly
+# waits on servers: about 40 s of CPU in its 130 s), and are waited for
+# at the end.
+bg release nice -n 19 .ci/release-check.sh
+bg benchmarks nice -n 19 env GOWORK=off go test -run '^$' -bench . -benchtime=1x ./...
 bg lint nice -n 19 .ci/lint.sh
 
-phase "docs and example commands (the release check, the micro-benchmarks and the linter run meanwhile)"
+phase "docs and example commands (the release check, the micro-benchmarks and the linter run meanwhile, at nice 19)"
 # Every command of the docs (README.md, CONTRIBUTING.md, docs/*.md) and of
 # the examples' doc comments, as written
 # (each example at least once); servers with -selftest. See the script.
 .ci/doc-commands.sh
-
-phase "release check"
-finish release
-phase "micro-benchmarks, once each"
-finish benchmarks quiet
-phase "lint"
-finish lint
 
 # The lanes of the root package's tests, from what each test calls
 # (internal/testlane; CONTRIBUTING.md, "Test lanes"), never from their
@@ -111,7 +117,8 @@ finish lint
 #  - alone: the tests that a busy machine would skew (testlane.MarkAlone:
 #    servers killed, paused and cut, with bounds on what a fault adds to a
 #    call; the idle limiters' CPU) and those on a Redis Cluster (six
-#    processes). They run first, alone but for the heavy tests below;
+#    processes). They run first, alone but for the heavy tests below and
+#    the background jobs above (all at nice 19);
 #  - servers: the other tests that start a redis-server (through
 #    internal/redistest), which test.sh reruns on each engine of
 #    REDLIMIT_ENGINES with the alone ones;
@@ -194,7 +201,13 @@ phase "tests: the servers lane ended; the cpu lane"
 finish cpu || test_status=1
 phase "tests: the root package's heavy lane"
 finish heavy || test_status=1
-[ "$test_status" -eq 0 ] || { echo "tests failed" >&2; exit 1; }
+phase "release check"
+finish release || test_status=1
+phase "micro-benchmarks, once each"
+finish benchmarks quiet || test_status=1
+phase "lint"
+finish lint || test_status=1
+[ "$test_status" -eq 0 ] || { echo "tests, the release check, the micro-benchmarks or the linter failed" >&2; exit 1; }
 
 if [ -n "${REDLIMIT_ENGINES:-}" ]; then
   # The same real-Redis tests once more with every limiter deciding with a

@@ -230,9 +230,11 @@ func playWarm(t *testing.T, lim Limiter, key string, c warmCase, setClock func(d
 // real Redis plays every case, below).
 func TestWarmUpModel(t *testing.T) {
 	testlane.MarkHeavy(t)
+	t.Parallel() // its own miniredis and clock: the heavy lane runs its tests on both cores
 	cases := warmCases()
 	for _, c := range []warmCase{cases[1], cases[3], cases[5]} {
 		t.Run(c.s.String()+"/"+c.limit.String(), func(t *testing.T) {
+			t.Parallel()
 			b, _ := miniBackend(t)
 			lim := newLimiter(t, b.rdb, c.s, c.limit)
 			playWarm(t, lim, "k", c, b.setClock, false)

@@ -460,9 +460,9 @@ func TestSimulateLeakyBucketChart(t *testing.T) {
 func TestSimulateWarmUp(t *testing.T) {
 	t.Parallel()
 	limit := redlimit.Limit{Rate: 10, Period: time.Second, WarmUp: 3 * time.Second}
-	warm := simulateT(t, "steady", limit, 100, 8*time.Second, 0)
+	warm := simulateT(t, "steady", limit, 50, 7*time.Second, 0)
 	limit.WarmUp = 0
-	plain := simulateT(t, "steady", limit, 100, 8*time.Second, 0)
+	plain := simulateT(t, "steady", limit, 50, 7*time.Second, 0)
 	in := func(o *outcome, from, to time.Duration) int {
 		n := 0
 		for _, at := range o.admitted {
