@@ -93,6 +93,7 @@ func TestOutageErrors(t *testing.T) {
 		{"full-duplex reader gone", errors.New("redis: autopipeline full-duplex reader exited"), outage.Call},
 		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, outage.Call},
 		{"EOF", io.EOF, outage.Call},
+		{"closed pipe (a custom dialer's net.Pipe)", io.ErrClosedPipe, outage.Call},
 		{"pool timeout", redis.ErrPoolTimeout, outage.Call},
 		{"node closed", redis.ErrClosed, outage.Call},
 		{"TRYAGAIN", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), outage.Call},

@@ -96,7 +96,7 @@ func Classify(err error) Kind {
 	case strings.Contains(msg, errRingDown), strings.Contains(msg, errNoNodes),
 		strings.Contains(msg, errNoSentinel):
 		return Node
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.ErrClosedPipe),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
 		errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, redis.ErrAutoPipelineTimeout), errors.Is(err, redis.ErrAutoPipelineQueueFull),
