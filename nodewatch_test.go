@@ -21,19 +21,23 @@ import (
 // Limiters on one client share the watch of its node: during a 3 s outage
 // the client dials no more with 10 limiters (rate limiters, policies and
 // concurrency limits) than with 1, and each limiter's hook is told once
-// that the node went down and once that it came back.
+// that the node went down and once that it came back. ("No more" allows
+// one dial: on a loaded machine a probe late by over 150 ms crosses the
+// window's edge; 10 watches instead of one would dial about 10 times as
+// often.)
 func TestNodeWatchSharedRedis(t *testing.T) {
 	verifyNoLeak(t)
 	srv := redistest.Start(t)
 	one := outageDials(t, srv.Addr, 1, nil)
 	ten := outageDials(t, srv.Addr, 10, nil)
 	t.Logf("dials during a 3 s outage: %d with 1 limiter, %d with 10 on the same client", one, ten)
-	assert.LessOrEqual(t, ten, one, "dials with 10 limiters")
+	assert.LessOrEqual(t, ten, one+1, "dials with 10 limiters")
 }
 
 // Limiters on one client share the watch of its node whatever their
 // prefixes and ping intervals: 10 limiters with 10 prefixes, some probing
-// twice as often as asked by the others, dial no more than 1 alone.
+// twice as often as asked by the others, dial no more than 1 alone (give
+// or take the one dial of TestNodeWatchSharedRedis).
 func TestNodeWatchPrefixesRedis(t *testing.T) {
 	verifyNoLeak(t)
 	srv := redistest.Start(t)
@@ -46,7 +50,7 @@ func TestNodeWatchPrefixesRedis(t *testing.T) {
 		return []Option{WithPrefix(fmt.Sprintf("tenant%d", i)), WithPingInterval(every)}
 	})
 	t.Logf("dials during a 3 s outage: %d with 1 limiter, %d with 10 prefixes on the same client", one, ten)
-	assert.LessOrEqual(t, ten, one, "dials with 10 prefixes")
+	assert.LessOrEqual(t, ten, one+1, "dials with 10 prefixes")
 }
 
 // outageDials runs n limiters on one client through a proxy, under load,
