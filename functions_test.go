@@ -408,7 +408,7 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 	for si, rules := range sets {
 		rs, err := policyRules(rules)
 		require.NoError(t, err)
-		bake(rs, true)
+		bake(rs, &config{functions: true})
 		require.NotNil(t, rs.fn, "set %d", si)
 		err = rdb.FunctionLoad(ctx, rs.fn.code).Err()
 		if !hasFunctions {
