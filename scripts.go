@@ -192,6 +192,7 @@ func bake(rs *ruleSet, cfg *config) {
 // strategy ("": none, the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource).
 var singleFiles = [...]string{
+	SlidingLog:  "single_slidinglog.lua",
 	TokenBucket: "single_bucket.lua",
 	LeakyBucket: "single_bucket.lua",
 }

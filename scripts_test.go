@@ -694,6 +694,8 @@ func (c *singleCompare) keyState(k, name string) string {
 			score, _ := c.m.ZScore(k, mb)
 			if strings.HasSuffix(k, reserveSuffix) {
 				mb = "id" // a reservation's id is random: its time only
+			} else if dot := strings.Index(mb, "."); dot >= 0 {
+				mb = mb[:dot] + ".id" // a log's member of a reservation
 			}
 			s += fmt.Sprintf("%s=%.0f ", mb, score)
 		}
