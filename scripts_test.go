@@ -707,3 +707,110 @@ func (c *singleCompare) keyState(k, name string) string {
 	}
 	return s
 }
+
+// On real Redis (Lua 5.1, struct.pack), the script specialised for a
+// single rule, as a script and as a Redis Function (Redis 7 and later),
+// replies as the general script does and leaves the same state and TTL,
+// for random calls at a client's time (moving forward, and back by up to
+// 2 s) over periods of a minute and more (no key expires during the test).
+func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
+	_, rdb, hasFunctions := ownServer(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(40, 41))
+	for _, s := range Strategies() {
+		for round := range 4 {
+			l := Limit{Rate: []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)], Period: []time.Duration{time.Minute, time.Hour, 2 * time.Hour}[rng.IntN(3)]}
+			if s == SlidingLog {
+				l.Rate = min(l.Rate, 100)
+			}
+			if s == TokenBucket || s == LeakyBucket {
+				l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
+			}
+			r, err := newRule("", algorithms[s], l)
+			if err != nil {
+				continue
+			}
+			rs := newRuleSet([]rule{r})
+			bake(rs, &config{functions: hasFunctions})
+			sr, ok := rs.run.(singleRunner)
+			if !ok {
+				continue // no specialised script
+			}
+			c := singleRedis{t: t, rdb: rdb, rng: rng, rs: rs, what: fmt.Sprintf("%v %v", s, l)}
+			switch one := sr.one.(type) {
+			case writtenRunner:
+				c.single = one.script
+			case functionRunner:
+				c.single, c.fn = one.script, one.fn
+				require.NoError(t, rdb.FunctionLoadReplace(ctx, c.fn.code).Err(), c.what)
+			}
+			require.NoError(t, rs.script.Load(ctx, rdb).Err())
+			require.NoError(t, c.single.Load(ctx, rdb).Err())
+			for i := range 3 {
+				c.keys[i] = fmt.Sprintf("{r%v%d}%d%s", s, round, i, r.suffix)
+			}
+			c.play(300)
+		}
+	}
+}
+
+// singleRedis plays TestSingleScriptDecidesAsGeneralRedis's calls on
+// keys[0] (the general script), keys[1] (the specialised script) and
+// keys[2] (the specialised Function, where fn is not nil).
+type singleRedis struct {
+	t      *testing.T
+	rdb    *redis.Client
+	rng    *rand.Rand
+	rs     *ruleSet
+	what   string
+	single *redis.Script
+	fn     *redisFunction
+	keys   [3]string
+}
+
+func (c *singleRedis) play(steps int) {
+	ctx := context.Background()
+	now := t0.UnixMicro()
+	period := int64(c.rs.rules[0].limit.Period / time.Microsecond)
+	for step := range steps {
+		switch c.rng.IntN(8) {
+		case 0:
+			now -= 1 + c.rng.Int64N(2_000_000) // behind the state's time
+		case 1, 2:
+			now += 1 + c.rng.Int64N(2*period)
+		default:
+			now += c.rng.Int64N(1000)
+		}
+		n := []int{0, 1, 1, 1, 2, 3, c.rng.IntN(c.rs.maxN + 1)}[c.rng.IntN(7)]
+		maxDelay := int64(-1)
+		if c.rng.IntN(3) == 0 {
+			maxDelay = c.rng.Int64N(2 * period)
+		}
+		args := []any{n, 1, now, maxDelay}
+		var cmds [3]*redis.Cmd
+		var ttls [3]*redis.DurationCmd
+		_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			cmds[0] = p.EvalSha(ctx, c.rs.script.Hash(), c.keys[:1], args...)
+			cmds[1] = p.EvalSha(ctx, c.single.Hash(), c.keys[1:2], args...)
+			if c.fn != nil {
+				cmds[2] = p.FCall(ctx, c.fn.name, c.keys[2:], args...)
+			}
+			for i := range ttls {
+				ttls[i] = p.PTTL(ctx, c.keys[i])
+			}
+			return nil
+		})
+		require.NoError(c.t, err, c.what)
+		where := fmt.Sprintf("%s, step %d: %v", c.what, step, args)
+		want := cmds[0].Val()
+		require.Equal(c.t, want, cmds[1].Val(), where)
+		require.Equal(c.t, dumpState(c.t, c.rdb, c.keys[0]), dumpState(c.t, c.rdb, c.keys[1]), where)
+		// (Redis's clock moves between the commands of a transaction.)
+		require.InDelta(c.t, ttls[0].Val(), ttls[1].Val(), float64(2*time.Millisecond), where)
+		if c.fn != nil {
+			require.Equal(c.t, want, cmds[2].Val(), "%s: the Function", where)
+			require.Equal(c.t, dumpState(c.t, c.rdb, c.keys[0]), dumpState(c.t, c.rdb, c.keys[2]), "%s: the Function", where)
+			require.InDelta(c.t, ttls[0].Val(), ttls[2].Val(), float64(2*time.Millisecond), "%s: the Function", where)
+		}
+	}
+}
