@@ -192,9 +192,11 @@ func bake(rs *ruleSet, cfg *config) {
 // strategy ("": none, the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource).
 var singleFiles = [...]string{
-	SlidingLog:  "single_slidinglog.lua",
-	TokenBucket: "single_bucket.lua",
-	LeakyBucket: "single_bucket.lua",
+	FixedWindow:    "single_fixedwindow.lua",
+	SlidingLog:     "single_slidinglog.lua",
+	SlidingCounter: "single_slidingcounter.lua",
+	TokenBucket:    "single_bucket.lua",
+	LeakyBucket:    "single_bucket.lua",
 }
 
 // singleSource returns the script specialised for the one rule of rs: the
