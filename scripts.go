@@ -110,9 +110,10 @@ func mustRead(name string) string {
 	return string(b)
 }
 
-// maxBakedScripts bounds the scripts with rules written in that one
-// process makes, and so what its limiters can add to Redis's script cache,
-// which Redis before 7.4 never evicts. Limiters made past it pass their
+// maxBakedScripts bounds the rule sets whose scripts have their rules
+// written in that one process makes (two scripts for a single rule with a
+// specialised one), and so what its limiters can add to Redis's script
+// cache, which Redis before 7.4 never evicts. Limiters made past it pass their
 // rules as arguments, as limits from WithLimitFunc always do. (A variable
 // for the tests.)
 var maxBakedScripts = 128
