@@ -18,14 +18,21 @@ var functionsByDefault = false
 // library of Redis Functions: the script's head (common.lua, the
 // strategies' files and, for several rules, queue.lua and written.lua)
 // runs once, at FUNCTION LOAD, and the rest, from args.lua on, is the body
-// of the library's one function.
+// of the library's one function. A script specialised for one rule (see
+// singleSource) is all body.
 type redisFunction struct {
 	name string // the library's and its function's
 	code string // FUNCTION LOAD's argument
 }
 
 func newRedisFunction(files []string, count, checks string) *redisFunction {
-	head, call := decisionHead(files), decisionCall(count, checks)
+	return newFunction(decisionHead(files), decisionCall(count, checks))
+}
+
+// newFunction returns the library whose head runs once, when it is loaded,
+// and whose one function runs call: a general decision script's parts, or
+// a script specialised for one rule (singleSource), which is all call.
+func newFunction(head, call string) *redisFunction {
 	sum := sha1.Sum([]byte(head + call))
 	name := "redlimit_" + hex.EncodeToString(sum[:8])
 	return &redisFunction{

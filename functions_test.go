@@ -183,7 +183,7 @@ func TestRedisFunctionsCluster(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	lim := newLimiter(t, rdb, FixedWindow, Limit{Rate: 3, Period: time.Hour}, WithRedisFunctions())
-	fn := lim.own.fn
+	fn := runnerOf(t, lim, "k").(functionRunner).fn // the library of its usual calls
 	require.NotNil(t, fn)
 	// FCALLs answered, over every node of the cluster.
 	answered := func() int {
@@ -249,7 +249,7 @@ func TestRedisFunctionsCluster(t *testing.T) {
 		}
 	}
 	require.False(t, lim.noFunctions.Load())
-	assert.True(t, loadedEverywhere(lim.own.fn), "library on every master through the AutoPipeliner")
+	assert.True(t, loadedEverywhere(runnerOf(t, lim, "k").(functionRunner).fn), "library on every master through the AutoPipeliner")
 	assert.Greater(t, answered()-before, 500, "of 600 decisions through the AutoPipeliner, FCALLs")
 }
 
@@ -408,7 +408,7 @@ func TestRedisFunctionsMatchScriptsRedis(t *testing.T) {
 	for si, rules := range sets {
 		rs, err := policyRules(rules)
 		require.NoError(t, err)
-		bake(rs, true)
+		bake(rs, &config{functions: true})
 		require.NotNil(t, rs.fn, "set %d", si)
 		err = rdb.FunctionLoad(ctx, rs.fn.code).Err()
 		if !hasFunctions {

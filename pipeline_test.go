@@ -45,11 +45,16 @@ func runnerCases() []runnerCase {
 	}
 }
 
-// runnerOf returns the runner that decides key on lim.
+// runnerOf returns the runner that decides key's usual calls on lim: for
+// a single rule's specialised script, the one inside singleRunner (a
+// written-in script's or a Redis Function's, as for the general script).
 func runnerOf(t *testing.T, lim *RateLimiter, key string) runner {
 	t.Helper()
 	rs, err := lim.rulesFor(t.Context(), key)
 	require.NoError(t, err)
+	if sr, ok := rs.run.(singleRunner); ok {
+		return sr.one
+	}
 	return rs.run
 }
 

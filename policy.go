@@ -58,7 +58,7 @@ func NewPolicy(rdb redis.UniversalClient, rules []Rule, opts ...Option) (*Policy
 		_ = p.Close() // it joined the client's watches; unused, it has nothing to report
 		return nil, errorf("policy: WithLimitFunc is for single-strategy limiters; use WithRulesFunc: %w", ErrInvalidArgument)
 	}
-	bake(p.own, p.cfg.functions)
+	bake(p.own, &p.cfg)
 	return p, nil
 }
 

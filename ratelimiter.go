@@ -35,7 +35,7 @@ func newRateLimiter(s Strategy, rdb redis.UniversalClient, limit Limit, opts []O
 		_ = l.Close() // it joined the client's watches; unused, it has nothing to report
 		return nil, errorf("%v: WithRulesFunc is for NewPolicy; use WithLimitFunc: %w", s, ErrInvalidArgument)
 	}
-	bake(l.own, l.cfg.functions)
+	bake(l.own, &l.cfg)
 	return l, nil
 }
 

@@ -56,6 +56,19 @@ func (fr functionRunner) run(e *engine, r *request) (any, error) {
 	return fr.script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
 }
 
+// singleRunner runs a single rule's usual calls with the script (or
+// Redis Function) specialised for it (see singleSource in scripts.go),
+// and a reservation, which that script does not make, with the general one
+// (both as bake chose: scripts, or Functions with scripts as fallback).
+type singleRunner struct{ one, general runner }
+
+func (sr singleRunner) run(e *engine, r *request) (any, error) {
+	if r.rc != nil {
+		return sr.general.run(e, r)
+	}
+	return sr.one.run(e, r)
+}
+
 // calendarRunner runs the script of rules with a calendar rule among them:
 // the rules are arguments, a calendar rule's window chosen for the call's
 // time (see evalCalendar).

@@ -110,9 +110,10 @@ func mustRead(name string) string {
 	return string(b)
 }
 
-// maxBakedScripts bounds the scripts with rules written in that one
-// process makes, and so what its limiters can add to Redis's script cache,
-// which Redis before 7.4 never evicts. Limiters made past it pass their
+// maxBakedScripts bounds the rule sets whose scripts have their rules
+// written in that one process makes (two scripts for a single rule with a
+// specialised one), and so what its limiters can add to Redis's script
+// cache, which Redis before 7.4 never evicts. Limiters made past it pass their
 // rules as arguments, as limits from WithLimitFunc always do. (A variable
 // for the tests.)
 var maxBakedScripts = 128
@@ -123,18 +124,24 @@ var baked struct {
 	m map[string]bakedRules
 }
 
-// bakedRules is what bake makes for one set of rules.
+// bakedRules is what bake makes for one set of rules: the general
+// script and, for a single rule of a strategy that has one, the script
+// specialised for it (see singleSource); with functions, each as a Redis
+// Function too.
 type bakedRules struct {
-	script *redis.Script
-	fn     *redisFunction
+	script, single *redis.Script
+	fn, singleFn   *redisFunction
 }
 
 // bake sets rs.script to the decision script with the rules of rs written
 // in (see writtenChecks) and, with functions (WithRedisFunctions) only,
 // rs.fn to the same as a Redis Function; it leaves them nil when
 // maxBakedScripts are made already. Limiters with the same rules share
-// them.
-func bake(rs *ruleSet, functions bool) {
+// them. A single rule whose strategy has a specialised script
+// (singleSource) runs that script for its usual calls (singleRunner),
+// unless cfg gives every call a penalty block or a priority share, which
+// only the general script handles: decided here, once.
+func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
 		return // a calendar rule's window comes with each call (calendarScript)
 	}
@@ -147,6 +154,7 @@ func bake(rs *ruleSet, functions bool) {
 	}
 	files := strategyFilesOf(rs.rules)
 	held := heldFiles(rs)
+	single := singleSource(rs)
 	if !ok {
 		// In a script, written.lua's functions are made by the call's part,
 		// as the whole script runs on every call anyway: made before it,
@@ -154,20 +162,70 @@ func bake(rs *ruleSet, functions bool) {
 		// of the call's part, once a rule had held its write; Redis's Lua
 		// does not.
 		b.script = decisionScript(files, writtenCount(rs), readScripts(held...)+checks)
+		if single != "" {
+			b.single = redis.NewScript(single)
+		}
 	}
-	if functions && b.fn == nil {
+	if cfg.functions && b.fn == nil {
 		b.fn = newRedisFunction(append(files, held...), writtenCount(rs), checks)
+		if single != "" {
+			b.singleFn = newFunction("", single)
+		}
 	}
 	if baked.m == nil {
 		baked.m = make(map[string]bakedRules)
 	}
 	baked.m[checks] = b
 	rs.script = b.script
-	rs.run = writtenRunner{script: b.script}
-	if functions {
+	var run, one runner = writtenRunner{script: b.script}, writtenRunner{script: b.single}
+	if cfg.functions {
 		rs.fn = b.fn
-		rs.run = functionRunner{fn: b.fn, script: b.script}
+		run = functionRunner{fn: b.fn, script: b.script}
+		one = functionRunner{fn: b.singleFn, script: b.single}
 	}
+	rs.run = run
+	if b.single != nil && cfg.block == 0 && !cfg.priority.on {
+		rs.run = singleRunner{one: one, general: run}
+	}
+}
+
+// singleFiles are the scripts specialised for a single rule written in, by
+// strategy ("": none, the general script decides): what a limiter of one
+// strategy runs for its usual call (see singleSource).
+var singleFiles = [...]string{
+	FixedWindow:    "single_fixedwindow.lua",
+	SlidingLog:     "single_slidinglog.lua",
+	SlidingCounter: "single_slidingcounter.lua",
+	TokenBucket:    "single_bucket.lua",
+	LeakyBucket:    "single_bucket.lua",
+}
+
+// singleSource returns the script specialised for the one rule of rs: the
+// rule's numbers as Lua constants, then its strategy's file of
+// singleFiles, which decides a call with no penalty block, priority share
+// or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
+// "" for several rules, a rule per call or with a warm-up, or a strategy
+// without one.
+func singleSource(rs *ruleSet) string {
+	if len(rs.rules) != 1 {
+		return ""
+	}
+	r := &rs.rules[0]
+	if r.perCall || r.alg.warm || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("-- The rule, written in by redlimit (see singleSource in scripts.go).\n")
+	b.WriteString("local rate, period, burst, leaky, pxs = ")
+	for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
+		b.WriteString(strconv.FormatInt(v.(int64), 10) + ", ")
+	}
+	b.WriteString(strconv.FormatBool(r.alg.strategy == LeakyBucket))
+	if px := usualPX(r); px != "" {
+		b.WriteString(", " + strings.TrimPrefix(px, " = "))
+	}
+	b.WriteString("\n")
+	return b.String() + mustRead(singleFiles[r.alg.strategy])
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

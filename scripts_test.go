@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -480,6 +481,339 @@ return out`)
 			}
 			assert.Equal(t, floor, got[2*i], "%s: floor_div(%d, %d)", name, a, b)
 			assert.Equal(t, ceil, got[2*i+1], "%s: ceil_div(%d, %d)", name, a, b)
+		}
+	}
+}
+
+// The script specialised for a single rule (singleSource) decides every
+// call its runner gives it (no block, share or reservation: n from 0 to
+// the capacity, a max delay or none, the server's TIME or a client's
+// time, behind the state's or ahead) as the general script does, reply
+// for reply, and leaves the same state with the same TTL: on random
+// limits (rates up to MaxRate, periods from a ms to 2 h, whose state is
+// text), with the clock moving forward and back, reservations taken and
+// settled on the same key (the general script's, which leave a state
+// with gaps, "<D>:<t>:<Y>:<W>") and a higher limit sharing the state (a
+// state the rule must keep alive longer). The limiters themselves, one
+// on singleRunner and one on the general script, return the same
+// Results.
+func TestSingleScriptDecidesAsGeneral(t *testing.T) {
+	for _, s := range Strategies() {
+		src := singleSource(&ruleSet{rules: []rule{{alg: algorithms[s], args: [4]any{"", int64(1), int64(1000), int64(1)}}}})
+		if src == "" {
+			continue // no specialised script: the general one decides
+		}
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			b, m := miniBackend(t)
+			rng := rand.New(rand.NewPCG(40, uint64(s)))
+			for round := range 16 {
+				c := newSingleCompare(t, b, m, rng, s, round)
+				for range 150 {
+					c.step()
+				}
+			}
+		})
+	}
+}
+
+// singleCompare plays one round of TestSingleScriptDecidesAsGeneral: the
+// same calls on two keys, one decided by the specialised script and one
+// by the general script.
+type singleCompare struct {
+	t              *testing.T
+	b              *backend
+	m              *miniredis.Miniredis
+	rng            *rand.Rand
+	what           string
+	one, gen       *RateLimiter // singleRunner, and the general script
+	higherOne      *RateLimiter // a higher limit on one's keys, and on gen's:
+	higherGen      *RateLimiter // both on the general script
+	single         *redis.Script
+	keyOne, keyGen string
+	pending        [][2]*Reservation
+	now            time.Duration // the server's clock, from t0
+}
+
+func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, s Strategy, round int) *singleCompare {
+	c := &singleCompare{t: t, b: b, m: m, rng: rng}
+	var l Limit
+	for {
+		l = randomLimit(rng, s)
+		if rng.IntN(6) == 0 {
+			l.Period = 2 * time.Hour // a bucket's state as text
+		}
+		if _, err := newRule("", algorithms[s], l); err == nil {
+			break
+		}
+	}
+	higher := Limit{Rate: min(3*l.Rate, MaxRate), Period: l.Period, Burst: min(3*max(l.Burst, l.Rate), MaxRate)}
+	if _, err := newRule("", algorithms[s], higher); err != nil {
+		higher = l
+	}
+	c.what = fmt.Sprintf("%v round %d, %v (higher %v)", s, round, l, higher)
+	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
+	c.one = newLimiter(t, b.rdb, s, l, WithPrefix(one), withoutFunctions())
+	c.gen = newLimiter(t, b.rdb, s, l, WithPrefix(gen), withoutFunctions())
+	c.higherOne = newLimiter(t, b.rdb, s, higher, WithPrefix(one), withoutFunctions())
+	c.higherGen = newLimiter(t, b.rdb, s, higher, WithPrefix(gen), withoutFunctions())
+	sr, ok := c.one.own.run.(singleRunner)
+	require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
+	c.single = sr.one.(writtenRunner).script
+	for _, lim := range []*RateLimiter{c.gen, c.higherOne, c.higherGen} {
+		lim.own.run = writtenRunner{script: lim.own.script}
+	}
+	c.keyOne, c.keyGen = c.one.stateKey("k"), c.gen.stateKey("k")
+	return c
+}
+
+// step moves the clock or makes one call on both sides, and compares.
+func (c *singleCompare) step() {
+	ctx := context.Background()
+	switch op := c.rng.IntN(12); {
+	case op < 3:
+		c.moveClock()
+	case op < 7:
+		c.script()
+	case op < 8:
+		n := c.pickN(c.one)
+		ro, errO := c.one.AllowN(ctx, "k", n)
+		rg, errG := c.gen.AllowN(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
+	case op < 9:
+		n := c.pickN(c.higherOne)
+		ro, errO := c.higherOne.AllowN(ctx, "k", n)
+		rg, errG := c.higherGen.AllowN(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
+	case op < 10:
+		n := max(c.pickN(c.one), 1)
+		ro, errO := c.one.Reserve(ctx, "k", n)
+		rg, errG := c.gen.Reserve(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		if errO == nil {
+			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
+			c.pending = append(c.pending, [2]*Reservation{ro, rg})
+		}
+	default:
+		if len(c.pending) == 0 {
+			return
+		}
+		i := c.rng.IntN(len(c.pending))
+		p := c.pending[i]
+		c.pending = slices.Delete(c.pending, i, i+1)
+		used := c.rng.IntN(2*p[0].n + 1)
+		so, errO := p[0].Settle(ctx, used)
+		sg, errG := p[1].Settle(ctx, used)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+	}
+	c.compareState()
+}
+
+// moveClock moves the server's clock: by µs, by up to two periods, or
+// back (a little, or by more than a second: a clock stepped back).
+func (c *singleCompare) moveClock() {
+	period := c.one.limit.Period
+	var d time.Duration
+	switch c.rng.IntN(6) {
+	case 0, 1:
+		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
+	case 2, 3:
+		d = time.Duration(1 + c.rng.Int64N(int64(2*period)))
+	case 4:
+		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
+	default:
+		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
+	}
+	c.now += d
+	c.b.setClock(c.now)
+}
+
+// pickN returns an n that lim accepts: often 0 to 2, else up to its
+// capacity.
+func (c *singleCompare) pickN(lim *RateLimiter) int {
+	if c.rng.IntN(2) == 0 {
+		return c.rng.IntN(3)
+	}
+	return c.rng.IntN(lim.own.maxN + 1)
+}
+
+// script runs one call on both scripts, with the arguments a runner
+// sends (n, the number of rules, now, max delay, trailing defaults left
+// out, or all of them), and compares the replies.
+func (c *singleCompare) script() {
+	ctx := context.Background()
+	now := int64(0) // the server's TIME
+	if c.rng.IntN(3) == 0 {
+		// A client clock: about the server's, or behind it, or ahead.
+		offsets := []time.Duration{0, time.Microsecond, -time.Microsecond, -50 * time.Millisecond, -150 * time.Millisecond, -2 * time.Second, 3 * time.Second}
+		now = t0.Add(c.now).Add(offsets[c.rng.IntN(len(offsets))]).UnixMicro()
+	}
+	maxDelay := int64(-1)
+	if c.rng.IntN(3) == 0 {
+		maxDelay = c.rng.Int64N(int64(c.one.limit.Period/time.Microsecond) * 2)
+	}
+	n := c.pickN(c.one)
+	args := []any{n, 1, now, maxDelay}
+	if c.rng.IntN(3) > 0 {
+		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
+			args = args[:len(args)-1]
+		}
+	}
+	ro, errO := c.single.Run(ctx, c.b.rdb, []string{c.keyOne}, args...).Result()
+	rg, errG := c.gen.own.script.Run(ctx, c.b.rdb, []string{c.keyGen}, args...).Result()
+	require.NoError(c.t, errG, c.what)
+	require.NoError(c.t, errO, c.what)
+	require.Equal(c.t, rg, ro, "%s: arguments %v at %v", c.what, args, c.now)
+}
+
+// compareState requires the same keys, values and TTLs on both sides.
+func (c *singleCompare) compareState() {
+	prefixOne, prefixGen := c.keyOne[:strings.Index(c.keyOne, ":")], c.keyGen[:strings.Index(c.keyGen, ":")]
+	var one, gen []string
+	for _, k := range c.m.Keys() {
+		switch {
+		case strings.HasPrefix(k, prefixOne+":"):
+			one = append(one, c.keyState(k, strings.TrimPrefix(k, prefixOne)))
+		case strings.HasPrefix(k, prefixGen+":"):
+			gen = append(gen, c.keyState(k, strings.TrimPrefix(k, prefixGen)))
+		}
+	}
+	require.Equal(c.t, gen, one, "%s: the state at %v", c.what, c.now)
+}
+
+// keyState prints key k (named as name) of miniredis: type, value, TTL.
+func (c *singleCompare) keyState(k, name string) string {
+	s := name + " " + c.m.Type(k) + " ttl " + c.m.TTL(k).String() + ": "
+	switch c.m.Type(k) {
+	case "string":
+		v, _ := c.m.Get(k)
+		s += v
+	case "zset":
+		members, _ := c.m.ZMembers(k)
+		for _, mb := range members {
+			score, _ := c.m.ZScore(k, mb)
+			if strings.HasSuffix(k, reserveSuffix) {
+				mb = "id" // a reservation's id is random: its time only
+			} else if dot := strings.Index(mb, "."); dot >= 0 {
+				mb = mb[:dot] + ".id" // a log's member of a reservation
+			}
+			s += fmt.Sprintf("%s=%.0f ", mb, score)
+		}
+	case "hash":
+		fields, _ := c.m.HKeys(k)
+		for _, f := range fields {
+			s += f + "=" + c.m.HGet(k, f) + " "
+		}
+	}
+	return s
+}
+
+// On real Redis (Lua 5.1, struct.pack), the script specialised for a
+// single rule, as a script and as a Redis Function (Redis 7 and later),
+// replies as the general script does and leaves the same state and TTL,
+// for random calls at a client's time (moving forward, and back by up to
+// 2 s) over periods of a minute and more (no key expires during the test).
+func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
+	_, rdb, hasFunctions := ownServer(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(40, 41))
+	for _, s := range Strategies() {
+		for round := range 4 {
+			l := Limit{Rate: []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)], Period: []time.Duration{time.Minute, time.Hour, 2 * time.Hour}[rng.IntN(3)]}
+			if s == SlidingLog {
+				l.Rate = min(l.Rate, 100)
+			}
+			if s == TokenBucket || s == LeakyBucket {
+				l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
+			}
+			r, err := newRule("", algorithms[s], l)
+			if err != nil {
+				continue
+			}
+			rs := newRuleSet([]rule{r})
+			bake(rs, &config{functions: hasFunctions})
+			sr, ok := rs.run.(singleRunner)
+			if !ok {
+				continue // no specialised script
+			}
+			c := singleRedis{t: t, rdb: rdb, rng: rng, rs: rs, what: fmt.Sprintf("%v %v", s, l)}
+			switch one := sr.one.(type) {
+			case writtenRunner:
+				c.single = one.script
+			case functionRunner:
+				c.single, c.fn = one.script, one.fn
+				require.NoError(t, rdb.FunctionLoadReplace(ctx, c.fn.code).Err(), c.what)
+			}
+			require.NoError(t, rs.script.Load(ctx, rdb).Err())
+			require.NoError(t, c.single.Load(ctx, rdb).Err())
+			for i := range 3 {
+				c.keys[i] = fmt.Sprintf("{r%v%d}%d%s", s, round, i, r.suffix)
+			}
+			c.play(300)
+		}
+	}
+}
+
+// singleRedis plays TestSingleScriptDecidesAsGeneralRedis's calls on
+// keys[0] (the general script), keys[1] (the specialised script) and
+// keys[2] (the specialised Function, where fn is not nil).
+type singleRedis struct {
+	t      *testing.T
+	rdb    *redis.Client
+	rng    *rand.Rand
+	rs     *ruleSet
+	what   string
+	single *redis.Script
+	fn     *redisFunction
+	keys   [3]string
+}
+
+func (c *singleRedis) play(steps int) {
+	ctx := context.Background()
+	now := t0.UnixMicro()
+	period := int64(c.rs.rules[0].limit.Period / time.Microsecond)
+	for step := range steps {
+		switch c.rng.IntN(8) {
+		case 0:
+			now -= 1 + c.rng.Int64N(2_000_000) // behind the state's time
+		case 1, 2:
+			now += 1 + c.rng.Int64N(2*period)
+		default:
+			now += c.rng.Int64N(1000)
+		}
+		n := []int{0, 1, 1, 1, 2, 3, c.rng.IntN(c.rs.maxN + 1)}[c.rng.IntN(7)]
+		maxDelay := int64(-1)
+		if c.rng.IntN(3) == 0 {
+			maxDelay = c.rng.Int64N(2 * period)
+		}
+		args := []any{n, 1, now, maxDelay}
+		var cmds [3]*redis.Cmd
+		var ttls [3]*redis.DurationCmd
+		_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			cmds[0] = p.EvalSha(ctx, c.rs.script.Hash(), c.keys[:1], args...)
+			cmds[1] = p.EvalSha(ctx, c.single.Hash(), c.keys[1:2], args...)
+			if c.fn != nil {
+				cmds[2] = p.FCall(ctx, c.fn.name, c.keys[2:], args...)
+			}
+			for i := range ttls {
+				ttls[i] = p.PTTL(ctx, c.keys[i])
+			}
+			return nil
+		})
+		require.NoError(c.t, err, c.what)
+		where := fmt.Sprintf("%s, step %d: %v", c.what, step, args)
+		want := cmds[0].Val()
+		require.Equal(c.t, want, cmds[1].Val(), where)
+		require.Equal(c.t, dumpState(c.t, c.rdb, c.keys[0]), dumpState(c.t, c.rdb, c.keys[1]), where)
+		// (Redis's clock moves between the commands of a transaction.)
+		require.InDelta(c.t, ttls[0].Val(), ttls[1].Val(), float64(20*time.Millisecond), where)
+		if c.fn != nil {
+			require.Equal(c.t, want, cmds[2].Val(), "%s: the Function", where)
+			require.Equal(c.t, dumpState(c.t, c.rdb, c.keys[0]), dumpState(c.t, c.rdb, c.keys[2]), "%s: the Function", where)
+			require.InDelta(c.t, ttls[0].Val(), ttls[2].Val(), float64(20*time.Millisecond), "%s: the Function", where)
 		}
 	}
 }
