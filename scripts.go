@@ -193,11 +193,12 @@ func bake(rs *ruleSet, cfg *config) {
 // strategy ("": none, the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource).
 var singleFiles = [...]string{
-	FixedWindow:    "single_fixedwindow.lua",
-	SlidingLog:     "single_slidinglog.lua",
-	SlidingCounter: "single_slidingcounter.lua",
-	TokenBucket:    "single_bucket.lua",
-	LeakyBucket:    "single_bucket.lua",
+	FixedWindow:      "single_fixedwindow.lua",
+	SlidingLog:       "single_slidinglog.lua",
+	SlidingCounter:   "single_slidingcounter.lua",
+	SubWindowCounter: "single_subwindow.lua",
+	TokenBucket:      "single_bucket.lua",
+	LeakyBucket:      "single_bucket.lua",
 }
 
 // singleSource returns the script specialised for the one rule of rs: the

@@ -533,6 +533,17 @@ type singleCompare struct {
 	keyOne, keyGen string
 	pending        [][2]*Reservation
 	now            time.Duration // the server's clock, from t0
+	subWindows     int64         // of one's limit (1 for a strategy without)
+}
+
+// nextStart returns the first µs after now at which one of the s
+// sub-windows of a period of periodUS µs starts, on the grid of
+// subwindow.lua (sub-window j of a period starts ceil(j * period / s)
+// into it, periods aligned to the Unix epoch); with s = 1, a window.
+func nextStart(now, periodUS, s int64) int64 {
+	q, r := now/periodUS, now%periodUS
+	j := r*s/periodUS + 1
+	return q*periodUS + (j*periodUS+s-1)/s
 }
 
 func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, s Strategy, round int) *singleCompare {
@@ -552,6 +563,9 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 		higher = l
 	}
 	c.what = fmt.Sprintf("%v round %d, %v (higher %v)", s, round, l, higher)
+	sw, err := subWindows(algorithms[s], l)
+	require.NoError(t, err)
+	c.subWindows = int64(max(sw, 1))
 	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
 	c.one = newLimiter(t, b.rdb, s, l, WithPrefix(one), withoutFunctions())
 	c.gen = newLimiter(t, b.rdb, s, l, WithPrefix(gen), withoutFunctions())
@@ -617,13 +631,16 @@ func (c *singleCompare) step() {
 func (c *singleCompare) moveClock() {
 	period := c.one.limit.Period
 	var d time.Duration
-	switch c.rng.IntN(6) {
+	switch c.rng.IntN(7) {
 	case 0, 1:
 		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
 	case 2, 3:
 		d = time.Duration(1 + c.rng.Int64N(int64(2*period)))
 	case 4:
 		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
+	case 5: // to the µs a sub-window (or a window) starts
+		now := t0.Add(c.now).UnixMicro()
+		d = time.Duration(nextStart(now, int64(period/time.Microsecond), c.subWindows)-now) * time.Microsecond
 	default:
 		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
 	}
@@ -729,6 +746,9 @@ func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
 			if s == TokenBucket || s == LeakyBucket {
 				l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
 			}
+			if s == SubWindowCounter {
+				l.SubWindows = []int{0, 7, MaxSubWindows}[round%3] // 7: sub-windows of uneven length
+			}
 			r, err := newRule("", algorithms[s], l)
 			if err != nil {
 				continue
@@ -781,6 +801,12 @@ func (c *singleRedis) play(steps int) {
 			now -= 1 + c.rng.Int64N(2_000_000) // behind the state's time
 		case 1, 2:
 			now += 1 + c.rng.Int64N(2*period)
+		case 3: // to the µs a sub-window (or a window) starts
+			sub := int64(1)
+			if r := c.rs.rules[0]; r.alg.strategy == SubWindowCounter {
+				sub = r.args[3].(int64)
+			}
+			now = nextStart(now, period, sub)
 		default:
 			now += c.rng.Int64N(1000)
 		}
