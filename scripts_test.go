@@ -486,9 +486,10 @@ return out`)
 }
 
 // The script specialised for a single rule (singleSource) decides every
-// call its runner gives it (no block, share or reservation: n from 0 to
-// the capacity, a max delay or none, the server's TIME or a client's
-// time, behind the state's or ahead) as the general script does, reply
+// call its runner gives it (no block or reservation; a priority share
+// for a bucket's, and a limiter with shares called at each priority: n
+// from 0 to the capacity, a max delay or none, the server's TIME or a
+// client's time, behind the state's or ahead) as the general script does, reply
 // for reply, and leaves the same state with the same TTL: on random
 // limits (rates up to MaxRate, periods from a ms to 2 h, whose state is
 // text), with the clock moving forward and back, reservations taken and
@@ -534,6 +535,7 @@ type singleCompare struct {
 	pending        [][2]*Reservation
 	now            time.Duration // the server's clock, from t0
 	subWindows     int64         // of one's limit (1 for a strategy without)
+	shares         []int64       // one's and gen's priority shares (ppm), or none
 }
 
 // nextStart returns the first µs after now at which one of the s
@@ -567,8 +569,16 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	require.NoError(t, err)
 	c.subWindows = int64(max(sw, 1))
 	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
-	c.one = newLimiter(t, b.rdb, s, l, WithPrefix(one), withoutFunctions())
-	c.gen = newLimiter(t, b.rdb, s, l, WithPrefix(gen), withoutFunctions())
+	opts := []Option{withoutFunctions()}
+	if algorithms[s].bucket && round%2 == 1 {
+		// A bucket's single script takes a priority share too.
+		sheddable, normal := 0.1+0.4*rng.Float64(), 0.5+0.5*rng.Float64()
+		opts = append(opts, WithPriorityShares(sheddable, normal))
+		c.shares = []int64{sharePPM(sheddable), sharePPM(normal), 1 + rng.Int64N(999_999)}
+		c.what += fmt.Sprintf(", shares %v", c.shares[:2])
+	}
+	c.one = newLimiter(t, b.rdb, s, l, append(opts, WithPrefix(one))...)
+	c.gen = newLimiter(t, b.rdb, s, l, append(opts, WithPrefix(gen))...)
 	c.higherOne = newLimiter(t, b.rdb, s, higher, WithPrefix(one), withoutFunctions())
 	c.higherGen = newLimiter(t, b.rdb, s, higher, WithPrefix(gen), withoutFunctions())
 	sr, ok := c.one.own.run.(singleRunner)
@@ -591,10 +601,12 @@ func (c *singleCompare) step() {
 		c.script()
 	case op < 8:
 		n := c.pickN(c.one)
+		p := Priority(1 + c.rng.IntN(int(Critical)))
+		ctx := ContextWithPriority(ctx, p)
 		ro, errO := c.one.AllowN(ctx, "k", n)
 		rg, errG := c.gen.AllowN(ctx, "k", n)
 		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
+		require.Equal(c.t, rg, ro, "%s: AllowN(%d) at %v", c.what, n, p)
 	case op < 9:
 		n := c.pickN(c.higherOne)
 		ro, errO := c.higherOne.AllowN(ctx, "k", n)
@@ -674,7 +686,10 @@ func (c *singleCompare) script() {
 	}
 	n := c.pickN(c.one)
 	args := []any{n, 1, now, maxDelay}
-	if c.rng.IntN(3) > 0 {
+	if len(c.shares) > 0 && c.rng.IntN(2) == 0 {
+		// A call with a share: every argument, then the share.
+		args = append(args, 0, "", 0, c.shares[c.rng.IntN(len(c.shares))])
+	} else if c.rng.IntN(3) > 0 {
 		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
 			args = args[:len(args)-1]
 		}
@@ -816,6 +831,9 @@ func (c *singleRedis) play(steps int) {
 			maxDelay = c.rng.Int64N(2 * period)
 		}
 		args := []any{n, 1, now, maxDelay}
+		if c.rs.rules[0].alg.bucket && c.rng.IntN(2) == 0 {
+			args = append(args, 0, "", 0, 1+c.rng.Int64N(999_999)) // a priority share
+		}
 		var cmds [3]*redis.Cmd
 		var ttls [3]*redis.DurationCmd
 		_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
