@@ -139,8 +139,9 @@ type bakedRules struct {
 // maxBakedScripts are made already. Limiters with the same rules share
 // them. A single rule whose strategy has a specialised script
 // (singleSource) runs that script for its usual calls (singleRunner),
-// unless cfg gives every call a penalty block or a priority share, which
-// only the general script handles: decided here, once.
+// unless cfg gives every call a penalty block, or (but for a bucket's,
+// single_bucket.lua) a priority share, which only the general script
+// handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
 		return // a calendar rule's window comes with each call (calendarScript)
@@ -184,7 +185,7 @@ func bake(rs *ruleSet, cfg *config) {
 		one = functionRunner{fn: b.singleFn, script: b.single}
 	}
 	rs.run = run
-	if b.single != nil && cfg.block == 0 && !cfg.priority.on {
+	if b.single != nil && cfg.block == 0 && (!cfg.priority.on || rs.rules[0].alg.bucket) {
 		rs.run = singleRunner{one: one, general: run}
 	}
 }
@@ -193,11 +194,12 @@ func bake(rs *ruleSet, cfg *config) {
 // strategy ("": none, the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource).
 var singleFiles = [...]string{
-	FixedWindow:    "single_fixedwindow.lua",
-	SlidingLog:     "single_slidinglog.lua",
-	SlidingCounter: "single_slidingcounter.lua",
-	TokenBucket:    "single_bucket.lua",
-	LeakyBucket:    "single_bucket.lua",
+	FixedWindow:      "single_fixedwindow.lua",
+	SlidingLog:       "single_slidinglog.lua",
+	SlidingCounter:   "single_slidingcounter.lua",
+	SubWindowCounter: "single_subwindow.lua",
+	TokenBucket:      "single_bucket.lua",
+	LeakyBucket:      "single_bucket.lua",
 }
 
 // singleSource returns the script specialised for the one rule of rs: the

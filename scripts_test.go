@@ -486,9 +486,10 @@ return out`)
 }
 
 // The script specialised for a single rule (singleSource) decides every
-// call its runner gives it (no block, share or reservation: n from 0 to
-// the capacity, a max delay or none, the server's TIME or a client's
-// time, behind the state's or ahead) as the general script does, reply
+// call its runner gives it (no block or reservation; a priority share
+// for a bucket's, and a limiter with shares called at each priority: n
+// from 0 to the capacity, a max delay or none, the server's TIME or a
+// client's time, behind the state's or ahead) as the general script does, reply
 // for reply, and leaves the same state with the same TTL: on random
 // limits (rates up to MaxRate, periods from a ms to 2 h, whose state is
 // text), with the clock moving forward and back, reservations taken and
@@ -533,6 +534,18 @@ type singleCompare struct {
 	keyOne, keyGen string
 	pending        [][2]*Reservation
 	now            time.Duration // the server's clock, from t0
+	subWindows     int64         // of one's limit (1 for a strategy without)
+	shares         []int64       // one's and gen's priority shares (ppm), or none
+}
+
+// nextStart returns the first µs after now at which one of the s
+// sub-windows of a period of periodUS µs starts, on the grid of
+// subwindow.lua (sub-window j of a period starts ceil(j * period / s)
+// into it, periods aligned to the Unix epoch); with s = 1, a window.
+func nextStart(now, periodUS, s int64) int64 {
+	q, r := now/periodUS, now%periodUS
+	j := r*s/periodUS + 1
+	return q*periodUS + (j*periodUS+s-1)/s
 }
 
 func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, s Strategy, round int) *singleCompare {
@@ -552,9 +565,20 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 		higher = l
 	}
 	c.what = fmt.Sprintf("%v round %d, %v (higher %v)", s, round, l, higher)
+	sw, err := subWindows(algorithms[s], l)
+	require.NoError(t, err)
+	c.subWindows = int64(max(sw, 1))
 	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
-	c.one = newLimiter(t, b.rdb, s, l, WithPrefix(one), withoutFunctions())
-	c.gen = newLimiter(t, b.rdb, s, l, WithPrefix(gen), withoutFunctions())
+	opts := []Option{withoutFunctions()}
+	if algorithms[s].bucket && round%2 == 1 {
+		// A bucket's single script takes a priority share too.
+		sheddable, normal := 0.1+0.4*rng.Float64(), 0.5+0.5*rng.Float64()
+		opts = append(opts, WithPriorityShares(sheddable, normal))
+		c.shares = []int64{sharePPM(sheddable), sharePPM(normal), 1 + rng.Int64N(999_999)}
+		c.what += fmt.Sprintf(", shares %v", c.shares[:2])
+	}
+	c.one = newLimiter(t, b.rdb, s, l, append(opts, WithPrefix(one))...)
+	c.gen = newLimiter(t, b.rdb, s, l, append(opts, WithPrefix(gen))...)
 	c.higherOne = newLimiter(t, b.rdb, s, higher, WithPrefix(one), withoutFunctions())
 	c.higherGen = newLimiter(t, b.rdb, s, higher, WithPrefix(gen), withoutFunctions())
 	sr, ok := c.one.own.run.(singleRunner)
@@ -577,10 +601,12 @@ func (c *singleCompare) step() {
 		c.script()
 	case op < 8:
 		n := c.pickN(c.one)
+		p := Priority(1 + c.rng.IntN(int(Critical)))
+		ctx := ContextWithPriority(ctx, p)
 		ro, errO := c.one.AllowN(ctx, "k", n)
 		rg, errG := c.gen.AllowN(ctx, "k", n)
 		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
+		require.Equal(c.t, rg, ro, "%s: AllowN(%d) at %v", c.what, n, p)
 	case op < 9:
 		n := c.pickN(c.higherOne)
 		ro, errO := c.higherOne.AllowN(ctx, "k", n)
@@ -617,13 +643,16 @@ func (c *singleCompare) step() {
 func (c *singleCompare) moveClock() {
 	period := c.one.limit.Period
 	var d time.Duration
-	switch c.rng.IntN(6) {
+	switch c.rng.IntN(7) {
 	case 0, 1:
 		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
 	case 2, 3:
 		d = time.Duration(1 + c.rng.Int64N(int64(2*period)))
 	case 4:
 		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
+	case 5: // to the µs a sub-window (or a window) starts
+		now := t0.Add(c.now).UnixMicro()
+		d = time.Duration(nextStart(now, int64(period/time.Microsecond), c.subWindows)-now) * time.Microsecond
 	default:
 		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
 	}
@@ -657,7 +686,10 @@ func (c *singleCompare) script() {
 	}
 	n := c.pickN(c.one)
 	args := []any{n, 1, now, maxDelay}
-	if c.rng.IntN(3) > 0 {
+	if len(c.shares) > 0 && c.rng.IntN(2) == 0 {
+		// A call with a share: every argument, then the share.
+		args = append(args, 0, "", 0, c.shares[c.rng.IntN(len(c.shares))])
+	} else if c.rng.IntN(3) > 0 {
 		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
 			args = args[:len(args)-1]
 		}
@@ -729,6 +761,9 @@ func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
 			if s == TokenBucket || s == LeakyBucket {
 				l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
 			}
+			if s == SubWindowCounter {
+				l.SubWindows = []int{0, 7, MaxSubWindows}[round%3] // 7: sub-windows of uneven length
+			}
 			r, err := newRule("", algorithms[s], l)
 			if err != nil {
 				continue
@@ -781,6 +816,12 @@ func (c *singleRedis) play(steps int) {
 			now -= 1 + c.rng.Int64N(2_000_000) // behind the state's time
 		case 1, 2:
 			now += 1 + c.rng.Int64N(2*period)
+		case 3: // to the µs a sub-window (or a window) starts
+			sub := int64(1)
+			if r := c.rs.rules[0]; r.alg.strategy == SubWindowCounter {
+				sub = r.args[3].(int64)
+			}
+			now = nextStart(now, period, sub)
 		default:
 			now += c.rng.Int64N(1000)
 		}
@@ -790,6 +831,9 @@ func (c *singleRedis) play(steps int) {
 			maxDelay = c.rng.Int64N(2 * period)
 		}
 		args := []any{n, 1, now, maxDelay}
+		if c.rs.rules[0].alg.bucket && c.rng.IntN(2) == 0 {
+			args = append(args, 0, "", 0, 1+c.rng.Int64N(999_999)) // a priority share
+		}
 		var cmds [3]*redis.Cmd
 		var ttls [3]*redis.DurationCmd
 		_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {

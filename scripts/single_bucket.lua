@@ -1,8 +1,8 @@
 -- single_bucket.lua: a token or leaky bucket of one rule written in, the
 -- usual call only: the decision of the general script (common.lua,
 -- bucket.lua, args.lua, decide.lua, check.lua, reply.lua) for one rule with
--- no penalty block, no priority share and no reservation, written out in
--- one chunk. That script re-makes its helper functions on every call
+-- no penalty block and no reservation, a priority share or none, written
+-- out in one chunk. That script re-makes its helper functions on every call
 -- (closures with many upvalues: about 10,000 instructions in Redis) and
 -- gathers what every rule found for any number of rules; this one makes
 -- two functions with no upvalues, and decides and replies directly. Same
@@ -18,10 +18,13 @@
 -- KEYS[1]  the bucket's state key (see bucket.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
 --          server's TIME), max delay in µs or -1; trailing defaults left
---          out (the runner sends no block, reservation or share)
+--          out (the runner sends no block or reservation); or, for a call
+--          with a priority share, all seven (ARGV[5] to ARGV[7] their
+--          defaults) and the share, ARGV[8]
 -- Reply: common.lua's five integers (code, remaining, delay or retry
---   after, reset after, rule 1), packed in one string where Redis has its
---   struct library, else an array.
+--   after, reset after, rule 1), and with a share a sixth, the bucket's
+--   whole remaining allowance before the call, packed in one string
+--   where Redis has its struct library, else an array.
 
 local rcall = redis.call
 local n, now, max_delay, skew = 1, 0, -1, 0
@@ -91,6 +94,21 @@ if v then
   end
 end
 
+-- A priority share (ARGV[8], parts per million, see common.lua): the
+-- bucket counts floor(share × burst / 1e6) of its capacity; kept is what
+-- it leaves out, added back to tell a denial by the share alone (code 5),
+-- and to the remaining allowance the reply's sixth integer gives.
+local kept = 0
+if nargs == 8 then
+  local share, r = ARGV[8] + 0, burst % 1000000
+  local a = r * share
+  local q = a / 1000000 -- floor(a / 1e6)
+  q = q - q % 1
+  if q * 1000000 > a then q = q - 1 elseif (q + 1) * 1000000 <= a then q = q + 1 end
+  kept = burst - ((burst - r) / 1000000 * share + q)
+  burst = burst - kept
+end
+
 -- The check (check_tb).
 local cap = burst * period
 local avail, reset_now = burst, 0
@@ -137,6 +155,7 @@ elseif leaky and max_delay >= 0 and reset_now > max_delay then
 elseif leaky then
   wait = reset_now
 end
+if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 local admit = n > 0 and code == 0
 if admit then
   wd, wy, wpxs = used + n * period, y + n * period, pxs
@@ -212,5 +231,9 @@ if rem < 0 then rem = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 code = code + (skew or 0)
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
+if nargs == 8 then
+  if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
+  return {code, rem, wait, reset, 1, avail + kept}
+end
 if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
 return {code, rem, wait, reset, 1}
