@@ -203,8 +203,8 @@ var singleFiles = [...]string{
 }
 
 // singleSource returns the script specialised for the one rule of rs: the
-// rule's numbers as Lua constants, then its strategy's file of
-// singleFiles, which decides a call with no penalty block, priority share
+// rule's numbers as Lua constants, single_args.lua (the call's arguments
+// and time), then its strategy's file of singleFiles, which decides a call with no penalty block, priority share
 // or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
 // "" for several rules, a rule per call or with a warm-up, or a strategy
 // without one.
@@ -227,7 +227,7 @@ func singleSource(rs *ruleSet) string {
 		b.WriteString(", " + strings.TrimPrefix(px, " = "))
 	}
 	b.WriteString("\n")
-	return b.String() + mustRead(singleFiles[r.alg.strategy])
+	return b.String() + mustRead("single_args.lua") + mustRead(singleFiles[r.alg.strategy])
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

@@ -11,7 +11,9 @@
 -- (singleRunner in runner.go). TestSingleScriptDecidesAsGeneral holds them
 -- to the same Results and the same state.
 --
--- Before this file, scripts.go writes the rule in:
+-- Before this file, scripts.go writes the rule in, then single_args.lua
+-- (which reads n, now and max_delay, and takes the server's TIME when now
+-- is 0):
 --   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, <leaky>, '<ms>'
 -- (pxs: the PX of one period, as a string: see common.lua).
 --
@@ -26,17 +28,6 @@
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
 
-local rcall = redis.call
-local n, now, max_delay, skew = 1, 0, -1, 0
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
-if now <= 0 then
-  local t = rcall('TIME')
-  now = t[1] * 1000000 + t[2]
-  skew = false
-end
 
 -- Exact integer division: common.lua's floor_div and ceil_div, written
 -- out where they are needed (made and called on every call, the two

@@ -8,7 +8,8 @@
 -- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
 -- same state.
 --
--- Before this file, scripts.go writes the rule in:
+-- Before this file, scripts.go writes the rule in, then single_args.lua
+-- (which reads n and now, and takes the server's TIME when now is 0):
 --   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false
 -- (burst, leaky and pxs unused).
 --
@@ -21,15 +22,6 @@
 --   after, reset after, rule 1), packed in one string where Redis has its
 --   struct library, else an array.
 
-local rcall = redis.call
-local n, now = 1, 0
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if now <= 0 then
-  local t = rcall('TIME')
-  now = t[1] * 1000000 + t[2]
-end
 
 -- The window's count (fw_read): w is the window now is in, or the key's
 -- when it is ahead (the clock went back).

@@ -8,7 +8,8 @@
 -- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
 -- same state.
 --
--- Before this file, scripts.go writes the rule in:
+-- Before this file, scripts.go writes the rule in, then single_args.lua
+-- (which reads n and now, and takes the server's TIME when now is 0):
 --   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false
 -- (burst, leaky and pxs unused).
 --
@@ -22,15 +23,6 @@
 --   struct library, else an array.
 -- Exact integer division is written out as in single_bucket.lua.
 
-local rcall = redis.call
-local n, now = 1, 0
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if now <= 0 then
-  local t = rcall('TIME')
-  now = t[1] * 1000000 + t[2]
-end
 
 -- The counts (sc_read): cur and prev of window w (the window now is in,
 -- or the key's when it is ahead: the clock went back), and whether the

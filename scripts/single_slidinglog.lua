@@ -8,7 +8,8 @@
 -- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
 -- same state.
 --
--- Before this file, scripts.go writes the rule in:
+-- Before this file, scripts.go writes the rule in, then single_args.lua
+-- (which reads n and now, and takes the server's TIME when now is 0):
 --   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false, '<ms>'
 -- (burst and leaky unused; pxs: the usual PX, one period and a ms, as a
 -- string: see slidinglog.lua).
@@ -22,15 +23,6 @@
 --   after, reset after, rule 1), packed in one string where Redis has its
 --   struct library, else an array.
 
-local rcall = redis.call
-local n, now = 1, 0
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if now <= 0 then
-  local t = rcall('TIME')
-  now = t[1] * 1000000 + t[2]
-end
 
 -- score returns the admission time of member m (slidinglog.lua's score).
 local function score(m)

@@ -8,7 +8,8 @@
 -- runner.go). TestSingleScriptDecidesAsGeneral holds them to the same
 -- Results and the same state.
 --
--- Before this file, scripts.go writes the rule in:
+-- Before this file, scripts.go writes the rule in, then single_args.lua
+-- (which reads n and now, and takes the server's TIME when now is 0):
 --   local rate, period, burst, leaky, pxs = <rate>, <µs>, <s>, false
 -- (burst: the sub-windows of a period, s; leaky and pxs unused).
 --
@@ -23,15 +24,6 @@
 --   struct library, else an array. Every number here is an integer: the
 --   general script's rounding changes none of them.
 
-local rcall = redis.call
-local n, now = 1, 0
-local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if now <= 0 then
-  local t = rcall('TIME')
-  now = t[1] * 1000000 + t[2]
-end
 
 -- The grid (check_sw): now is r µs into period qn; sub-window j of a
 -- period starts ceil(j * period / s) = j * lq + ceil(j * lr / s) into it.

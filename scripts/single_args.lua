@@ -1,0 +1,25 @@
+-- single_args.lua: the head of every script specialised for a single rule
+-- (single_<strategy>.lua, after the rule written in; see singleSource in
+-- scripts.go): reads the arguments of the usual call, as args.lua does for
+-- the general script, and takes the server's TIME unless the call sent its
+-- time.
+--
+-- ARGV[1]  n (absent: 1)
+-- ARGV[3]  now in µs, or 0 (absent): the server's TIME
+-- ARGV[4]  max delay in µs, or -1 (absent): none; only a leaky bucket's
+--          Delay reads it
+-- Sets rcall, n, now, max_delay, nargs (#ARGV) and skew: false when now
+-- is the server's time, else 0 (single_bucket.lua reports a clock behind
+-- the state's with it).
+
+local rcall = redis.call
+local n, now, max_delay, skew = 1, 0, -1, 0
+local nargs = #ARGV
+if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
+if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
+if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
+if now <= 0 then
+  local t = rcall('TIME')
+  now = t[1] * 1000000 + t[2]
+  skew = false
+end
