@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
 )
 
 // fallbackMemoryRules returns a policy of n rules (token buckets of
@@ -44,6 +45,7 @@ func heapInUse() int64 {
 // under -race; TestFallbackKeysBounded floods a single rule with a million.
 // Not parallel: it measures the whole heap.
 func TestFallbackMemoryBounded(t *testing.T) {
+	testlane.MarkHeavy(t) // as TestFallbackKeysBounded: serial in its lane, so the heap is its own
 	if testing.Short() {
 		t.Skip("100,000 keys")
 	}

@@ -499,6 +499,7 @@ return out`)
 // on singleRunner and one on the general script, return the same
 // Results.
 func TestSingleScriptDecidesAsGeneral(t *testing.T) {
+	testlane.MarkHeavy(t)
 	for _, s := range Strategies() {
 		src := singleSource(&ruleSet{rules: []rule{{alg: algorithms[s], args: [4]any{"", int64(1), int64(1000), int64(1)}}}})
 		if src == "" {
