@@ -177,6 +177,8 @@ func NewConcurrency(rdb redis.UniversalClient, maxHeld int, ttl time.Duration, o
 		refused = "WithShadow"
 	case cfg.rulesFunc != nil:
 		refused = "WithRulesFunc"
+	case cfg.regions != nil:
+		refused = "WithRegions"
 	}
 	if refused != "" {
 		_ = e.Close() // never used: nothing to report

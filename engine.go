@@ -230,6 +230,7 @@ type engine struct {
 	evict      *evictwatch.Watch // WithEvictionCheck (evict.go)
 	denies     *denyCache
 	prefetcher *prefetcher // WithPrefetch; nil when off
+	regions    *exchange   // WithRegions; nil when off
 	decide     decider     // the decision's stages (buildPipeline)
 	limits     limitCache  // WithLimitFunc's limits, validated
 	closed     atomic.Bool
@@ -276,6 +277,11 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 	if err := cfg.prefetch.check(kind, rules, cfg.reserveTTL); err != nil {
 		return err
 	}
+	if cfg.regions != nil {
+		if err := cfg.regions.check(rules); err != nil {
+			return errorf("%s: %w", kind, err)
+		}
+	}
 	if err := checkClient(rdb); err != nil {
 		return errorf("%s: %w", kind, err)
 	}
@@ -291,6 +297,9 @@ func (e *engine) init(rdb redis.UniversalClient, kind string, rules []rule, scri
 	}
 	if cfg.prefetch.size > 0 {
 		e.prefetcher = newPrefetcher(e)
+	}
+	if cfg.regions != nil {
+		e.regions = newExchange(e, cfg.regions)
 	}
 	e.decide = e.buildPipeline()
 	// A node that another limiter on the client marked down is down for
@@ -559,6 +568,9 @@ func (e *engine) Close() error {
 		}
 		e.rescue.close()
 		e.evict.Leave(e)
+		if e.regions != nil {
+			e.regions.close()
+		}
 		if e.clock != nil {
 			e.clock.Close() // after the prefetches, whose give-back may read it
 		}
@@ -685,6 +697,9 @@ func (e *engine) eval(r *request) error {
 		ridArg, life = r.rc.id, e.cfg.argReserveTTL
 		a.keys = appendReserveKeys(a.keys, r.state, rs)
 	}
+	if e.regions != nil { // the key's journal (scripts/region.lua)
+		a.keys = append(a.keys, regionKey(r.state, rs, journalSuffix))
+	}
 	a.args = append(a.args, r.n, len(rs.rules), r.now, md, block, ridArg, life)
 	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)
 		defer func(start time.Time) { e.delayRTT.Store(int64(time.Since(start))) }(time.Now())
@@ -694,6 +709,9 @@ func (e *engine) eval(r *request) error {
 		return err
 	}
 	r.res, r.why, err = e.answered(r.state, reply, r.n, sent, rs, r.rc)
+	if e.regions != nil {
+		e.regions.note(r.state, rs)
+	}
 	return err
 }
 

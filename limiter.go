@@ -19,6 +19,7 @@ type Result struct {
 	Delay      time.Duration // LeakyBucket: wait this long before acting, to keep the leak rate; else 0
 	Degraded   bool          // decided without Redis (see FallbackPolicy); false otherwise
 	Shadowed   bool          // shadow mode (WithShadow): the limit would have denied, but Allowed is true
+	Stale      bool          // WithRegions: decided while a peer region was silent past the staleness bound (docs/regions.md)
 	ByPriority bool          // denied (or, Shadowed, would have been) by the call's priority share alone (WithPriorityShares): the limit itself would have admitted it
 	Rule       string        // Policy: the deciding rule's name (see Policy); empty for a RateLimiter
 	// RuleResetAfter is ResetAfter of the deciding rule alone (the one Rule

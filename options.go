@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 )
@@ -42,6 +43,7 @@ type config struct {
 	functions    bool           // WithRedisFunctions (functions.go)
 	evictEvery   time.Duration  // WithEvictionCheck (evict.go)
 	priority     priorityShares // WithPriorityShares (priority.go)
+	regions      *Regions       // WithRegions (regions.go)
 
 	// Derived by validate, as script arguments.
 	argBlock      any
@@ -340,4 +342,22 @@ func WithReservationTTL(d time.Duration) Option {
 // costs: see "Prefetch" in the package documentation.
 func WithPrefetch(size int, maxAge time.Duration) Option {
 	return optionFunc(func(c *config) { c.prefetch = prefetchConfig{size: size, maxAge: maxAge} })
+}
+
+// Regions.
+
+// WithRegions makes the limit one across regions, each deciding on its own
+// Redis: every decision is made on this limiter's client, as without it,
+// and what the region admits for a key reaches the peers' Redis in the
+// background, every r.Sync, charged there once however many instances run
+// (see [Regions] and docs/regions.md for the bound on what the regions
+// admit together, and partitions). A peer not reached for 4 intervals is
+// taken to spend its share of the limit (1 / regions) until it is reached
+// again; decisions meanwhile report Result.Stale. The sliding log, whose
+// timestamps do not add up across regions, is refused (ErrInvalidLimit),
+// as is a Concurrency; an empty Name, no peers, a peer named as this
+// region or a nil peer client is an error wrapping ErrInvalidArgument.
+func WithRegions(r Regions) Option {
+	r.Peers = maps.Clone(r.Peers)
+	return optionFunc(func(c *config) { c.regions = &r })
 }

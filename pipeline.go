@@ -10,13 +10,14 @@ import (
 // once, when the limiter is built, with only the stages its options enable:
 //
 //  1. observe: the observer's Decision, with the call's latency (observe.go)
-//  2. shadow: a denial reported, then admitted (observe.go)
-//  3. share: a call that its priority share can never admit (priority.go)
-//  4. deny cache: a denial remembered in-process (denycache.go)
-//  5. prefetch: events taken from Redis ahead, served in-process (prefetch.go)
-//  6. fallback: the in-process stand-ins while Redis is down (fallback.go)
-//  7. block: the fallback keeps a penalty block that a call set (fallback.go)
-//  8. eviction watch: Redis evicting keys (evict.go)
+//  2. regions: a decision made while a peer region is silent (regions.go)
+//  3. shadow: a denial reported, then admitted (observe.go)
+//  4. share: a call that its priority share can never admit (priority.go)
+//  5. deny cache: a denial remembered in-process (denycache.go)
+//  6. prefetch: events taken from Redis ahead, served in-process (prefetch.go)
+//  7. fallback: the in-process stand-ins while Redis is down (fallback.go)
+//  8. block: the fallback keeps a penalty block that a call set (fallback.go)
+//  9. eviction watch: Redis evicting keys (evict.go)
 //
 // and last the runner of the call's rule set asks Redis (runner.go). Every
 // reply, whichever runner made it, goes through answered (engine.go): the
@@ -82,6 +83,9 @@ func (e *engine) buildPipeline() decider {
 	var stages []stage
 	if e.cfg.observer != nil {
 		stages = append(stages, e.observeStage)
+	}
+	if e.regions != nil {
+		stages = append(stages, e.regionStage)
 	}
 	if e.cfg.shadow {
 		stages = append(stages, shadowStage)

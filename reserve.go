@@ -316,7 +316,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 // settleScript settles a reservation of any strategy (see
 // scripts/settle.lua).
 var settleScript = redis.NewScript(decisionHead(calendarFiles) +
-	readScripts("args.lua") + strategyTable(calendarFiles) + readScripts("rules.lua", "settle.lua"))
+	readScripts("args.lua") + strategyTable(calendarFiles) + readScripts("rules.lua", "adjust.lua", "settle.lua"))
 
 // rulesNow returns the rules that decide r's key now (WithLimitFunc,
 // WithRulesFunc), which Settle's Result reports under, as AllowN(ctx,

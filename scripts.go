@@ -23,7 +23,7 @@ func readScripts(parts ...string) string {
 }
 
 // decisionScript returns a decision script: common.lua, the strategies'
-// files, args.lua, decide.lua, the rules' checks and reply.lua, so that a
+// files, args.lua, decide.lua, the rules' checks, region.lua and reply.lua, so that a
 // decision is one EVALSHA of one self-contained script. checks is
 // argumentChecks or the rules written in (writtenChecks), and count ""
 // or, with the rules written in, their number (writtenCount).
@@ -40,7 +40,7 @@ func decisionHead(files []string) string {
 }
 
 func decisionCall(count, checks string) string {
-	return readScripts("args.lua") + count + readScripts("decide.lua") + checks + readScripts("reply.lua")
+	return readScripts("args.lua") + count + readScripts("decide.lua") + checks + readScripts("region.lua", "reply.lua")
 }
 
 // writtenCount returns the line that tells a script with several rules
@@ -143,8 +143,11 @@ type bakedRules struct {
 // single_bucket.lua) a priority share, which only the general script
 // handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
-	if rs.calendar {
-		return // a calendar rule's window comes with each call (calendarScript)
+	if rs.calendar || cfg.regions != nil {
+		// A calendar rule's window comes with each call (calendarScript);
+		// with WithRegions every call runs the general script, which
+		// journals it (scripts/region.lua).
+		return
 	}
 	checks := writtenChecks(rs)
 	baked.Lock()

@@ -1,0 +1,281 @@
+package redlimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/testlane"
+)
+
+// regionsRig is regions on this machine, each its own redis-server, whose
+// instances reach the other regions' Redis through proxies that delay
+// every reply (the links).
+type regionsRig struct {
+	names []string
+	links [][]*redistest.Proxy // links[i][j]: region i's way to region j's Redis (nil for i == j)
+	lims  [][]*RateLimiter     // lims[i][k]: instance k of region i, each with its own clients
+}
+
+const rigSync = 200 * time.Millisecond
+
+// startRegions starts regions redis-servers and instances limiters in
+// each, made by mk with their region's client and WithRegions, whose links
+// add rtt to every round trip.
+func startRegions(t *testing.T, regions, instances int, rtt time.Duration, mk func(own redis.UniversalClient, opt Option) (*RateLimiter, error)) *regionsRig {
+	t.Helper()
+	g := &regionsRig{names: []string{"eu", "us", "ap", "sa", "af"}[:regions]}
+	servers := make([]*redistest.Server, regions)
+	for i := range servers {
+		servers[i] = redistest.Start(t)
+	}
+	g.links = make([][]*redistest.Proxy, regions)
+	for i := range regions {
+		g.links[i] = make([]*redistest.Proxy, regions)
+		for j := range regions {
+			if i != j {
+				g.links[i][j] = redistest.NewProxy(t, servers[j].Addr)
+				g.links[i][j].SetDelay(rtt) // the proxy delays replies: the whole round trip's
+			}
+		}
+	}
+	client := func(addr string) *redis.Client {
+		o := redistest.TunedOptions(addr)
+		o.ReadTimeout, o.WriteTimeout = time.Second, time.Second
+		c := redis.NewClient(o)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	g.lims = make([][]*RateLimiter, regions)
+	for i := range regions {
+		for range instances {
+			peers := map[string]redis.UniversalClient{}
+			for j := range regions {
+				if i != j {
+					peers[g.names[j]] = client(g.links[i][j].Addr)
+				}
+			}
+			lim, err := mk(client(servers[i].Addr), WithRegions(Regions{Name: g.names[i], Peers: peers, Sync: rigSync}))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = lim.Close() })
+			g.lims[i] = append(g.lims[i], lim)
+		}
+	}
+	return g
+}
+
+// offered is what a run of offer saw.
+type offered struct {
+	admitted  []int64 // by region
+	latencies []time.Duration
+	degraded  int64
+	stale     int64
+}
+
+func (o *offered) total() (n int64) {
+	for _, a := range o.admitted {
+		n += a
+	}
+	return n
+}
+
+// offer makes every instance of every region offer rate calls a second
+// to key, for d.
+func (g *regionsRig) offer(t *testing.T, key string, rate int, d time.Duration) *offered {
+	o := &offered{admitted: make([]int64, len(g.lims))}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	every := time.Second / time.Duration(rate)
+	for i, lims := range g.lims {
+		for _, lim := range lims {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var lat []time.Duration
+				for k := 0; ; k++ {
+					at := start.Add(time.Duration(k) * every)
+					if at.Sub(start) >= d {
+						break
+					}
+					time.Sleep(time.Until(at))
+					t0 := time.Now()
+					res, err := lim.Allow(context.Background(), key)
+					lat = append(lat, time.Since(t0))
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						atomic.AddInt64(&o.admitted[i], 1)
+					}
+					if res.Degraded {
+						atomic.AddInt64(&o.degraded, 1)
+					}
+					if res.Stale {
+						atomic.AddInt64(&o.stale, 1)
+					}
+				}
+				mu.Lock()
+				o.latencies = append(o.latencies, lat...)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return o
+}
+
+// cut cuts region i off from every other region, or heals it.
+func (g *regionsRig) cut(i int, on bool) {
+	for j := range g.links {
+		for _, p := range []*redistest.Proxy{g.links[i][j], g.links[j][i]} {
+			switch {
+			case p == nil:
+			case on:
+				p.Cut()
+			default:
+				p.Restore()
+			}
+		}
+	}
+}
+
+// state returns what n = 0 reports for key in each region.
+func (g *regionsRig) state(t *testing.T, key string) []Result {
+	out := make([]Result, len(g.lims))
+	for i, lims := range g.lims {
+		res, err := lims[0].AllowN(context.Background(), key, 0)
+		require.NoError(t, err)
+		out[i] = res
+	}
+	return out
+}
+
+// overBound is the bound on what the regions admit together past the
+// limit while they hear each other (docs/regions.md): what the other
+// regions admit during an interval and a round trip, at most the rate
+// offered, seen late by each of them.
+func overBound(regions int, offeredPerSecond float64, rtt time.Duration) float64 {
+	return float64(regions-1) * offeredPerSecond * (rigSync + rtt).Seconds()
+}
+
+// TestRegionsOneLimitRedis: three regions, two instances each, links of a
+// 50 ms round trip; each instance offers 100/s to one key for 8 s against
+// one limit: together the regions admit the limit (at least 90%), never
+// more than the limit and the stated bound, and no decision waits on a
+// link.
+func TestRegionsOneLimitRedis(t *testing.T) {
+	testlane.MarkAlone(t)
+	const rtt, run = 50 * time.Millisecond, 8 * time.Second
+	cases := []struct {
+		name  string
+		mk    func(redis.UniversalClient, Option) (*RateLimiter, error)
+		limit float64 // over the run
+	}{
+		{"token bucket 300/s", func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
+			return NewTokenBucket(rdb, Limit{Rate: 300, Period: time.Second, Burst: 300}, o)
+		}, 300 + 300*run.Seconds()},
+		{"fixed window 3000/min", func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
+			return NewFixedWindow(rdb, PerMinute(3000), o)
+		}, 3000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := startRegions(t, 3, 2, rtt, c.mk)
+			if c.limit == 3000 { // the run within one minute's window
+				if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < run+time.Second {
+					time.Sleep(left + 100*time.Millisecond)
+				}
+			}
+			o := g.offer(t, "customer", 100, run)
+			bound := overBound(3, 600, rtt)
+			p50, p99 := percentiles(o.latencies)
+			t.Logf("admitted %d (%v by region) of a limit of %.0f, bound %.0f; decisions p50 %v, p99 %v; degraded %d, stale %d",
+				o.total(), o.admitted, c.limit, bound, p50, p99, o.degraded, o.stale)
+			assert.LessOrEqual(t, float64(o.total()), c.limit+bound, "past the limit and the bound")
+			assert.GreaterOrEqual(t, float64(o.total()), 0.9*c.limit, "usage counted twice")
+			assert.Less(t, p99, 20*time.Millisecond, "a decision waited on a link")
+			assert.Zero(t, o.degraded)
+			assert.Zero(t, o.stale)
+		})
+	}
+}
+
+// TestRegionsHangingPeersRedis: with every link to the peers hanging
+// (connections accepted, nothing delivered), a region decides at local
+// speed, from its own Redis, and says its peers are silent.
+func TestRegionsHangingPeersRedis(t *testing.T) {
+	testlane.MarkAlone(t)
+	g := startRegions(t, 3, 1, 50*time.Millisecond, func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
+		return NewTokenBucket(rdb, Limit{Rate: 300, Period: time.Second, Burst: 300}, o)
+	})
+	for i := range g.links {
+		for _, p := range g.links[i] {
+			if p != nil {
+				p.Blackhole(true)
+			}
+		}
+	}
+	o := g.offer(t, "customer", 100, 2*time.Second)
+	p50, p99 := percentiles(o.latencies)
+	t.Logf("decisions p50 %v, p99 %v; admitted %v; stale %d of %d", p50, p99, o.admitted, o.stale, len(o.latencies))
+	assert.Less(t, p99, 20*time.Millisecond)
+	assert.Zero(t, o.degraded)
+	assert.Positive(t, o.stale, "no decision said its peers were silent")
+	ages := g.lims[0][0].PeerAges()
+	require.Len(t, ages, 2)
+	for name, age := range ages {
+		assert.Greater(t, age, staleSyncs*rigSync, name)
+	}
+}
+
+// TestRegionsPartitionRedis: a 4 s partition of one region from the two
+// others while every region offers twice its third of the limit: the
+// regions admit at most the limit and 15%; three intervals after the
+// link heals, with no traffic, they agree; then the region that was cut
+// off uses its bucket up in one call, and within three intervals every
+// region shows it.
+func TestRegionsPartitionRedis(t *testing.T) {
+	testlane.MarkAlone(t)
+	const rtt = 50 * time.Millisecond
+	const rate = 300
+	g := startRegions(t, 3, 2, rtt, func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
+		return NewTokenBucket(rdb, Limit{Rate: rate, Period: time.Second, Burst: rate}, o)
+	})
+	g.offer(t, "customer", 100, 2*time.Second) // the bucket used up
+	g.cut(0, true)
+	o := g.offer(t, "customer", 100, 4*time.Second)
+	limit := rate * 4.0
+	t.Logf("partition: admitted %d (%v by region) against %.0f; stale %d", o.total(), o.admitted, limit, o.stale)
+	assert.LessOrEqual(t, float64(o.total()), 1.15*limit)
+	assert.Positive(t, o.stale)
+
+	g.cut(0, false)
+	time.Sleep(3 * rigSync)
+	refill := rate * (rigSync + rtt).Seconds() // the refill of an interval and a round trip
+	agree := func(what string) []Result {
+		t.Helper()
+		st := g.state(t, "customer")
+		for i := range st {
+			t.Logf("%s: %s Remaining %d ResetAfter %v", what, g.names[i], st[i].Remaining, st[i].ResetAfter)
+		}
+		for i := 1; i < len(st); i++ {
+			assert.InDelta(t, st[0].Remaining, st[i].Remaining, refill+10, "%s: Remaining of %s", what, g.names[i])
+			assert.InDelta(t, st[0].ResetAfter.Seconds(), st[i].ResetAfter.Seconds(), (rigSync + rtt + 50*time.Millisecond).Seconds(), "%s: ResetAfter of %s", what, g.names[i])
+		}
+		return st
+	}
+	st := agree("healed")
+	res, err := g.lims[0][0].AllowN(context.Background(), "customer", st[0].Remaining)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	time.Sleep(3 * rigSync)
+	agree("used up")
+}

@@ -1,0 +1,140 @@
+-- region_apply.lua ends the region script (common.lua, the strategies'
+-- files, args.lua, rules.lua, adjust.lua, this): it charges a key's rules
+-- with a peer region's usage, once, however many instances deliver it and
+-- however often (see regions.go and docs/regions.md).
+--
+-- KEYS: the rules' state keys, then the key's peer record (a hash, one
+-- field per peer region). ARGV: as a decision's with n = 0 (the rules
+-- from ARGV[8]), then at b = 8 + 4k the peer's name and
+--   'u', e, c, k, t: the peer's journal of the key (see region.lua), or
+--   'a', since: the peer has not been heard since since (µs): charge it
+--        its share of the limit for the time from since (or from where the
+--        last such charge ended) to now,
+-- and last the peer's share of the limit (parts per million) and the
+-- horizon (µs): how long the longest rule remembers an event.
+--
+-- The record of a peer is "e:c:k:s:ta": the journal (its e, c and k) as
+-- far as it is applied; s, the time (µs) for which the peer was charged
+-- its share while silent, and ta, when that charge ended. A journal
+-- applied after a silence is charged only past what the share charged
+-- for s (the events the share stood for are the peer's real ones), then
+-- s is 0 again. A silence charged longer ago than the horizon is
+-- forgotten: its charge has left every rule's state.
+--
+-- A journal's events are charged as of t, its last admission: not into a
+-- window that has ended since (a fixed or calendar window, a sliding
+-- counter's window before the previous one, a sub-window counter's period
+-- past), and to an idle bucket (nothing used now) less what the refill
+-- since t has given back. Reply: the events charged to the first rule.
+
+local b = 8 + 4 * nrules
+local rk = KEYS[nrules + 1]
+local peer, mode = ARGV[b], ARGV[b + 1]
+local share, horizon = ARGV[#ARGV - 1] / 1e6, ARGV[#ARGV] + 0
+local we, wc, wk, s, ta = 0, 0, 0, 0, 0
+local rec = redis.call('HGET', rk, peer)
+if rec then
+  local x1, x2, x3, x4, x5 = string.match(rec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if x5 then we, wc, wk, s, ta = x1 + 0, x2 + 0, x3 + 0, x4 + 0, x5 + 0 end
+end
+if s > 0 and ta < now - horizon then s = 0 end
+
+-- as_of returns what of d events admitted at t still counts in rule's
+-- state at now.
+local function as_of(strat, key, rate, period, burst, d, t)
+  if t >= now then return d end
+  if strat == 'fw' then
+    if math.floor(t / period) < math.floor(now / period) then return 0 end
+  elseif strat == 'sc' then
+    if math.floor(t / period) < math.floor(now / period) - 1 then return 0 end
+  elseif strat == 'sw' then
+    if t <= now - period then return 0 end
+  elseif strat == 'cw' then
+    if t < cw_window(period, burst) then return 0 end
+  elseif strat == 'tb' or strat == 'lb' then
+    if bucket_read(key, rate) == 0 then return d - math.floor((now - t) * rate / period) end
+  end
+  return d
+end
+
+-- refund gives back d events that a silent peer's share charged past
+-- what the peer used, where they still count (a bucket's, and the current
+-- window's of a fixed, calendar or sliding counter; a sub-window counter
+-- keeps them).
+local function refund(strat, key, rate, period, burst, d)
+  if strat == 'tb' or strat == 'lb' then
+    local used, lag, _, y, w = bucket_read(key, rate)
+    used, y = used - d * period, y - d * period
+    if y <= 0 then
+      redis.call('DEL', key)
+      return
+    end
+    if used < 0 then used = 0 end
+    local value, px = bucket_write(used, rate, period, nil, lag, y, w)
+    redis.call('SET', key, value, 'PX', px)
+    return
+  end
+  local tag
+  if strat == 'fw' or strat == 'sc' then
+    tag = math.floor(now / period)
+  elseif strat == 'cw' then
+    tag = cw_window(period, burst)
+  else
+    return
+  end
+  delta = -d
+  adjust[strat](key, rate, period, tag, d, strat, burst)
+end
+
+-- charge charges each rule with the events (calls, for a rule per call)
+-- that count at now, less what the share stood for over s_was (µs): if
+-- the share stood for more, it gives the difference back.
+local first = 0
+local function charge(dc, dk, t, s_was)
+  for i = 1, nrules do
+    local strat, rate, period, burst, per_call = rule(i)
+    local d = dc
+    if per_call then d = dk end
+    if s_was > 0 then d = d - math.floor(rate * share * s_was / period) end
+    if d > 0 and t then d = as_of(strat, KEYS[i], rate, period, burst, d, t) end
+    if d < 0 then refund(strat, KEYS[i], rate, period, burst, -d) end
+    if d > 0 then
+      delta = d
+      local fn = adjust[strat] or adjust_warm
+      fn(KEYS[i], rate, period, 0, d, strat, burst)
+    end
+    if i == 1 and d > 0 then first = d end
+  end
+end
+
+if mode == 'u' then
+  local e, c, k, t = ARGV[b + 2] + 0, ARGV[b + 3] + 0, ARGV[b + 4] + 0, ARGV[b + 5] + 0
+  local dc, dk = c, k -- a journal new to this record
+  if e == we then
+    dc, dk = c - wc, k - wk
+  elseif e < we then
+    return 0 -- an older journal than the one applied
+  end
+  if dc <= 0 and dk <= 0 then return 0 end -- applied already
+  charge(dc, dk, t, s)
+  we, wc, wk, s = e, c, k, 0
+else
+  local from = tonumber(ARGV[b + 2])
+  if ta > from then from = ta end
+  if from >= now then return 0 end
+  -- The share's events over s + (now - from), less those it charged for s.
+  for i = 1, nrules do
+    local strat, rate, period, burst = rule(i)
+    local d = math.floor(rate * share * (s + now - from) / period) - math.floor(rate * share * s / period)
+    if d > 0 then
+      delta = d
+      local fn = adjust[strat] or adjust_warm
+      fn(KEYS[i], rate, period, 0, d, strat, burst)
+    end
+    if i == 1 then first = d end
+  end
+  s, ta = s + now - from, now
+end
+redis.call('HSET', rk, peer, string.format('%d:%d:%d:%d:%d', we, wc, wk, s, ta))
+redis.call('PEXPIRE', rk, 4500000)
+return first
