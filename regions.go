@@ -95,8 +95,9 @@ type exchange struct {
 	mu     sync.Mutex
 	active map[string]*ruleSet // keys decided since the last round
 
-	stop chan struct{}
-	wg   sync.WaitGroup // the loops
+	ctx  context.Context // the loops': done when the limiter closes
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 }
 
 // regionPeer is one peer region, as this instance's exchange sees it. Each
@@ -122,8 +123,8 @@ func newExchange(e *engine, r *Regions) *exchange {
 		e: e, name: r.Name, sync: r.Sync,
 		share:  1_000_000 / int64(len(r.Peers)+1),
 		active: make(map[string]*ruleSet),
-		stop:   make(chan struct{}),
 	}
+	x.ctx, x.stop = context.WithCancel(context.Background())
 	if x.sync == 0 {
 		x.sync = DefaultRegionSync
 	}
@@ -161,8 +162,9 @@ func (x *exchange) ages() map[string]time.Duration {
 	return out
 }
 
+// close stops the loops, cutting short a delivery in flight.
 func (x *exchange) close() {
-	close(x.stop)
+	x.stop()
 	x.wg.Wait()
 }
 
@@ -174,7 +176,7 @@ func (x *exchange) loop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-x.stop:
+		case <-x.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -191,7 +193,7 @@ func (x *exchange) loop() {
 			}
 			p.mu.Unlock()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), x.sync)
+		ctx, cancel := context.WithTimeout(x.ctx, x.sync)
 		x.assume(ctx, active)
 		cancel()
 	}
@@ -205,7 +207,7 @@ func (x *exchange) peerLoop(p *regionPeer) {
 	defer t.Stop()
 	for {
 		select {
-		case <-x.stop:
+		case <-x.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -217,7 +219,7 @@ func (x *exchange) peerLoop(p *regionPeer) {
 		}
 		clear(p.inbox)
 		p.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), deliverTimeout(x.sync))
+		ctx, cancel := context.WithTimeout(x.ctx, deliverTimeout(x.sync))
 		if x.deliver(ctx, p, x.readJournals(ctx, p.pending)) == nil {
 			p.heard.Store(time.Now().UnixNano())
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -234,6 +235,14 @@ func TestRegionsHangingPeersRedis(t *testing.T) {
 	for name, age := range ages {
 		assert.Greater(t, age, staleSyncs*rigSync, name)
 	}
+	t0 := time.Now()
+	for _, lims := range g.lims {
+		for _, l := range lims {
+			require.NoError(t, l.Close())
+		}
+	}
+	t.Logf("closed in %v", time.Since(t0))
+	assert.Less(t, time.Since(t0), time.Second, "Close waited on hanging peers")
 }
 
 // TestRegionsPartitionRedis: a 4 s partition of one region from the two
@@ -278,4 +287,144 @@ func TestRegionsPartitionRedis(t *testing.T) {
 	require.True(t, res.Allowed)
 	time.Sleep(3 * rigSync)
 	agree("used up")
+}
+
+func TestWithRegionsRefuses(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	var nilClient *redis.Client
+	peers := map[string]redis.UniversalClient{"us": rdb}
+	cases := []struct {
+		name string
+		r    Regions
+	}{
+		{"empty name", Regions{Peers: peers}},
+		{"no peers", Regions{Name: "eu"}},
+		{"peer named as this region", Regions{Name: "us", Peers: peers}},
+		{"empty peer name", Regions{Name: "eu", Peers: map[string]redis.UniversalClient{"": rdb}}},
+		{"nil peer", Regions{Name: "eu", Peers: map[string]redis.UniversalClient{"us": nilClient}}},
+		{"negative interval", Regions{Name: "eu", Peers: peers, Sync: -time.Second}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := NewTokenBucket(rdb, PerSecond(10), WithRegions(c.r))
+			require.ErrorIs(t, err, ErrInvalidArgument)
+		})
+	}
+	ok := Regions{Name: "eu", Peers: peers}
+	_, err := NewSlidingLog(rdb, PerSecond(10), WithRegions(ok))
+	require.ErrorIs(t, err, ErrInvalidLimit, "a sliding log's timestamps do not add up")
+	_, err = NewConcurrency(rdb, 10, time.Second, WithRegions(ok))
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	lim, err := NewTokenBucket(rdb, PerSecond(10), WithRegions(ok))
+	require.NoError(t, err)
+	require.NoError(t, lim.Close())
+}
+
+// TestRegionsApplyOnce: what one region admits reaches the other once,
+// however many of its instances deliver it and however often.
+func TestRegionsApplyOnce(t *testing.T) {
+	for _, s := range []Strategy{FixedWindow, SlidingCounter, SubWindowCounter, TokenBucket, LeakyBucket} {
+		t.Run(s.String(), func(t *testing.T) {
+			eu, _ := miniBackend(t) // clocks standing still: nothing refills
+			us, _ := miniBackend(t)
+			in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
+				return newLimiter(t, own, s, PerMinute(100), WithRegions(Regions{
+					Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
+				}))
+			}
+			eu1, eu2 := in("eu", eu.rdb, us.rdb, "us"), in("eu", eu.rdb, us.rdb, "us")
+			other := in("us", us.rdb, eu.rdb, "eu")
+			ctx := context.Background()
+			for lim, n := range map[*RateLimiter]int{eu1: 30, eu2: 20} {
+				res, err := lim.AllowN(ctx, "k", n)
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+			}
+			remaining := func() int {
+				res, err := other.AllowN(ctx, "k", 0)
+				require.NoError(t, err)
+				return res.Remaining
+			}
+			require.Eventually(t, func() bool { return remaining() == 50 }, 5*time.Second, 10*time.Millisecond)
+			// The journal delivered again, by hand, from both instances.
+			first := eu1.engine.stateKey("k", &eu1.own.rules[0])
+			j, err := eu.rdb.Get(ctx, regionKey(first, eu1.own, journalSuffix)).Result()
+			require.NoError(t, err)
+			e, c, k, at, ok := parseJournal(j)
+			require.True(t, ok, j)
+			require.EqualValues(t, 50, c)
+			require.EqualValues(t, 2, k)
+			for _, x := range []*exchange{eu1.regions, eu2.regions} {
+				keys, args := x.applyArgs(first, eu1.own, "eu", "u", e, c, k, at)
+				charged, err := regionScript.Run(ctx, us.rdb, keys, args...).Int64()
+				require.NoError(t, err)
+				require.Zero(t, charged)
+			}
+			time.Sleep(100 * time.Millisecond) // ten more rounds
+			require.Equal(t, 50, remaining())
+		})
+	}
+}
+
+// TestRegionsSilentPeerCharged: a peer that cannot be reached is taken to
+// spend its share of the limit, and the decisions say so.
+func TestRegionsSilentPeerCharged(t *testing.T) {
+	m := miniredis.RunT(t) // the real clock
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	gone := miniredis.RunT(t)
+	peer := redis.NewClient(&redis.Options{Addr: gone.Addr(), DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { _ = peer.Close() })
+	gone.Close()
+	lim, err := NewFixedWindow(rdb, PerMinute(6000), WithRegions(Regions{
+		Name: "eu", Peers: map[string]redis.UniversalClient{"us": peer}, Sync: 10 * time.Millisecond,
+	}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close() })
+	ctx := context.Background()
+	var last Result
+	require.Eventually(t, func() bool {
+		last, err = lim.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		return last.Stale && last.Remaining <= 6000-20 // its share: 50/s
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.False(t, last.Degraded)
+	assert.Greater(t, lim.PeerAges()["us"], staleSyncs*10*time.Millisecond)
+}
+
+// TestRegionsClusterRedis: a region on a Redis Cluster journals and applies
+// each key in its own slot (no cross-slot script, no key of the exchange's
+// own), exchanging with a region on a single server.
+func TestRegionsClusterRedis(t *testing.T) {
+	c := realCluster(t)
+	cl := redis.NewClusterClient(redistest.TunedClusterOptions(c.Addrs()))
+	t.Cleanup(func() { _ = cl.Close() })
+	single := redistest.Start(t).Client(t)
+	mk := func(own redis.UniversalClient, self, name string, peer redis.UniversalClient) *RateLimiter {
+		return newLimiter(t, own, TokenBucket, Limit{Rate: 100, Period: time.Minute, Burst: 100}, WithRegions(Regions{
+			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 20 * time.Millisecond,
+		}))
+	}
+	onCluster, onSingle := mk(cl, "eu", "us", single), mk(single, "us", "eu", cl)
+	ctx := context.Background()
+	for i, key := range []string{"a", "b", "c", "d"} { // keys on different masters
+		res, err := onCluster.AllowN(ctx, key, 10+i)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		res, err = onSingle.AllowN(ctx, key, 5)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	for i, key := range []string{"a", "b", "c", "d"} {
+		want := 100 - 10 - i - 5 // a minute's refill is 100: within the test, at most a token or two
+		for _, lim := range []*RateLimiter{onCluster, onSingle} {
+			require.Eventually(t, func() bool {
+				res, err := lim.AllowN(ctx, key, 0)
+				require.NoError(t, err)
+				return res.Remaining <= want+3 && res.Remaining >= want
+			}, 5*time.Second, 20*time.Millisecond, "key %s", key)
+		}
+	}
 }
