@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -97,7 +98,6 @@ type exchange struct {
 
 	ctx  context.Context // the loops': done when the limiter closes
 	stop context.CancelFunc
-	wg   sync.WaitGroup
 }
 
 // regionPeer is one peer region, as this instance's exchange sees it. Each
@@ -134,7 +134,6 @@ func newExchange(e *engine, r *Regions) *exchange {
 		p.heard.Store(now)
 		x.peers = append(x.peers, p)
 	}
-	x.wg.Add(1 + len(x.peers))
 	go x.loop()
 	for _, p := range x.peers {
 		go x.peerLoop(p)
@@ -162,16 +161,14 @@ func (x *exchange) ages() map[string]time.Duration {
 	return out
 }
 
-// close stops the loops, cutting short a delivery in flight.
-func (x *exchange) close() {
-	x.stop()
-	x.wg.Wait()
-}
+// close stops the loops. It does not wait for a delivery in flight, which
+// may hang on a peer's link until its timeout (a client reading with a
+// deadline does not see its context canceled): that loop ends then.
+func (x *exchange) close() { x.stop() }
 
 // loop hands the keys decided in each interval to every peer's loop, and
 // charges the silent peers their shares.
 func (x *exchange) loop() {
-	defer x.wg.Done()
 	t := time.NewTicker(x.sync)
 	defer t.Stop()
 	for {
@@ -202,7 +199,6 @@ func (x *exchange) loop() {
 // peerLoop delivers, every interval, the journals of the keys decided
 // since (and of those a failed delivery left) to p.
 func (x *exchange) peerLoop(p *regionPeer) {
-	defer x.wg.Done()
 	t := time.NewTicker(x.sync)
 	defer t.Stop()
 	for {
@@ -220,7 +216,9 @@ func (x *exchange) peerLoop(p *regionPeer) {
 		clear(p.inbox)
 		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(x.ctx, deliverTimeout(x.sync))
-		if x.deliver(ctx, p, x.readJournals(ctx, p.pending)) == nil {
+		// A journal this region's Redis could not give waits for the next
+		// round: the peer is not heard meanwhile.
+		if journals, err := x.readJournals(ctx, p.pending); err == nil && x.deliver(ctx, p, journals) == nil {
 			p.heard.Store(time.Now().UnixNano())
 		}
 		cancel()
@@ -229,25 +227,28 @@ func (x *exchange) peerLoop(p *regionPeer) {
 
 // readJournals returns the journals of keys, by first state key, from
 // this region's Redis; a key without one (nothing admitted) is left out.
-func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) map[string]string {
+func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) (map[string]string, error) {
 	out := make(map[string]string, len(keys))
 	if len(keys) == 0 {
-		return out
+		return out, nil
 	}
 	states := slices.Collect(maps.Keys(keys))
 	cmds := make([]*redis.StringCmd, len(states))
-	_, _ = x.e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := x.e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, s := range states {
 			cmds[i] = p.Get(ctx, regionKey(s, keys[s], journalSuffix))
 		}
 		return nil
 	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
 	for i, s := range states {
 		if v, err := cmds[i].Result(); err == nil {
 			out[s] = v
 		}
 	}
-	return out
+	return out, nil
 }
 
 // deliver applies the journals of the keys p has not had to p's Redis

@@ -20,6 +20,7 @@ import (
 // instances reach the other regions' Redis through proxies that delay
 // every reply (the links).
 type regionsRig struct {
+	rtt   time.Duration
 	names []string
 	links [][]*redistest.Proxy // links[i][j]: region i's way to region j's Redis (nil for i == j)
 	lims  [][]*RateLimiter     // lims[i][k]: instance k of region i, each with its own clients
@@ -32,7 +33,7 @@ const rigSync = 200 * time.Millisecond
 // add rtt to every round trip.
 func startRegions(t *testing.T, regions, instances int, rtt time.Duration, mk func(own redis.UniversalClient, opt Option) (*RateLimiter, error)) *regionsRig {
 	t.Helper()
-	g := &regionsRig{names: []string{"eu", "us", "ap", "sa", "af"}[:regions]}
+	g := &regionsRig{rtt: rtt, names: []string{"eu", "us", "ap", "sa", "af"}[:regions]}
 	servers := make([]*redistest.Server, regions)
 	for i := range servers {
 		servers[i] = redistest.Start(t)
@@ -43,7 +44,7 @@ func startRegions(t *testing.T, regions, instances int, rtt time.Duration, mk fu
 		for j := range regions {
 			if i != j {
 				g.links[i][j] = redistest.NewProxy(t, servers[j].Addr)
-				g.links[i][j].SetDelay(rtt) // the proxy delays replies: the whole round trip's
+				g.links[i][j].SetEachWay(rtt / 2)
 			}
 		}
 	}
@@ -143,6 +144,7 @@ func (g *regionsRig) cut(i int, on bool) {
 				p.Cut()
 			default:
 				p.Restore()
+				p.SetEachWay(g.rtt / 2)
 			}
 		}
 	}
@@ -427,4 +429,53 @@ func TestRegionsClusterRedis(t *testing.T) {
 			}, 5*time.Second, 20*time.Millisecond, "key %s", key)
 		}
 	}
+}
+
+// TestRegionsPolicyAndCalendar: every rule of a policy is shared (a rule
+// per call with the calls, the others with the events), and a calendar
+// quota's window.
+func TestRegionsPolicyAndCalendar(t *testing.T) {
+	eu, _ := miniBackend(t)
+	us, _ := miniBackend(t)
+	regions := func(self string, peer redis.UniversalClient, name string) Option {
+		return WithRegions(Regions{Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond})
+	}
+	rules := []Rule{
+		{Strategy: TokenBucket, Limit: PerMinute(100)},
+		{Strategy: SlidingCounter, Limit: PerMinute(2), PerCall: true},
+		{Strategy: FixedWindow, Limit: PerHour(1000)},
+	}
+	pe, err := NewPolicy(eu.rdb, rules, regions("eu", us.rdb, "us"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pe.Close() })
+	pu, err := NewPolicy(us.rdb, rules, regions("us", eu.rdb, "eu"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pu.Close() })
+	ce := newLimiter(t, eu.rdb, FixedWindow, Daily(100, time.UTC), regions("eu", us.rdb, "us"))
+	cu := newLimiter(t, us.rdb, FixedWindow, Daily(100, time.UTC), regions("us", eu.rdb, "eu"))
+	ctx := context.Background()
+	res, err := pe.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	res, err = ce.AllowN(ctx, "k", 30)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.Eventually(t, func() bool {
+		res, err := pu.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		return res.Remaining == 97
+	}, 5*time.Second, 10*time.Millisecond, "the bucket's 3 events")
+	res, err = pe.AllowN(ctx, "k", 3) // the per-call rule's second and last call
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	require.Eventually(t, func() bool {
+		res, err := pu.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		return !res.Allowed && res.Rule == pu.Rules()[1].Name
+	}, 5*time.Second, 10*time.Millisecond, "the per-call rule's two calls")
+	require.Eventually(t, func() bool {
+		res, err := cu.AllowN(ctx, "k", 0)
+		require.NoError(t, err)
+		return res.Remaining == 70
+	}, 5*time.Second, 10*time.Millisecond, "the day's 30")
 }

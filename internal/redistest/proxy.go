@@ -25,7 +25,8 @@ type Proxy struct {
 	lnDone    chan struct{} // closed when ln's accept loop has returned
 	conns     map[*proxyConn]struct{}
 	blackhole bool
-	delay     time.Duration
+	delay     time.Duration // server to client
+	upDelay   time.Duration // client to server
 	closed    bool
 	wg        sync.WaitGroup // accept loops and connection goroutines
 }
@@ -125,7 +126,7 @@ func (p *Proxy) serve(ln net.Listener, done chan struct{}) {
 	}
 }
 
-// chunk is data read from the server, due for the client at due.
+// chunk is data read from one side, due for the other at due.
 type chunk struct {
 	data []byte
 	due  time.Time
@@ -145,10 +146,11 @@ func (p *Proxy) handle(pc *proxyConn) {
 		return
 	}
 	var wg sync.WaitGroup
-	queue := make(chan chunk, 64)
-	wg.Go(func() { p.toServer(pc, server) })
-	wg.Go(func() { p.fromServer(pc, server, queue) })
-	wg.Go(func() { p.toClient(pc, queue) })
+	up, down := make(chan chunk, 64), make(chan chunk, 64)
+	wg.Go(func() { p.read(pc, pc.client, up, &p.upDelay) })
+	wg.Go(func() { p.write(pc, server, up) })
+	wg.Go(func() { p.read(pc, server, down, &p.delay) })
+	wg.Go(func() { p.write(pc, pc.client, down) })
 	wg.Wait()
 }
 
@@ -181,34 +183,20 @@ func (p *Proxy) dial(pc *proxyConn) net.Conn {
 	return server
 }
 
-// toServer copies what the client sends to server (but in a black hole),
-// and closes pc when either side fails.
-func (p *Proxy) toServer(pc *proxyConn, server net.Conn) {
-	defer pc.close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := pc.client.Read(buf)
-		if n > 0 && !p.drop(pc) {
-			if _, werr := server.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// fromServer queues what server sends (but in a black hole), each chunk
-// due after the proxy's delay, and closes queue when server's side ends.
-func (p *Proxy) fromServer(pc *proxyConn, server net.Conn, queue chan<- chunk) {
+// read queues what from sends (but in a black hole), each chunk due after
+// the delay that *delay holds (read under p.mu), and closes queue and pc
+// when from's side ends.
+func (p *Proxy) read(pc *proxyConn, from net.Conn, queue chan<- chunk, delay *time.Duration) {
 	defer close(queue)
 	for {
 		buf := make([]byte, 32<<10)
-		n, err := server.Read(buf)
+		n, err := from.Read(buf)
 		if n > 0 && !p.drop(pc) {
+			p.mu.Lock()
+			due := time.Now().Add(*delay)
+			p.mu.Unlock()
 			select {
-			case queue <- chunk{buf[:n], time.Now().Add(p.getDelay())}:
+			case queue <- chunk{buf[:n], due}:
 			case <-pc.done:
 				return
 			}
@@ -220,9 +208,9 @@ func (p *Proxy) fromServer(pc *proxyConn, server net.Conn, queue chan<- chunk) {
 	}
 }
 
-// toClient writes each chunk of queue to the client at its due time, and
-// closes pc when the queue or the client ends.
-func (p *Proxy) toClient(pc *proxyConn, queue <-chan chunk) {
+// write writes each chunk of queue to to at its due time, and closes pc
+// when the queue or to ends.
+func (p *Proxy) write(pc *proxyConn, to net.Conn, queue <-chan chunk) {
 	defer pc.close()
 	for c := range queue {
 		if wait := time.Until(c.due); wait > 0 {
@@ -234,7 +222,7 @@ func (p *Proxy) toClient(pc *proxyConn, queue <-chan chunk) {
 				return
 			}
 		}
-		if _, err := pc.client.Write(c.data); err != nil {
+		if _, err := to.Write(c.data); err != nil {
 			return
 		}
 	}
@@ -253,11 +241,6 @@ func (p *Proxy) drop(pc *proxyConn) bool {
 	return p.blackhole
 }
 
-func (p *Proxy) getDelay() time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.delay
-}
 
 // Cut closes the listener and every open connection: connections in use see
 // EOF or a reset, and new dials are refused until [Proxy.Restore]. It
@@ -289,7 +272,7 @@ func (p *Proxy) Restore() {
 	if p.closed {
 		return
 	}
-	p.delay = 0
+	p.delay, p.upDelay = 0, 0
 	p.endBlackholeLocked()
 	if p.ln != nil {
 		return
@@ -341,6 +324,15 @@ func (p *Proxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
+}
+
+// SetEachWay delays the data forwarded in each direction, to the server and
+// to the client, by d: a link that adds 2d to a round trip. It applies to
+// chunks read after the call.
+func (p *Proxy) SetEachWay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay, p.upDelay = d, d
 }
 
 // Close stops the proxy, closes every connection and waits for its
