@@ -52,6 +52,7 @@ type Decision struct {
 	DeniedBy DeniedBy      // why the limit denied, or would have in shadow mode
 	Degraded bool          // decided without Redis
 	Shadowed bool          // shadow mode allowed what the limit denied
+	Stale    bool          // WithRegions: decided while a peer region was silent past the staleness bound (Result.Stale)
 	Latency  time.Duration // time spent deciding
 	Err      error         // the error returned to the caller, if any (wrapping ErrExceedsLimit: n can never fit, the caller's error)
 	Priority Priority      // the priority the call was decided at (ContextWithPriority); Normal without WithPriorityShares
@@ -113,6 +114,7 @@ func (e *engine) observeStage(r *request, next decider) error {
 		DeniedBy: deniedBy(r.why),
 		Degraded: r.res.Degraded,
 		Shadowed: r.shadowed,
+		Stale:    r.res.Stale,
 		Latency:  time.Since(start),
 		Err:      err,
 		Priority: r.prio,

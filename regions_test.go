@@ -213,11 +213,17 @@ func TestRegionsOneLimitRedis(t *testing.T) {
 
 // TestRegionsHangingPeersRedis: with every link to the peers hanging
 // (connections accepted, nothing delivered), a region decides at local
-// speed, from its own Redis, and says its peers are silent.
+// speed, from its own Redis, and says its peers are silent, to the
+// observer too.
 func TestRegionsHangingPeersRedis(t *testing.T) {
 	testlane.MarkAlone(t)
+	var observed atomic.Int64 // decisions the observer saw stale
 	g := startRegions(t, 3, 1, 50*time.Millisecond, func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
-		return NewTokenBucket(rdb, Limit{Rate: 300, Period: time.Second, Burst: 300}, o)
+		return NewTokenBucket(rdb, Limit{Rate: 300, Period: time.Second, Burst: 300}, o, WithObserver(func(d Decision) {
+			if d.Stale {
+				observed.Add(1)
+			}
+		}))
 	})
 	for i := range g.links {
 		for _, p := range g.links[i] {
@@ -232,6 +238,7 @@ func TestRegionsHangingPeersRedis(t *testing.T) {
 	assert.Less(t, p99, 20*time.Millisecond)
 	assert.Zero(t, o.degraded)
 	assert.Positive(t, o.stale, "no decision said its peers were silent")
+	assert.Equal(t, o.stale, observed.Load(), "stale decisions observed (Decision.Stale)")
 	ages := g.lims[0][0].PeerAges()
 	require.Len(t, ages, 2)
 	for name, age := range ages {

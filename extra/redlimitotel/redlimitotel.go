@@ -9,6 +9,7 @@
 //	m, err := redlimitotel.New()                      // the global MeterProvider
 //	lim, err := redlimit.NewTokenBucket(rdb, limit, m.Options("api")...)
 //	m.WatchPrefetch("api", lim)                        // only with redlimit.WithPrefetch
+//	m.WatchRegions("api", lim)                         // only with redlimit.WithRegions
 //
 // The instruments (attributes in braces):
 //
@@ -21,6 +22,8 @@
 //	redlimit.evicted_keys       counter    keys the node evicted (redlimit.WithEvictionCheck) {redlimit.limiter, redlimit.node}
 //	redlimit.prefetch.held, redlimit.prefetch.unused                     gauges   {redlimit.limiter}
 //	redlimit.prefetch.taken, .served, .returned, .lost                   counters {redlimit.limiter}
+//	redlimit.region.peer.age    gauge      seconds since the exchange last reached the peer (redlimit.WithRegions) {redlimit.limiter, redlimit.peer}
+//	redlimit.region.stale_decisions counter  decisions made while a peer region was silent (Result.Stale) {redlimit.limiter}
 //
 // redlimit.outcome is allowed, denied, error (no decision: the call
 // returned an error, such as Redis down with redlimit.FallbackError) or
@@ -37,8 +40,8 @@
 // No attribute holds the limited key (a user, an IP address, a token): keys
 // are chosen by the callers, attackers included, and every distinct value
 // is a time series that the metrics backend keeps. Each attribute here takes
-// a handful of values: limiter names and rule names are the program's, node
-// addresses those of the Redis deployment. Look keys up in logs, or with
+// a handful of values: limiter, rule and peer region names are the
+// program's, node addresses those of the Redis deployment. Look keys up in logs, or with
 // "redlimit inspect", instead. Spans carry no key either.
 //
 // Options installs redlimit.WithObserver and redlimit.WithOnTransition,
@@ -75,6 +78,7 @@ const (
 	ShadowedKey = attribute.Key("redlimit.shadowed")
 	NodeKey     = attribute.Key("redlimit.node")
 	ToKey       = attribute.Key("redlimit.to")
+	PeerKey     = attribute.Key("redlimit.peer")
 )
 
 // Option configures [New].
@@ -109,6 +113,12 @@ type PrefetchSource interface {
 	PrefetchStats() redlimit.PrefetchStats
 }
 
+// RegionSource is what [Metrics.WatchRegions] reads: a
+// *redlimit.RateLimiter or a *redlimit.Policy.
+type RegionSource interface {
+	PeerAges() map[string]time.Duration
+}
+
 // Metrics makes the instruments and records what the limiters it is given
 // to decide. It is safe for concurrent use.
 type Metrics struct {
@@ -116,11 +126,13 @@ type Metrics struct {
 	duration    metric.Float64Histogram
 	transitions metric.Int64Counter
 	evicted     metric.Int64Counter
+	stale       metric.Int64Counter
 	tracer      trace.Tracer // nil: no spans
 
 	mu       sync.Mutex
 	down     map[nodeKey]bool // fallback state per limiter and node
 	prefetch map[string]PrefetchSource
+	regions  map[string]RegionSource
 }
 
 type nodeKey struct{ limiter, node string }
@@ -140,7 +152,7 @@ func New(opts ...Option) (*Metrics, error) {
 		c.mp = otel.GetMeterProvider()
 	}
 	meter := c.mp.Meter(ScopeName)
-	m := &Metrics{down: make(map[nodeKey]bool), prefetch: make(map[string]PrefetchSource)}
+	m := &Metrics{down: make(map[nodeKey]bool), prefetch: make(map[string]PrefetchSource), regions: make(map[string]RegionSource)}
 	if c.tp != nil {
 		m.tracer = c.tp.Tracer(ScopeName)
 	}
@@ -157,7 +169,7 @@ func New(opts ...Option) (*Metrics, error) {
 
 // makeInstruments makes m's synchronous instruments with meter.
 func (m *Metrics) makeInstruments(meter metric.Meter) error {
-	var errs [4]error
+	var errs [5]error
 	m.decisions, errs[0] = meter.Int64Counter("redlimit.decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit)."))
 	m.duration, errs[1] = meter.Float64Histogram("redlimit.decision.duration", metric.WithUnit("s"),
@@ -167,21 +179,24 @@ func (m *Metrics) makeInstruments(meter metric.Meter) error {
 		metric.WithDescription("Switches of a Redis node's keys to the fallback (redlimit.to=fallback) and back (redlimit.to=redis)."))
 	m.evicted, errs[3] = meter.Int64Counter("redlimit.evicted_keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Keys a Redis node evicted, as redlimit.WithEvictionCheck samples them."))
+	m.stale, errs[4] = meter.Int64Counter("redlimit.region.stale_decisions", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions made while a peer region was silent past the staleness bound (redlimit.WithRegions, Result.Stale)."))
 	return errors.Join(errs[:]...)
 }
 
 // observables are the instruments read at collection time: the fallback's
-// state per node, and the prefetches' figures.
+// state per node, the prefetches' figures and the peer regions' ages.
 type observables struct {
 	active, held, unused metric.Int64ObservableGauge
 	// counters are the prefetches taken, served, returned and lost.
 	counters [4]metric.Int64ObservableCounter
+	peerAge  metric.Float64ObservableGauge
 }
 
 // newObservables makes the observable instruments with meter.
 func newObservables(meter metric.Meter) (*observables, error) {
 	var obs observables
-	var errs [7]error
+	var errs [8]error
 	obs.active, errs[0] = meter.Int64ObservableGauge("redlimit.fallback.active", metric.WithUnit("{node}"),
 		metric.WithDescription("1 while a limiter decides a Redis node's keys without Redis (the node marked down), 0 once back."))
 	obs.held, errs[1] = meter.Int64ObservableGauge("redlimit.prefetch.held", metric.WithUnit("{prefetch}"),
@@ -196,16 +211,18 @@ func newObservables(meter metric.Meter) (*observables, error) {
 	} {
 		obs.counters[i], errs[3+i] = meter.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.desc))
 	}
+	obs.peerAge, errs[7] = meter.Float64ObservableGauge("redlimit.region.peer.age", metric.WithUnit("s"),
+		metric.WithDescription("Seconds since this instance's exchange last reached the peer region (redlimit.WithRegions)."))
 	return &obs, errors.Join(errs[:]...)
 }
 
 // all returns the observable instruments, for RegisterCallback.
 func (obs *observables) all() []metric.Observable {
-	return []metric.Observable{obs.active, obs.held, obs.unused, obs.counters[0], obs.counters[1], obs.counters[2], obs.counters[3]}
+	return []metric.Observable{obs.active, obs.held, obs.unused, obs.counters[0], obs.counters[1], obs.counters[2], obs.counters[3], obs.peerAge}
 }
 
-// observe returns the callback that reports m's fallback states and
-// prefetches' figures in obs.
+// observe returns the callback that reports m's fallback states,
+// prefetches' figures and peer regions' ages in obs.
 func (m *Metrics) observe(obs *observables) metric.Callback {
 	return func(_ context.Context, o metric.Observer) error {
 		m.mu.Lock()
@@ -224,6 +241,11 @@ func (m *Metrics) observe(obs *observables) metric.Callback {
 			o.ObserveInt64(obs.unused, s.Unused, attrs)
 			for i, v := range []uint64{s.Taken, s.Served, s.Returned, s.Lost} {
 				o.ObserveInt64(obs.counters[i], int64(v), attrs)
+			}
+		}
+		for name, src := range m.regions {
+			for peer, age := range src.PeerAges() {
+				o.ObserveFloat64(obs.peerAge, age.Seconds(), metric.WithAttributes(LimiterKey.String(name), PeerKey.String(peer)))
 			}
 		}
 		return nil
@@ -245,7 +267,8 @@ func (m *Metrics) Options(limiter string) []redlimit.Option {
 // Observer returns the decision hook for the limiter named limiter, for
 // redlimit.WithObserver. Call it from a hook of your own to chain them.
 func (m *Metrics) Observer(limiter string) func(redlimit.Decision) {
-	o := &observer{m: m, limiter: limiter}
+	o := &observer{m: m, limiter: limiter,
+		stale: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(LimiterKey.String(limiter)))}}
 	return o.observe
 }
 
@@ -272,6 +295,24 @@ func (m *Metrics) UnwatchPrefetch(limiter string) {
 	m.mu.Unlock()
 }
 
+// WatchRegions reports the ages of src's peer regions (the
+// redlimit.region.peer.age instrument, one data point per peer) under the
+// name limiter, at each collection, until [Metrics.UnwatchRegions]. A
+// second call with the same name replaces src.
+func (m *Metrics) WatchRegions(limiter string, src RegionSource) {
+	m.mu.Lock()
+	m.regions[limiter] = src
+	m.mu.Unlock()
+}
+
+// UnwatchRegions stops reporting the peer regions' ages of limiter (for
+// one closed).
+func (m *Metrics) UnwatchRegions(limiter string) {
+	m.mu.Lock()
+	delete(m.regions, limiter)
+	m.mu.Unlock()
+}
+
 func (m *Metrics) transition(limiter string, t redlimit.Transition) {
 	ctx := context.Background()
 	nodeAttrs := []attribute.KeyValue{LimiterKey.String(limiter), NodeKey.String(t.Node)}
@@ -294,7 +335,8 @@ func (m *Metrics) transition(limiter string, t redlimit.Transition) {
 type observer struct {
 	m       *Metrics
 	limiter string
-	sets    sync.Map // attrsKey → *attrs
+	sets    sync.Map           // attrsKey → *attrs
+	stale   []metric.AddOption // redlimit.region.stale_decisions' attributes
 }
 
 type attrsKey struct {
@@ -362,6 +404,9 @@ func (o *observer) observe(d redlimit.Decision) {
 	}
 	o.m.decisions.Add(ctx, 1, a.add...)
 	o.m.duration.Record(ctx, d.Latency.Seconds(), a.rec...)
+	if d.Stale {
+		o.m.stale.Add(ctx, 1, o.stale...)
+	}
 	if o.m.tracer == nil {
 		return
 	}

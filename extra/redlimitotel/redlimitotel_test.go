@@ -437,3 +437,65 @@ func TestSubWindowCounterDecisions(t *testing.T) {
 	want(t, got, "redlimit.decisions", 2, lim("hour"), sw, outcome("allowed"))
 	want(t, got, "redlimit.decisions", 1, lim("hour"), sw, outcome("denied"))
 }
+
+// Both limiters that take redlimit.WithRegions are region sources.
+var (
+	_ redlimitotel.RegionSource = (*redlimit.RateLimiter)(nil)
+	_ redlimitotel.RegionSource = (*redlimit.Policy)(nil)
+)
+
+type fakeRegions map[string]time.Duration
+
+func (f fakeRegions) PeerAges() map[string]time.Duration { return f }
+
+// peerAges returns the data points of redlimit.region.peer.age, by
+// limiter/peer.
+func peerAges(t *testing.T, got map[string]metricdata.Aggregation) map[string]float64 {
+	t.Helper()
+	out := make(map[string]float64)
+	a, ok := got["redlimit.region.peer.age"]
+	if !ok {
+		return out
+	}
+	g, ok := a.(metricdata.Gauge[float64])
+	require.True(t, ok, "redlimit.region.peer.age: %T, want a float64 gauge", a)
+	for _, p := range g.DataPoints {
+		l, _ := p.Attributes.Value(redlimitotel.LimiterKey)
+		peer, _ := p.Attributes.Value(redlimitotel.PeerKey)
+		out[l.AsString()+"/"+peer.AsString()] = p.Value
+	}
+	return out
+}
+
+// TestRegions checks redlimit.region.peer.age with known ages, its end at
+// UnwatchRegions, and redlimit.region.stale_decisions, which counts the
+// decisions whose Stale is set.
+func TestRegions(t *testing.T) {
+	_, _, m, reader := setup(t)
+	m.WatchRegions("eu", fakeRegions{"us": 1500 * time.Millisecond, "ap": 2 * time.Second})
+	m.WatchRegions("us", fakeRegions{"eu": 250 * time.Millisecond})
+	got := collect(t, reader)
+	assert.Equal(t, map[string]float64{"eu/us": 1.5, "eu/ap": 2, "us/eu": 0.25}, peerAges(t, got))
+
+	eu, us := m.Observer("eu"), m.Observer("us")
+	for _, stale := range []bool{true, false, true} {
+		eu(redlimit.Decision{Strategy: redlimit.TokenBucket, Allowed: true, Stale: stale, Latency: time.Millisecond})
+	}
+	eu(redlimit.Decision{Strategy: redlimit.TokenBucket, DeniedBy: redlimit.DeniedByLimit, Stale: true, Latency: time.Millisecond})
+	us(redlimit.Decision{Strategy: redlimit.TokenBucket, Allowed: true, Latency: time.Millisecond})
+	got = collect(t, reader)
+	want(t, got, "redlimit.region.stale_decisions", 3, lim("eu"))
+	want(t, got, "redlimit.region.stale_decisions", 3)
+	_, ok := sum(t, got, "redlimit.region.stale_decisions", lim("us"))
+	assert.False(t, ok, "us: stale decisions counted without one")
+	want(t, got, "redlimit.decisions", 3, lim("eu"), outcome("allowed"))
+	want(t, got, "redlimit.decisions", 1, lim("eu"), outcome("denied"))
+	want(t, got, "redlimit.decisions", 1, lim("us"), outcome("allowed"))
+
+	m.UnwatchRegions("eu")
+	got = collect(t, reader)
+	assert.Equal(t, map[string]float64{"us/eu": 0.25}, peerAges(t, got), "after UnwatchRegions(eu)")
+	m.UnwatchRegions("us")
+	got = collect(t, reader)
+	assert.Empty(t, peerAges(t, got), "after UnwatchRegions(us)")
+}

@@ -10,6 +10,7 @@
 //	prometheus.MustRegister(c)
 //	lim, err := redlimit.NewTokenBucket(rdb, limit, c.Options("api")...)
 //	c.WatchPrefetch("api", lim) // only with redlimit.WithPrefetch
+//	c.WatchRegions("api", lim)  // only with redlimit.WithRegions
 //
 // The metrics:
 //
@@ -20,6 +21,8 @@
 //	redlimit_evicted_keys_total{limiter,node}        keys the node evicted (redlimit.WithEvictionCheck)
 //	redlimit_prefetch_held{limiter}, redlimit_prefetch_unused{limiter}
 //	redlimit_prefetch_taken_total, _served_total, _returned_total, _lost_total{limiter}
+//	redlimit_region_peer_age_seconds{limiter,peer}   seconds since the exchange last reached the peer (redlimit.WithRegions)
+//	redlimit_region_stale_decisions_total{limiter}   decisions made while a peer region was silent (Result.Stale)
 //
 // outcome is allowed, denied, error (no decision: the call returned an
 // error, such as Redis down with redlimit.FallbackError) or exceeds-limit
@@ -34,8 +37,8 @@
 // No label holds the limited key (a user, an IP address, a token): keys
 // are chosen by the callers, attackers included, and every distinct label
 // value is a series that Prometheus keeps. Each label here takes a handful
-// of values: limiter and rule names are the program's, node addresses
-// those of the Redis deployment. Look keys up in logs, or with
+// of values: limiter, rule and peer region names are the program's, node
+// addresses those of the Redis deployment. Look keys up in logs, or with
 // "redlimit inspect", instead.
 //
 // Options installs redlimit.WithObserver and redlimit.WithOnTransition,
@@ -48,6 +51,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -65,20 +69,29 @@ type PrefetchSource interface {
 	PrefetchStats() redlimit.PrefetchStats
 }
 
+// RegionSource is what [Collector.WatchRegions] reads: a
+// *redlimit.RateLimiter or a *redlimit.Policy.
+type RegionSource interface {
+	PeerAges() map[string]time.Duration
+}
+
 // Collector is a prometheus.Collector of the decisions, fallback
-// transitions and prefetches of the limiters it is given to. It is safe for
-// concurrent use.
+// transitions, prefetches and peer regions of the limiters it is given to.
+// It is safe for concurrent use.
 type Collector struct {
 	decisions   *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
 	active      *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 	evicted     *prometheus.CounterVec
+	stale       *prometheus.CounterVec
 
 	held, unused, taken, served, returned, lost *prometheus.Desc
+	peerAge                                     *prometheus.Desc
 
 	mu       sync.Mutex
 	prefetch map[string]PrefetchSource
+	regions  map[string]RegionSource
 }
 
 var decisionLabels = []string{"limiter", "strategy", "rule", "outcome", "denied_by", "degraded", "shadowed"}
@@ -110,13 +123,21 @@ func NewCollector() *Collector {
 			Name: "redlimit_evicted_keys_total",
 			Help: "Keys a Redis node evicted, as redlimit.WithEvictionCheck samples them.",
 		}, []string{"limiter", "node"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redlimit_region_stale_decisions_total",
+			Help: "Decisions made while a peer region was silent past the staleness bound (redlimit.WithRegions, Result.Stale).",
+		}, []string{"limiter"}),
 		held:     desc("redlimit_prefetch_held", "Prefetches held now, or being taken (redlimit.WithPrefetch)."),
 		unused:   desc("redlimit_prefetch_unused", "Events the held prefetches took in Redis and have not served."),
 		taken:    desc("redlimit_prefetch_taken_total", "Prefetches taken."),
 		served:   desc("redlimit_prefetch_served_total", "Calls served from a prefetch, without a round trip."),
 		returned: desc("redlimit_prefetch_returned_total", "Unused prefetched events settled back to Redis."),
 		lost:     desc("redlimit_prefetch_lost_total", "Unused prefetched events that could not be settled back: they stand as used."),
+		peerAge: prometheus.NewDesc("redlimit_region_peer_age_seconds",
+			"Seconds since this instance's exchange last reached the peer region (redlimit.WithRegions).",
+			[]string{"limiter", "peer"}, nil),
 		prefetch: make(map[string]PrefetchSource),
+		regions:  make(map[string]RegionSource),
 	}
 }
 
@@ -127,18 +148,21 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.active.Describe(ch)
 	c.transitions.Describe(ch)
 	c.evicted.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.held, c.unused, c.taken, c.served, c.returned, c.lost} {
+	c.stale.Describe(ch)
+	for _, d := range []*prometheus.Desc{c.held, c.unused, c.taken, c.served, c.returned, c.lost, c.peerAge} {
 		ch <- d
 	}
 }
 
-// Collect sends the metrics to ch, reading the watched prefetch statistics.
+// Collect sends the metrics to ch, reading the watched prefetch statistics
+// and peer regions' ages.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.decisions.Collect(ch)
 	c.duration.Collect(ch)
 	c.active.Collect(ch)
 	c.transitions.Collect(ch)
 	c.evicted.Collect(ch)
+	c.stale.Collect(ch)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for name, src := range c.prefetch {
@@ -149,6 +173,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.served, prometheus.CounterValue, float64(s.Served), name)
 		ch <- prometheus.MustNewConstMetric(c.returned, prometheus.CounterValue, float64(s.Returned), name)
 		ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(s.Lost), name)
+	}
+	for name, src := range c.regions {
+		for peer, age := range src.PeerAges() {
+			ch <- prometheus.MustNewConstMetric(c.peerAge, prometheus.GaugeValue, age.Seconds(), name, peer)
+		}
 	}
 }
 
@@ -167,6 +196,7 @@ func (c *Collector) Options(limiter string) []redlimit.Option {
 // redlimit.WithObserver. Call it from a hook of your own to chain them.
 func (c *Collector) Observer(limiter string) func(redlimit.Decision) {
 	o := &observer{c: c, limiter: limiter}
+	o.stale = sync.OnceValue(func() prometheus.Counter { return c.stale.WithLabelValues(limiter) })
 	return o.observe
 }
 
@@ -207,6 +237,24 @@ func (c *Collector) UnwatchPrefetch(limiter string) {
 	c.mu.Unlock()
 }
 
+// WatchRegions reports the ages of src's peer regions (the
+// redlimit_region_peer_age_seconds metric, one series per peer) under the
+// name limiter, at each collection, until [Collector.UnwatchRegions]. A
+// second call with the same name replaces src.
+func (c *Collector) WatchRegions(limiter string, src RegionSource) {
+	c.mu.Lock()
+	c.regions[limiter] = src
+	c.mu.Unlock()
+}
+
+// UnwatchRegions stops reporting the peer regions' ages of limiter (for
+// one closed).
+func (c *Collector) UnwatchRegions(limiter string) {
+	c.mu.Lock()
+	delete(c.regions, limiter)
+	c.mu.Unlock()
+}
+
 // Strategy returns the strategy label of a decision's strategy: its
 // String, or "concurrency" for a redlimit.Concurrency (strategy 0).
 func Strategy(s redlimit.Strategy) string {
@@ -221,7 +269,8 @@ func Strategy(s redlimit.Strategy) string {
 type observer struct {
 	c       *Collector
 	limiter string
-	series  sync.Map // seriesKey → *series
+	series  sync.Map                  // seriesKey → *series
+	stale   func() prometheus.Counter // its series, made at the first stale decision
 }
 
 type seriesKey struct {
@@ -261,4 +310,7 @@ func (o *observer) observe(d redlimit.Decision) {
 	s := v.(*series)
 	s.decisions.Inc()
 	s.duration.Observe(d.Latency.Seconds())
+	if d.Stale {
+		o.stale().Inc()
+	}
 }

@@ -345,3 +345,61 @@ func TestSubWindowCounterDecisions(t *testing.T) {
 	}
 	assert.Equal(t, map[string]float64{"sub-window-counter/allowed": 2, "sub-window-counter/denied": 1}, got)
 }
+
+// Both limiters that take redlimit.WithRegions are region sources.
+var (
+	_ redlimitprom.RegionSource = (*redlimit.RateLimiter)(nil)
+	_ redlimitprom.RegionSource = (*redlimit.Policy)(nil)
+)
+
+type fakeRegions map[string]time.Duration
+
+func (f fakeRegions) PeerAges() map[string]time.Duration { return f }
+
+// TestRegions checks redlimit_region_peer_age_seconds with known ages, its
+// end at UnwatchRegions, and redlimit_region_stale_decisions_total, which
+// counts the decisions whose Stale is set.
+func TestRegions(t *testing.T) {
+	_, _, c, reg := setup(t)
+	c.WatchRegions("eu", fakeRegions{"us": 1500 * time.Millisecond, "ap": 2 * time.Second})
+	c.WatchRegions("us", fakeRegions{"eu": 250 * time.Millisecond})
+	const ages = `# HELP redlimit_region_peer_age_seconds Seconds since this instance's exchange last reached the peer region (redlimit.WithRegions).
+# TYPE redlimit_region_peer_age_seconds gauge
+redlimit_region_peer_age_seconds{limiter="eu",peer="ap"} 2
+redlimit_region_peer_age_seconds{limiter="eu",peer="us"} 1.5
+redlimit_region_peer_age_seconds{limiter="us",peer="eu"} 0.25
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(ages), "redlimit_region_peer_age_seconds"))
+
+	eu, us := c.Observer("eu"), c.Observer("us")
+	for _, stale := range []bool{true, false, true} {
+		eu(redlimit.Decision{Strategy: redlimit.TokenBucket, Allowed: true, Stale: stale, Latency: time.Millisecond})
+	}
+	eu(redlimit.Decision{Strategy: redlimit.TokenBucket, DeniedBy: redlimit.DeniedByLimit, Stale: true, Latency: time.Millisecond})
+	us(redlimit.Decision{Strategy: redlimit.TokenBucket, Allowed: true, Latency: time.Millisecond})
+	const stale = `# HELP redlimit_region_stale_decisions_total Decisions made while a peer region was silent past the staleness bound (redlimit.WithRegions, Result.Stale).
+# TYPE redlimit_region_stale_decisions_total counter
+redlimit_region_stale_decisions_total{limiter="eu"} 3
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(stale), "redlimit_region_stale_decisions_total"))
+	const decisions = `# HELP redlimit_decisions_total Rate-limit decisions, by outcome (allowed, denied, error, exceeds-limit), strategy, rule, reason of a denial, degraded (decided without Redis) and shadowed (allowed by shadow mode, denied by the limit).
+# TYPE redlimit_decisions_total counter
+redlimit_decisions_total{degraded="false",denied_by="",limiter="eu",outcome="allowed",rule="",shadowed="false",strategy="token-bucket"} 3
+redlimit_decisions_total{degraded="false",denied_by="limit",limiter="eu",outcome="denied",rule="",shadowed="false",strategy="token-bucket"} 1
+redlimit_decisions_total{degraded="false",denied_by="",limiter="us",outcome="allowed",rule="",shadowed="false",strategy="token-bucket"} 1
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(decisions), "redlimit_decisions_total"), "the decisions' series unchanged by Stale")
+
+	c.UnwatchRegions("eu")
+	const left = `# HELP redlimit_region_peer_age_seconds Seconds since this instance's exchange last reached the peer region (redlimit.WithRegions).
+# TYPE redlimit_region_peer_age_seconds gauge
+redlimit_region_peer_age_seconds{limiter="us",peer="eu"} 0.25
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(left), "redlimit_region_peer_age_seconds"), "after UnwatchRegions(eu)")
+	c.UnwatchRegions("us")
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(""), "redlimit_region_peer_age_seconds"), "after UnwatchRegions(us)")
+
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
