@@ -241,7 +241,6 @@ func (p *Proxy) drop(pc *proxyConn) bool {
 	return p.blackhole
 }
 
-
 // Cut closes the listener and every open connection: connections in use see
 // EOF or a reset, and new dials are refused until [Proxy.Restore]. It
 // returns when the listening socket is closed: Go closes it only when the
