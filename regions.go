@@ -201,11 +201,19 @@ func (x *exchange) loop() {
 func (x *exchange) peerLoop(p *regionPeer) {
 	t := time.NewTicker(x.sync)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-x.ctx.Done():
 			return
 		case <-t.C:
+		}
+		// A silent peer is tried every other interval: go-redis's pool
+		// stops dialing after PoolSize dial errors in a row and then dials
+		// once a second, which would add up to a second to a heal. So a
+		// partition of up to 2 x PoolSize intervals (8 s at the defaults,
+		// with a pool of 20) heals within two intervals and a delivery.
+		if tick%2 == 1 && time.Since(time.Unix(0, p.heard.Load())) > staleSyncs*x.sync {
+			continue
 		}
 		p.mu.Lock()
 		for k, rs := range p.inbox {
