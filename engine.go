@@ -698,7 +698,7 @@ func (e *engine) eval(r *request) error {
 		a.keys = appendReserveKeys(a.keys, r.state, rs)
 	}
 	if e.regions != nil { // the key's journal (scripts/region.lua)
-		a.keys = append(a.keys, regionKey(r.state, rs, journalSuffix))
+		a.keys = append(a.keys, e.regions.journalKey(r.state, rs))
 	}
 	a.args = append(a.args, r.n, len(rs.rules), r.now, md, block, ridArg, life)
 	if rs.queue { // a leaky bucket: the next bounded Delay keeps twice this round trip (delayBound)

@@ -39,10 +39,10 @@ const staleSyncs = 4
 // a key's usage waits for the key's next decision.
 const maxRegionPending = 1 << 20
 
-const (
-	journalSuffix = ":j" // the key's journal (scripts/region.lua)
-	peersSuffix   = ":p" // what the key's peers' journals applied (scripts/region_apply.lua)
-)
+// peersSuffix ends the key of what the key's peers' journals applied
+// (scripts/region_apply.lua); a journal's key ends in ":j" and its life
+// (journalKey).
+const peersSuffix = ":p"
 
 // regionScript applies a peer's journal, or a silent peer's share, to a
 // key's rules (see scripts/region_apply.lua).
@@ -244,7 +244,7 @@ func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) (
 	cmds := make([]*redis.StringCmd, len(states))
 	_, err := x.e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, s := range states {
-			cmds[i] = p.Get(ctx, regionKey(s, keys[s], journalSuffix))
+			cmds[i] = p.Get(ctx, x.journalKey(s, keys[s]))
 		}
 		return nil
 	})
@@ -277,11 +277,11 @@ func (x *exchange) deliver(ctx context.Context, p *regionPeer, journals map[stri
 	run := func() ([]redis.Cmder, error) {
 		return p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			for _, s := range states {
-				e, c, k, t, ok := parseJournal(journals[s])
+				j, ok := parseJournal(journals[s])
 				if !ok {
 					continue
 				}
-				keys, args := x.applyArgs(s, p.pending[s], x.name, "u", e, c, k, t)
+				keys, args := x.applyArgs(s, p.pending[s], x.name, "u", j[:]...)
 				regionScript.EvalSha(ctx, pipe, keys, args...)
 			}
 			return nil
@@ -354,13 +354,24 @@ func (x *exchange) applyArgs(state string, rs *ruleSet, peer, mode string, more 
 	for _, v := range more {
 		args = append(args, v)
 	}
-	return keys, append(args, x.share, horizon(rs))
+	return keys, append(args, x.share, int64(x.life(rs)/time.Microsecond))
 }
 
-// horizon returns how long (µs) the longest of rs's rules remembers an
-// event: a bucket until it is full again, a window its length (a sliding
-// counter's two).
-func horizon(rs *ruleSet) int64 {
+// journalKey returns the journal key of the key whose first state key is
+// state, under rs: its life, in ms, after ":j" (see scripts/region.lua).
+func (x *exchange) journalKey(state string, rs *ruleSet) string {
+	return regionKey(state, rs, ":j"+strconv.FormatInt(x.life(rs).Milliseconds(), 10))
+}
+
+// life returns how long a journal of rs lives after its last admission,
+// and an epoch of it at most: as long as rs's rules remember an event, and
+// at least ten exchange intervals.
+func (x *exchange) life(rs *ruleSet) time.Duration { return max(horizon(rs), 10*x.sync) }
+
+// horizon returns how long the longest of rs's rules remembers an event: a
+// bucket until it is full again, a window its length (a sliding counter's
+// two, a calendar quota's the longest of its windows).
+func horizon(rs *ruleSet) time.Duration {
 	var h time.Duration
 	for i := range rs.rules {
 		l := &rs.rules[i].limit
@@ -369,11 +380,11 @@ func horizon(rs *ruleSet) int64 {
 			d = time.Duration(float64(l.Period) * float64(l.Burst) / float64(l.Rate))
 		}
 		if l.isCalendar() {
-			d = 32 * 24 * time.Hour
+			d = 31 * 24 * time.Hour
 		}
 		h = max(h, d)
 	}
-	return int64(h / time.Microsecond)
+	return h.Truncate(time.Millisecond) + time.Millisecond
 }
 
 // regionKey returns a key's journal (journalSuffix) or peer record
@@ -383,20 +394,20 @@ func regionKey(first string, rs *ruleSet, suffix string) string {
 	return blockKeyOf(first, rs) + suffix
 }
 
-// parseJournal reads a journal, "e:c:k:t" (see scripts/region.lua).
-func parseJournal(v string) (e, c, k, t int64, ok bool) {
+// parseJournal reads a journal, "e:c:k:t:pe:pc:pk" (see
+// scripts/region.lua).
+func parseJournal(v string) (j [7]int64, ok bool) {
 	parts := strings.Split(v, ":")
-	if len(parts) != 4 {
-		return 0, 0, 0, 0, false
+	if len(parts) != len(j) {
+		return j, false
 	}
-	var n [4]int64
 	for i, p := range parts {
 		var err error
-		if n[i], err = strconv.ParseInt(p, 10, 64); err != nil {
-			return 0, 0, 0, 0, false
+		if j[i], err = strconv.ParseInt(p, 10, 64); err != nil {
+			return j, false
 		}
 	}
-	return n[0], n[1], n[2], n[3], true
+	return j, true
 }
 
 // isNoScript reports whether a pipeline's commands failed for a script

@@ -359,14 +359,14 @@ func TestRegionsApplyOnce(t *testing.T) {
 			require.Eventually(t, func() bool { return remaining() == 50 }, 5*time.Second, 10*time.Millisecond)
 			// The journal delivered again, by hand, from both instances.
 			first := eu1.engine.stateKey("k", &eu1.own.rules[0])
-			j, err := eu.rdb.Get(ctx, regionKey(first, eu1.own, journalSuffix)).Result()
+			v, err := eu.rdb.Get(ctx, eu1.regions.journalKey(first, eu1.own)).Result()
 			require.NoError(t, err)
-			e, c, k, at, ok := parseJournal(j)
-			require.True(t, ok, j)
-			require.EqualValues(t, 50, c)
-			require.EqualValues(t, 2, k)
+			j, ok := parseJournal(v)
+			require.True(t, ok, v)
+			require.EqualValues(t, 50, j[1], "events")
+			require.EqualValues(t, 2, j[2], "calls")
 			for _, x := range []*exchange{eu1.regions, eu2.regions} {
-				keys, args := x.applyArgs(first, eu1.own, "eu", "u", e, c, k, at)
+				keys, args := x.applyArgs(first, eu1.own, "eu", "u", j[:]...)
 				charged, err := regionScript.Run(ctx, us.rdb, keys, args...).Int64()
 				require.NoError(t, err)
 				require.Zero(t, charged)
@@ -485,4 +485,58 @@ func TestRegionsPolicyAndCalendar(t *testing.T) {
 		require.NoError(t, err)
 		return res.Remaining == 70
 	}, 5*time.Second, 10*time.Millisecond, "the day's 30")
+}
+
+// TestRegionsJournalEpochs: a journal lives as long as its rules remember
+// an event, and its epochs are applied exactly once across their turn.
+func TestRegionsJournalEpochs(t *testing.T) {
+	eu, _ := miniBackend(t)
+	us, _ := miniBackend(t)
+	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
+		return newLimiter(t, own, TokenBucket, PerMinute(10), WithRegions(Regions{
+			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
+		}))
+	}
+	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
+	ctx := context.Background()
+	remainingThere := func(want int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			res, err := there.AllowN(ctx, "k", 0)
+			require.NoError(t, err)
+			return res.Remaining == want
+		}, 5*time.Second, 10*time.Millisecond, "want %d remaining", want)
+	}
+	res, err := here.AllowN(ctx, "k", 3)
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	remainingThere(7)
+	first := here.engine.stateKey("k", &here.own.rules[0])
+	jk := here.regions.journalKey(first, here.own)
+	life := here.regions.life(here.own)
+	require.Equal(t, 2*time.Minute+time.Millisecond, life, "a bucket of Burst = Rate: two periods")
+	ttl, err := eu.rdb.PTTL(ctx, jk).Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, ttl, life, "the journal outlives its rules' memory")
+
+	// An admission half a life later keeps the epoch; one a life after it
+	// began starts the next: the old one's events are not charged again.
+	for _, step := range []struct {
+		n, c, pc int
+	}{{1, 4, 0}, {4, 4, 4}} {
+		eu.advance(life / 2) // both buckets full again
+		us.advance(life / 2)
+		res, err = here.AllowN(ctx, "k", step.n)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		v, err := eu.rdb.Get(ctx, jk).Result()
+		require.NoError(t, err)
+		j, ok := parseJournal(v)
+		require.True(t, ok, v)
+		require.EqualValues(t, step.c, j[1], "the epoch's events")
+		require.EqualValues(t, step.pc, j[5], "the previous epoch's")
+		remainingThere(10 - step.n)
+	}
+	time.Sleep(100 * time.Millisecond) // ten more rounds
+	remainingThere(6)
 }

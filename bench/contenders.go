@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
@@ -149,6 +150,30 @@ func RedlimitSheddable(s redlimit.Strategy) Contender {
 		return func(ctx context.Context, i int) (bool, error) {
 			return dec(redlimit.ContextWithPriority(ctx, redlimit.Sheddable), i)
 		}, done, nil
+	}
+	return c
+}
+
+// RedlimitRegions is redlimit's strategy s with WithRegions, its one peer
+// an embedded miniredis: what journaling each admitted call costs the
+// region's Redis (and, every interval, reading the journal of each key
+// decided), the exchange's calls landing on the peer.
+func RedlimitRegions(s redlimit.Strategy) Contender {
+	c := redlimitWith(s, Direct, " (regions)")
+	c.Setup = func(env *Env, w *Workload) (Decider, func(), error) {
+		peer, err := miniredis.Run()
+		if err != nil {
+			return nil, nil, err
+		}
+		prdb := redis.NewClient(&redis.Options{Addr: peer.Addr()})
+		opt := redlimit.WithRegions(redlimit.Regions{Name: "here", Peers: map[string]redis.UniversalClient{"there": prdb}})
+		dec, done, err := redlimitWith(s, Direct, "", opt).Setup(env, w)
+		if err != nil {
+			_ = prdb.Close()
+			peer.Close()
+			return nil, nil, err
+		}
+		return dec, func() { done(); _ = prdb.Close(); peer.Close() }, nil
 	}
 	return c
 }

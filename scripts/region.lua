@@ -4,21 +4,33 @@
 -- itself to it, so that the exchange can tell the other regions what this
 -- region admitted. Without a journal key it does nothing.
 --
--- The journal is a string "e:c:k:t": e, when it began (µs); c and k, the
--- events and the calls admitted since; t, the time of the last (µs). Its
--- counts only grow, so a peer that has applied c of them applies only what
--- is past c, however many instances deliver it and however often (see
--- region_apply.lua). It lives an hour after the last admission: a key idle
--- longer begins a new journal (a new e), which its peers apply whole.
+-- The journal's key ends in its life, ':j<ms>': the longest its rules
+-- remember an event, or ten exchange intervals if longer. Its value is
+-- "e:c:k:t:pe:pc:pk": e, when its epoch began (µs); c and k, the events
+-- and calls admitted since; t, the time of the last (µs); and pe, pc, pk
+-- the previous epoch's. The counts only grow within an epoch, so a peer
+-- that has applied c of them applies only what is past c, however many
+-- instances deliver it and however often (see region_apply.lua). An epoch
+-- ends at the first admission a life after it began, so that a journal
+-- never holds usage that no rule remembers (a peer that lost its record of
+-- what it applied charges at most two lives' usage again), and the key
+-- lives a life after its last admission, as the rules' state does.
 if not denied and n0 > 0 and block >= 0 then
   local jk = KEYS[nkeys + (rid ~= '' and nrules or 0) + 1]
   if jk then
-    local e, c, k = now, n0, 1
+    local life = string.match(jk, ':j(%d+)$') + 0
+    local e, c, k, pe, pc, pk = now, n0, 1, 0, 0, 0
     local v = rcall('GET', jk)
     if v then
-      local je, jc, jn = string.match(v, '^(%d+):(%d+):(%d+):')
-      e, c, k = je + 0, jc + n0, jn + 1
+      local je, jc, jk2, _, xe, xc, xk = string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+      if je then
+        if now - je < life * 1000 then
+          e, c, k, pe, pc, pk = je + 0, jc + n0, jk2 + 1, xe, xc, xk
+        else
+          pe, pc, pk = je, jc, jk2 -- a new epoch
+        end
+      end
     end
-    rcall('SET', jk, string.format('%d:%d:%d:%d', e, c, k, now), 'PX', 3600000)
+    rcall('SET', jk, string.format('%d:%d:%d:%d:%s:%s:%s', e, c, k, now, pe, pc, pk), 'PX', life)
   end
 end

@@ -6,20 +6,24 @@
 -- KEYS: the rules' state keys, then the key's peer record (a hash, one
 -- field per peer region). ARGV: as a decision's with n = 0 (the rules
 -- from ARGV[8]), then at b = 8 + 4k the peer's name and
---   'u', e, c, k, t: the peer's journal of the key (see region.lua), or
+--   'u', e, c, k, t, pe, pc, pk: the peer's journal of the key (see
+--        region.lua), or
 --   'a', since: the peer has not been heard since since (µs): charge it
 --        its share of the limit for the time from since (or from where the
 --        last such charge ended) to now,
 -- and last the peer's share of the limit (parts per million) and the
--- horizon (µs): how long the longest rule remembers an event.
+-- journal's life (µs, see region.lua).
 --
 -- The record of a peer is "e:c:k:s:ta": the journal (its e, c and k) as
 -- far as it is applied; s, the time (µs) for which the peer was charged
 -- its share while silent, and ta, when that charge ended. A journal
 -- applied after a silence is charged only past what the share charged
 -- for s (the events the share stood for are the peer's real ones), then
--- s is 0 again. A silence charged longer ago than the horizon is
--- forgotten: its charge has left every rule's state.
+-- s is 0 again. A silence charged longer ago than a life is forgotten:
+-- its charge has left every rule's state. The record lives three lives
+-- after its last change: longer than any epoch it holds can be delivered
+-- (an epoch ends a life after it began, and is delivered as the previous
+-- one for a life more).
 --
 -- A journal's events are charged as of t, its last admission: not into a
 -- window that has ended since (a fixed or calendar window, a sliding
@@ -30,14 +34,14 @@
 local b = 8 + 4 * nrules
 local rk = KEYS[nrules + 1]
 local peer, mode = ARGV[b], ARGV[b + 1]
-local share, horizon = ARGV[#ARGV - 1] / 1e6, ARGV[#ARGV] + 0
+local share, life = ARGV[#ARGV - 1] / 1e6, ARGV[#ARGV] + 0
 local we, wc, wk, s, ta = 0, 0, 0, 0, 0
 local rec = redis.call('HGET', rk, peer)
 if rec then
   local x1, x2, x3, x4, x5 = string.match(rec, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
   if x5 then we, wc, wk, s, ta = x1 + 0, x2 + 0, x3 + 0, x4 + 0, x5 + 0 end
 end
-if s > 0 and ta < now - horizon then s = 0 end
+if s > 0 and ta < now - life then s = 0 end
 
 -- as_of returns what of d events admitted at t still counts in rule's
 -- state at now.
@@ -109,11 +113,21 @@ end
 
 if mode == 'u' then
   local e, c, k, t = ARGV[b + 2] + 0, ARGV[b + 3] + 0, ARGV[b + 4] + 0, ARGV[b + 5] + 0
-  local dc, dk = c, k -- a journal new to this record
+  local pe, pc, pk = ARGV[b + 6] + 0, ARGV[b + 7] + 0, ARGV[b + 8] + 0
+  local dc, dk
   if e == we then
     dc, dk = c - wc, k - wk
   elseif e < we then
-    return 0 -- an older journal than the one applied
+    return 0 -- an older epoch than the one applied
+  else
+    -- A new epoch: all of it, and what of the previous one was not
+    -- applied (all of it if none was).
+    dc, dk = c, k
+    if pe == we then
+      dc, dk = dc + pc - wc, dk + pk - wk
+    elseif pe > we then
+      dc, dk = dc + pc, dk + pk
+    end
   end
   if dc <= 0 and dk <= 0 then return 0 end -- applied already
   charge(dc, dk, t, s)
@@ -136,5 +150,5 @@ else
   s, ta = s + now - from, now
 end
 redis.call('HSET', rk, peer, string.format('%d:%d:%d:%d:%d', we, wc, wk, s, ta))
-redis.call('PEXPIRE', rk, 4500000)
+redis.call('PEXPIRE', rk, math.ceil(3 * life / 1000))
 return first

@@ -168,7 +168,8 @@ func checkTools() error {
 // each directory of variants (comma-separated), if any.
 func contenders(variants string) []bench.Contender {
 	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket),
-		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket), bench.Calendar())
+		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket), bench.Calendar(),
+		bench.RedlimitRegions(redlimit.TokenBucket), bench.RedlimitRegions(redlimit.FixedWindow))
 	for _, s := range redlimit.Strategies() {
 		cs = append(cs, bench.RedlimitSheddable(s))
 	}
