@@ -143,11 +143,8 @@ type bakedRules struct {
 // single_bucket.lua) a priority share, which only the general script
 // handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
-	if rs.calendar || cfg.regions != nil {
-		// A calendar rule's window comes with each call (calendarScript);
-		// with WithRegions every call runs the general script, which
-		// journals it (scripts/region.lua).
-		return
+	if rs.calendar {
+		return // a calendar rule's window comes with each call (calendarScript)
 	}
 	checks := writtenChecks(rs)
 	baked.Lock()
@@ -188,7 +185,9 @@ func bake(rs *ruleSet, cfg *config) {
 		one = functionRunner{fn: b.singleFn, script: b.single}
 	}
 	rs.run = run
-	if b.single != nil && cfg.block == 0 && (!cfg.priority.on || rs.rules[0].alg.bucket) {
+	// (With WithRegions, a call also writes the key's journal, which only
+	// the general script does: scripts/region.lua.)
+	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (!cfg.priority.on || rs.rules[0].alg.bucket) {
 		rs.run = singleRunner{one: one, general: run}
 	}
 }
