@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/hashslot"
 )
 
 // Regions shares one limit across regions, each deciding on its own Redis
@@ -108,9 +110,10 @@ type regionPeer struct {
 	heard atomic.Int64 // when its loop last reached the peer (UnixNano)
 
 	mu    sync.Mutex
-	inbox map[string]*ruleSet // keys decided, not yet taken by the peer's loop
+	inbox map[string]journal // journals read, not yet taken by the peer's loop
+	wake  chan struct{}      // a round handed the loop its inbox
 
-	pending map[string]*ruleSet // keys whose journals the peer has not had (its loop's)
+	pending map[string]journal // journals the peer has not had (its loop's)
 }
 
 // deliverTimeout bounds one delivery to a peer: a new connection's
@@ -130,7 +133,7 @@ func newExchange(e *engine, r *Regions) *exchange {
 	}
 	now := time.Now().UnixNano()
 	for _, name := range slices.Sorted(maps.Keys(r.Peers)) {
-		p := &regionPeer{name: name, rdb: r.Peers[name], inbox: make(map[string]*ruleSet), pending: make(map[string]*ruleSet)}
+		p := &regionPeer{name: name, rdb: r.Peers[name], inbox: make(map[string]journal), pending: make(map[string]journal), wake: make(chan struct{}, 1)}
 		p.heard.Store(now)
 		x.peers = append(x.peers, p)
 	}
@@ -166,8 +169,9 @@ func (x *exchange) ages() map[string]time.Duration {
 // deadline does not see its context canceled): that loop ends then.
 func (x *exchange) close() { x.stop() }
 
-// loop hands the keys decided in each interval to every peer's loop, and
-// charges the silent peers their shares.
+// loop reads, every interval, the journals of the keys decided since
+// (once for every peer), hands them to every peer's loop, and charges the
+// silent peers their shares.
 func (x *exchange) loop() {
 	t := time.NewTicker(x.sync)
 	defer t.Stop()
@@ -181,31 +185,43 @@ func (x *exchange) loop() {
 		active := x.active
 		x.active = make(map[string]*ruleSet, len(active))
 		x.mu.Unlock()
+		ctx, cancel := context.WithTimeout(x.ctx, x.sync)
+		journals, err := x.readJournals(ctx, active)
+		if err != nil {
+			// This region's Redis could not give them: the keys wait for
+			// the next round.
+			x.mu.Lock()
+			for s, rs := range active {
+				x.active[s] = rs
+			}
+			x.mu.Unlock()
+		}
 		for _, p := range x.peers {
 			p.mu.Lock()
-			for k, rs := range active {
-				if len(p.inbox) < maxRegionPending {
-					p.inbox[k] = rs
+			for s, j := range journals {
+				if _, ok := p.inbox[s]; ok || len(p.inbox) < maxRegionPending {
+					p.inbox[s] = j
 				}
 			}
 			p.mu.Unlock()
+			select {
+			case p.wake <- struct{}{}:
+			default: // its loop is busy delivering: it takes the inbox next
+			}
 		}
-		ctx, cancel := context.WithTimeout(x.ctx, x.sync)
 		x.assume(ctx, active)
 		cancel()
 	}
 }
 
-// peerLoop delivers, every interval, the journals of the keys decided
-// since (and of those a failed delivery left) to p.
+// peerLoop delivers to p, as soon as each round hands them over, the
+// journals read since (and those a failed delivery left).
 func (x *exchange) peerLoop(p *regionPeer) {
-	t := time.NewTicker(x.sync)
-	defer t.Stop()
 	for tick := 0; ; tick++ {
 		select {
 		case <-x.ctx.Done():
 			return
-		case <-t.C:
+		case <-p.wake:
 		}
 		// A silent peer is tried every other interval: go-redis's pool
 		// stops dialing after PoolSize dial errors in a row and then dials
@@ -216,27 +232,32 @@ func (x *exchange) peerLoop(p *regionPeer) {
 			continue
 		}
 		p.mu.Lock()
-		for k, rs := range p.inbox {
-			if len(p.pending) < maxRegionPending {
-				p.pending[k] = rs
+		for s, j := range p.inbox {
+			if _, ok := p.pending[s]; ok || len(p.pending) < maxRegionPending {
+				p.pending[s] = j
 			}
 		}
 		clear(p.inbox)
 		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(x.ctx, deliverTimeout(x.sync))
-		// A journal this region's Redis could not give waits for the next
-		// round: the peer is not heard meanwhile.
-		if journals, err := x.readJournals(ctx, p.pending); err == nil && x.deliver(ctx, p, journals) == nil {
+		if x.deliver(ctx, p) == nil {
 			p.heard.Store(time.Now().UnixNano())
 		}
 		cancel()
 	}
 }
 
+// journal is a key's journal as read from this region's Redis (see
+// scripts/region.lua), with the key's rules.
+type journal struct {
+	rs *ruleSet
+	j  [7]int64 // e, c, k, t, pe, pc, pk
+}
+
 // readJournals returns the journals of keys, by first state key, from
 // this region's Redis; a key without one (nothing admitted) is left out.
-func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) (map[string]string, error) {
-	out := make(map[string]string, len(keys))
+func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) (map[string]journal, error) {
+	out := make(map[string]journal, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
@@ -253,53 +274,88 @@ func (x *exchange) readJournals(ctx context.Context, keys map[string]*ruleSet) (
 	}
 	for i, s := range states {
 		if v, err := cmds[i].Result(); err == nil {
-			out[s] = v
+			if j, ok := parseJournal(v); ok {
+				out[s] = journal{rs: keys[s], j: j}
+			}
 		}
 	}
 	return out, nil
 }
 
-// deliver applies the journals of the keys p has not had to p's Redis
-// (a PING when there are none, so that a quiet limiter still hears its
-// peers), and forgets the keys it applied.
-func (x *exchange) deliver(ctx context.Context, p *regionPeer, journals map[string]string) error {
-	var states []string
-	for s := range p.pending {
-		if _, ok := journals[s]; ok {
-			states = append(states, s)
-		} else {
-			delete(p.pending, s) // nothing admitted: nothing to tell
-		}
+// maxRegionBatch is the most keys one call of regionScript applies.
+const maxRegionBatch = 64
+
+// batches groups states, each with its rules, into batches of at most
+// maxRegionBatch keys of the same rules (and, for a client that spreads
+// keys over servers, in the same slot): one call each.
+func batches[V any](rdb redis.UniversalClient, states map[string]V, rsOf func(V) *ruleSet) [][]string {
+	_, one := rdb.(*redis.Client) // one server: any keys in one call
+	type group struct {
+		slot int
+		rs   *ruleSet
 	}
-	if len(states) == 0 {
+	by := make(map[group][]string)
+	for s, v := range states {
+		g := group{rs: rsOf(v)}
+		if !one {
+			g.slot = hashslot.Of(s)
+		}
+		by[g] = append(by[g], s)
+	}
+	var out [][]string
+	for _, ss := range by {
+		slices.Sort(ss)
+		for len(ss) > maxRegionBatch {
+			out = append(out, ss[:maxRegionBatch])
+			ss = ss[maxRegionBatch:]
+		}
+		out = append(out, ss)
+	}
+	return out
+}
+
+// deliver applies the journals p has not had to p's Redis, a batch of
+// keys per call, in one round trip (a PING when there are none, so that a
+// quiet limiter still hears its peers), and forgets them once applied.
+func (x *exchange) deliver(ctx context.Context, p *regionPeer) error {
+	if len(p.pending) == 0 {
 		return p.rdb.Ping(ctx).Err()
 	}
-	run := func() ([]redis.Cmder, error) {
-		return p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	groups := batches(p.rdb, p.pending, func(j journal) *ruleSet { return j.rs })
+	err := runScript(ctx, p.rdb, func(pipe redis.Pipeliner) {
+		for _, states := range groups {
+			tail := make([]int64, 0, len(states)*7)
 			for _, s := range states {
-				j, ok := parseJournal(journals[s])
-				if !ok {
-					continue
-				}
-				keys, args := x.applyArgs(s, p.pending[s], x.name, "u", j[:]...)
-				regionScript.EvalSha(ctx, pipe, keys, args...)
+				j := p.pending[s].j
+				tail = append(tail, j[:]...)
 			}
+			keys, args := x.applyArgs(p.pending[states[0]].rs, x.name, "u", states, tail)
+			regionScript.EvalSha(ctx, pipe, keys, args...)
+		}
+	})
+	if err == nil {
+		clear(p.pending)
+	}
+	return err
+}
+
+// runScript runs the region script's calls that queue makes in one
+// pipeline on rdb, loading the script and running them again if rdb did
+// not have it.
+func runScript(ctx context.Context, rdb redis.UniversalClient, queue func(redis.Pipeliner)) error {
+	run := func() ([]redis.Cmder, error) {
+		return rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			queue(pipe)
 			return nil
 		})
 	}
 	cmds, err := run()
 	if err != nil && isNoScript(cmds) {
-		if err = regionScript.Load(ctx, p.rdb).Err(); err == nil {
-			cmds, err = run()
+		if err = regionScript.Load(ctx, rdb).Err(); err == nil {
+			_, err = run()
 		}
 	}
-	if err != nil {
-		return err
-	}
-	for _, s := range states {
-		delete(p.pending, s)
-	}
-	return nil
+	return err
 }
 
 // assume charges each peer silent past the staleness bound its share of
@@ -309,6 +365,7 @@ func (x *exchange) assume(ctx context.Context, active map[string]*ruleSet) {
 	bound := staleSyncs * x.sync
 	now := time.Now()
 	silent := false
+	var groups [][]string
 	for _, p := range x.peers {
 		heard := time.Unix(0, p.heard.Load())
 		if now.Sub(heard) <= bound {
@@ -318,43 +375,40 @@ func (x *exchange) assume(ctx context.Context, active map[string]*ruleSet) {
 		if len(active) == 0 {
 			continue
 		}
+		if groups == nil {
+			groups = batches(x.e.rdb, active, func(rs *ruleSet) *ruleSet { return rs })
+		}
 		since := heard.UnixMicro() + x.e.serverAhead.Load()
-		run := func() ([]redis.Cmder, error) {
-			return x.e.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-				for s, rs := range active {
-					keys, args := x.applyArgs(s, rs, p.name, "a", since)
-					regionScript.EvalSha(ctx, pipe, keys, args...)
-				}
-				return nil
-			})
-		}
-		if cmds, err := run(); err != nil && isNoScript(cmds) {
-			if regionScript.Load(ctx, x.e.rdb).Err() == nil {
-				_, _ = run()
+		_ = runScript(ctx, x.e.rdb, func(pipe redis.Pipeliner) {
+			for _, states := range groups {
+				keys, args := x.applyArgs(active[states[0]], p.name, "a", states, []int64{since})
+				regionScript.EvalSha(ctx, pipe, keys, args...)
 			}
-		}
+		})
 	}
 	x.silent.Store(silent)
 }
 
-// applyArgs returns the keys and arguments of regionScript for the key
-// whose first state key is state, under rs, for the region named peer
-// (this one, delivering its journal; a silent peer, charged its share): mode and its
-// arguments (see scripts/region_apply.lua).
-func (x *exchange) applyArgs(state string, rs *ruleSet, peer, mode string, more ...int64) ([]string, []any) {
-	keys := make([]string, 0, len(rs.rules)+1)
-	for i := range rs.rules {
-		keys = append(keys, ruleKey(state, rs, i))
+// applyArgs returns the keys and arguments of regionScript for the keys
+// whose first state keys are states, under rs, for the region named peer
+// (this one, delivering its journals; a silent peer, charged its share):
+// mode and tail, its arguments (see scripts/region_apply.lua).
+func (x *exchange) applyArgs(rs *ruleSet, peer, mode string, states []string, tail []int64) ([]string, []any) {
+	keys := make([]string, 0, len(states)*(len(rs.rules)+1))
+	for _, s := range states {
+		for i := range rs.rules {
+			keys = append(keys, ruleKey(s, rs, i))
+		}
+		keys = append(keys, regionKey(s, rs, peersSuffix))
 	}
-	keys = append(keys, regionKey(state, rs, peersSuffix))
-	args := make([]any, 0, 7+4*len(rs.rules)+4+len(more))
+	args := make([]any, 0, 7+4*len(rs.rules)+4+len(tail))
 	args = append(args, 0, len(rs.rules), argZero, argNoMaxDelay, argZero, argNoRID, argZero)
 	args = appendRuleArgs(args, rs, x.e.calendarNow(argZero))
-	args = append(args, peer, mode)
-	for _, v := range more {
+	args = append(args, peer, mode, x.share, int64(x.life(rs)/time.Microsecond), int64(staleSyncs*x.sync/time.Microsecond))
+	for _, v := range tail {
 		args = append(args, v)
 	}
-	return keys, append(args, x.share, int64(x.life(rs)/time.Microsecond))
+	return keys, args
 }
 
 // journalKey returns the journal key of the key whose first state key is

@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/hashslot"
 	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/redlimit/redlimit/internal/testlane"
 )
@@ -366,7 +368,7 @@ func TestRegionsApplyOnce(t *testing.T) {
 			require.EqualValues(t, 50, j[1], "events")
 			require.EqualValues(t, 2, j[2], "calls")
 			for _, x := range []*exchange{eu1.regions, eu2.regions} {
-				keys, args := x.applyArgs(first, eu1.own, "eu", "u", j[:]...)
+				keys, args := x.applyArgs(eu1.own, "eu", "u", []string{first}, j[:])
 				charged, err := regionScript.Run(ctx, us.rdb, keys, args...).Int64()
 				require.NoError(t, err)
 				require.Zero(t, charged)
@@ -539,4 +541,59 @@ func TestRegionsJournalEpochs(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // ten more rounds
 	remainingThere(6)
+}
+
+// TestRegionsBatches: the exchange applies many keys a batch per call, each
+// batch of one slot and one rule set, and every key's usage arrives.
+func TestRegionsBatches(t *testing.T) {
+	eu, _ := miniBackend(t)
+	us, _ := miniBackend(t)
+	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
+		return newLimiter(t, own, FixedWindow, PerHour(100), WithRegions(Regions{
+			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
+		}))
+	}
+	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
+	ctx := context.Background()
+	states := map[string]*ruleSet{}
+	for i := range 1000 {
+		key := fmt.Sprint("user:", i)
+		states[here.stateKey(key)] = here.own
+		res, err := here.AllowN(ctx, key, 1+i%5)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+	}
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}) // never dialled
+	t.Cleanup(func() { _ = cluster.Close() })
+	for _, c := range []struct {
+		rdb    redis.UniversalClient
+		bySlot bool
+	}{{us.rdb, false}, {cluster, true}} {
+		groups := batches(c.rdb, states, func(rs *ruleSet) *ruleSet { return rs })
+		n := 0
+		for _, g := range groups {
+			require.NotEmpty(t, g)
+			require.LessOrEqual(t, len(g), maxRegionBatch)
+			for _, s := range g {
+				if c.bySlot {
+					require.Equal(t, hashslot.Of(g[0]), hashslot.Of(s), "a batch spans slots")
+				}
+			}
+			n += len(g)
+		}
+		require.Equal(t, len(states), n)
+		if !c.bySlot {
+			require.Len(t, groups, (len(states)+maxRegionBatch-1)/maxRegionBatch, "full batches to one server")
+		}
+	}
+	require.Eventually(t, func() bool {
+		for i := range 1000 {
+			res, err := there.AllowN(ctx, fmt.Sprint("user:", i), 0)
+			require.NoError(t, err)
+			if res.Remaining != 100-(1+i%5) {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond)
 }
