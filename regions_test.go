@@ -279,7 +279,12 @@ func TestRegionsPartitionRedis(t *testing.T) {
 
 	g.cut(0, false)
 	time.Sleep(3 * rigSync)
-	refill := rate * (rigSync + rtt).Seconds() // the refill of an interval and a round trip
+	// Within the refill of an interval and a round trip, and of 80 ms of
+	// scheduling noise: while a bucket is full in one region (before the
+	// others' usage reaches it), its refill is lost there and not in the
+	// regions where the usage arrived sooner; measured 0 to 56 apart.
+	const noise = 80 * time.Millisecond
+	refill := rate * (rigSync + rtt + noise).Seconds()
 	agree := func(what string) []Result {
 		t.Helper()
 		st := g.state(t, "customer")
@@ -287,8 +292,10 @@ func TestRegionsPartitionRedis(t *testing.T) {
 			t.Logf("%s: %s Remaining %d ResetAfter %v", what, g.names[i], st[i].Remaining, st[i].ResetAfter)
 		}
 		for i := 1; i < len(st); i++ {
-			assert.InDelta(t, st[0].Remaining, st[i].Remaining, refill+10, "%s: Remaining of %s", what, g.names[i])
-			assert.InDelta(t, st[0].ResetAfter.Seconds(), st[i].ResetAfter.Seconds(), (rigSync + rtt + 50*time.Millisecond).Seconds(), "%s: ResetAfter of %s", what, g.names[i])
+			for j := range i {
+				assert.InDelta(t, st[j].Remaining, st[i].Remaining, refill, "%s: Remaining of %s and %s", what, g.names[j], g.names[i])
+				assert.InDelta(t, st[j].ResetAfter.Seconds(), st[i].ResetAfter.Seconds(), (rigSync + rtt + noise).Seconds(), "%s: ResetAfter of %s and %s", what, g.names[j], g.names[i])
+			}
 		}
 		return st
 	}
