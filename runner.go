@@ -1,6 +1,10 @@
 package redlimit
 
-import "github.com/redis/go-redis/v9"
+import (
+	"math/bits"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // runner asks Redis to decide a request under its rule set, with the keys
 // and the call's arguments that engine.eval put in r.args (see
@@ -30,11 +34,15 @@ func (ar argsRunner) run(e *engine, r *request) (any, error) {
 	return script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
 }
 
-// writtenRunner runs the script with the rules written in (see bake).
-type writtenRunner struct{ script *redis.Script }
+// writtenRunner runs the script with the rules written in (see bake);
+// single: the script specialised for a single rule (singleSource).
+type writtenRunner struct {
+	script *redis.Script
+	single bool
+}
 
 func (wr writtenRunner) run(e *engine, r *request) (any, error) {
-	trimDefaults(r)
+	trim(r, wr.single)
 	return wr.script.Run(r.ctx, e.rdb, r.args.keys, r.args.args...).Result()
 }
 
@@ -43,10 +51,11 @@ func (wr writtenRunner) run(e *engine, r *request) (any, error) {
 type functionRunner struct {
 	fn     *redisFunction
 	script *redis.Script
+	single bool // the script (and Function) specialised for a single rule
 }
 
 func (fr functionRunner) run(e *engine, r *request) (any, error) {
-	trimDefaults(r)
+	trim(r, fr.single)
 	a := &r.args
 	if !e.noFunctions.Load() {
 		if reply, ok, err := e.fcall(r.ctx, fr.fn, a.keys, a.args); ok {
@@ -78,6 +87,37 @@ func (calendarRunner) run(e *engine, r *request) (any, error) {
 	return e.evalCalendar(r)
 }
 
+// trim leaves out the trailing arguments that a script with the rules
+// written in takes as their defaults: trimSingle's for a script
+// specialised for a single rule, else trimDefaults's.
+func trim(r *request, single bool) {
+	if single {
+		trimSingle(r)
+	} else {
+		trimDefaults(r)
+	}
+}
+
+// trimSingle leaves out the trailing arguments of a script specialised for
+// a single rule that are their defaults, and sends a priority share as
+// minus the capacity it leaves the bucket, in ARGV[2], where the general
+// script has the number of rules, which that script does not read
+// (scripts/single_bucket.lua): two arguments, not the seven of the general
+// layout and the share, and no arithmetic in Redis.
+func trimSingle(r *request) {
+	a := &r.args
+	if r.share != 0 {
+		a.args[1] = -shareCapacity(r.rs.rules[0].args[3].(int64), r.share)
+	}
+	for len(a.args) > 0 {
+		i := len(a.args) - 1
+		if a.args[i] != defaultArgs[i] {
+			break
+		}
+		a.args = a.args[:i]
+	}
+}
+
 // trimDefaults leaves out the trailing arguments of a script with the
 // rules written in that are their defaults (see scripts/common.lua), the
 // number of rules being the script's own (writtenCount), then adds the
@@ -100,4 +140,13 @@ func appendShare(r *request) {
 	if r.share != 0 {
 		r.args.args = append(r.args.args, r.share)
 	}
+}
+
+// shareCapacity returns floor(share × burst / 1e6): the capacity a
+// priority share (ppm) leaves a bucket of burst, as scripts/check.lua
+// counts it, exactly (burst below 2^53).
+func shareCapacity(burst, share int64) int64 {
+	hi, lo := bits.Mul64(uint64(burst), uint64(share))
+	q, _ := bits.Div64(hi, lo, 1_000_000)
+	return int64(q)
 }

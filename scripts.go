@@ -178,11 +178,11 @@ func bake(rs *ruleSet, cfg *config) {
 	}
 	baked.m[checks] = b
 	rs.script = b.script
-	var run, one runner = writtenRunner{script: b.script}, writtenRunner{script: b.single}
+	var run, one runner = writtenRunner{script: b.script}, writtenRunner{script: b.single, single: true}
 	if cfg.functions {
 		rs.fn = b.fn
 		run = functionRunner{fn: b.fn, script: b.script}
-		one = functionRunner{fn: b.singleFn, script: b.single}
+		one = functionRunner{fn: b.singleFn, script: b.single, single: true}
 	}
 	rs.run = run
 	// (With WithRegions, a call also writes the key's journal, which only

@@ -687,15 +687,21 @@ func (c *singleCompare) script() {
 	}
 	n := c.pickN(c.one)
 	args := []any{n, 1, now, maxDelay}
+	argsOne := args
 	if len(c.shares) > 0 && c.rng.IntN(2) == 0 {
-		// A call with a share: every argument, then the share.
-		args = append(args, 0, "", 0, c.shares[c.rng.IntN(len(c.shares))])
+		// A call with a share: the general script's every argument, then
+		// the share; the single script's minus the capacity it leaves in
+		// ARGV[2].
+		share := c.shares[c.rng.IntN(len(c.shares))]
+		argsOne = []any{n, -shareCapacity(c.one.own.rules[0].args[3].(int64), share), now, maxDelay}
+		args = append(args, 0, "", 0, share)
 	} else if c.rng.IntN(3) > 0 {
 		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
 			args = args[:len(args)-1]
 		}
+		argsOne = args
 	}
-	ro, errO := c.single.Run(ctx, c.b.rdb, []string{c.keyOne}, args...).Result()
+	ro, errO := c.single.Run(ctx, c.b.rdb, []string{c.keyOne}, argsOne...).Result()
 	rg, errG := c.gen.own.script.Run(ctx, c.b.rdb, []string{c.keyGen}, args...).Result()
 	require.NoError(c.t, errG, c.what)
 	require.NoError(c.t, errO, c.what)
@@ -832,16 +838,21 @@ func (c *singleRedis) play(steps int) {
 			maxDelay = c.rng.Int64N(2 * period)
 		}
 		args := []any{n, 1, now, maxDelay}
+		argsOne := args
 		if c.rs.rules[0].alg.bucket && c.rng.IntN(2) == 0 {
-			args = append(args, 0, "", 0, 1+c.rng.Int64N(999_999)) // a priority share
+			// A priority share: after the general script's every argument,
+			// and as minus ARGV[2] to the single script (trimSingle).
+			share := 1 + c.rng.Int64N(999_999)
+			argsOne = []any{n, -shareCapacity(c.rs.rules[0].args[3].(int64), share), now, maxDelay}
+			args = append(args, 0, "", 0, share)
 		}
 		var cmds [3]*redis.Cmd
 		var ttls [3]*redis.DurationCmd
 		_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			cmds[0] = p.EvalSha(ctx, c.rs.script.Hash(), c.keys[:1], args...)
-			cmds[1] = p.EvalSha(ctx, c.single.Hash(), c.keys[1:2], args...)
+			cmds[1] = p.EvalSha(ctx, c.single.Hash(), c.keys[1:2], argsOne...)
 			if c.fn != nil {
-				cmds[2] = p.FCall(ctx, c.fn.name, c.keys[2:], args...)
+				cmds[2] = p.FCall(ctx, c.fn.name, c.keys[2:], argsOne...)
 			}
 			for i := range ttls {
 				ttls[i] = p.PTTL(ctx, c.keys[i])

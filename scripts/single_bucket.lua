@@ -20,9 +20,11 @@
 -- KEYS[1]  the bucket's state key (see bucket.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
 --          server's TIME), max delay in µs or -1; trailing defaults left
---          out (the runner sends no block or reservation); or, for a call
---          with a priority share, all seven (ARGV[5] to ARGV[7] their
---          defaults) and the share, ARGV[8]
+--          out (the runner sends no block or reservation); a call with a
+--          priority share sends in ARGV[2], instead of 1 (the rule count,
+--          which this script does not read), minus the capacity the share
+--          leaves the bucket, floor(share × burst / 1e6) (see trimSingle in
+--          runner.go): two arguments, not eight, and no arithmetic here
 -- Reply: common.lua's five integers (code, remaining, delay or retry
 --   after, reset after, rule 1), and with a share a sixth, the bucket's
 --   whole remaining allowance before the call, packed in one string
@@ -85,19 +87,15 @@ if v then
   end
 end
 
--- A priority share (ARGV[8], parts per million, see common.lua): the
--- bucket counts floor(share × burst / 1e6) of its capacity; kept is what
--- it leaves out, added back to tell a denial by the share alone (code 5),
--- and to the remaining allowance the reply's sixth integer gives.
-local kept = 0
-if nargs == 8 then
-  local share, r = ARGV[8] + 0, burst % 1000000
-  local a = r * share
-  local q = a / 1000000 -- floor(a / 1e6)
-  q = q - q % 1
-  if q * 1000000 > a then q = q - 1 elseif (q + 1) * 1000000 <= a then q = q + 1 end
-  kept = burst - ((burst - r) / 1000000 * share + q)
-  burst = burst - kept
+-- A priority share (see common.lua): the bucket counts floor(share ×
+-- burst / 1e6) of its capacity, minus ARGV[2]; kept is what it leaves out,
+-- added back to tell a denial by the share alone (code 5), and to the
+-- remaining allowance the reply's sixth integer gives.
+local kept, shared = 0, nargs > 1 and ARGV[2] ~= '1'
+if shared then
+  local capacity = -ARGV[2]
+  kept = burst - capacity
+  burst = capacity
 end
 
 -- The check (check_tb).
@@ -222,7 +220,7 @@ if rem < 0 then rem = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 code = code + (skew or 0)
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
-if nargs == 8 then
+if shared then
   if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
   return {code, rem, wait, reset, 1, avail + kept}
 end
