@@ -100,14 +100,20 @@ func trim(r *request, single bool) {
 
 // trimSingle leaves out the trailing arguments of a script specialised for
 // a single rule that are their defaults, and sends a priority share as
-// minus the capacity it leaves the bucket, in ARGV[2], where the general
-// script has the number of rules, which that script does not read
-// (scripts/single_bucket.lua): two arguments, not the seven of the general
-// layout and the share, and no arithmetic in Redis.
+// -(c + 1), c the capacity it leaves the bucket: in place of n = 1, or else
+// of the number of rules, which that script does not read
+// (scripts/single_bucket.lua). The usual call with a share then sends one
+// argument, not the seven of the general layout and the share, and Redis
+// does no arithmetic for it.
 func trimSingle(r *request) {
 	a := &r.args
 	if r.share != 0 {
-		a.args[1] = -shareCapacity(r.rs.rules[0].args[3].(int64), r.share)
+		c := -shareCapacity(r.rs.rules[0].args[3].(int64), r.share) - 1
+		if a.args[0] == defaultArgs[0] {
+			a.args[0] = c
+		} else {
+			a.args[1] = c
+		}
 	}
 	for len(a.args) > 0 {
 		i := len(a.args) - 1

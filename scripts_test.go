@@ -690,10 +690,9 @@ func (c *singleCompare) script() {
 	argsOne := args
 	if len(c.shares) > 0 && c.rng.IntN(2) == 0 {
 		// A call with a share: the general script's every argument, then
-		// the share; the single script's minus the capacity it leaves in
-		// ARGV[2].
+		// the share; the single script's as trimSingle sends them.
 		share := c.shares[c.rng.IntN(len(c.shares))]
-		argsOne = []any{n, -shareCapacity(c.one.own.rules[0].args[3].(int64), share), now, maxDelay}
+		argsOne = singleShareArgs(n, shareCapacity(c.one.own.rules[0].args[3].(int64), share), now, maxDelay)
 		args = append(args, 0, "", 0, share)
 	} else if c.rng.IntN(3) > 0 {
 		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
@@ -841,9 +840,9 @@ func (c *singleRedis) play(steps int) {
 		argsOne := args
 		if c.rs.rules[0].alg.bucket && c.rng.IntN(2) == 0 {
 			// A priority share: after the general script's every argument,
-			// and as minus ARGV[2] to the single script (trimSingle).
+			// and to the single script as trimSingle sends it.
 			share := 1 + c.rng.Int64N(999_999)
-			argsOne = []any{n, -shareCapacity(c.rs.rules[0].args[3].(int64), share), now, maxDelay}
+			argsOne = singleShareArgs(n, shareCapacity(c.rs.rules[0].args[3].(int64), share), now, maxDelay)
 			args = append(args, 0, "", 0, share)
 		}
 		var cmds [3]*redis.Cmd
@@ -890,4 +889,14 @@ func TestScriptsNeverStringifyNumbers(t *testing.T) {
 			assert.NotContains(t, code, "..", "%s:%d: %s", f, i+1, strings.TrimSpace(line))
 		}
 	}
+}
+
+// singleShareArgs returns a single bucket script's arguments for a call of
+// n with a priority share that leaves capacity c, as trimSingle sends them
+// (now and max delay kept).
+func singleShareArgs(n int, c, now, maxDelay int64) []any {
+	if n == 1 {
+		return []any{-c - 1, 1, now, maxDelay}
+	}
+	return []any{n, -c - 1, now, maxDelay}
 }

@@ -21,10 +21,11 @@
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
 --          server's TIME), max delay in µs or -1; trailing defaults left
 --          out (the runner sends no block or reservation); a call with a
---          priority share sends in ARGV[2], instead of 1 (the rule count,
---          which this script does not read), minus the capacity the share
---          leaves the bucket, floor(share × burst / 1e6) (see trimSingle in
---          runner.go): two arguments, not eight, and no arithmetic here
+--          priority share sends -(c + 1), c the capacity the share leaves
+--          the bucket, floor(share × burst / 1e6): in ARGV[1] for n = 1, or
+--          else in ARGV[2], where the general script has the rule count,
+--          which this script does not read (see trimSingle in runner.go):
+--          one argument, not eight, and no arithmetic here
 -- Reply: common.lua's five integers (code, remaining, delay or retry
 --   after, reset after, rule 1), and with a share a sixth, the bucket's
 --   whole remaining allowance before the call, packed in one string
@@ -88,15 +89,16 @@ if v then
 end
 
 -- A priority share (see common.lua): the bucket counts floor(share ×
--- burst / 1e6) of its capacity, minus ARGV[2]; kept is what it leaves out,
--- added back to tell a denial by the share alone (code 5), and to the
--- remaining allowance the reply's sixth integer gives.
-local kept, shared = 0, nargs > 1 and ARGV[2] ~= '1'
-if shared then
-  local capacity = -ARGV[2]
-  kept = burst - capacity
-  burst = capacity
+-- burst / 1e6) of its capacity (see ARGV above); kept is what it leaves
+-- out, added back to tell a denial by the share alone (code 5), and to
+-- the remaining allowance the reply's sixth integer gives.
+local kept, shared = 0, false
+if n < 0 then
+  kept, n, shared = burst + n + 1, 1, true
+elseif nargs > 1 and ARGV[2] ~= '1' then
+  kept, shared = burst + ARGV[2] + 1, true
 end
+burst = burst - kept
 
 -- The check (check_tb).
 local cap = burst * period
