@@ -412,15 +412,22 @@ func (x *exchange) applyArgs(rs *ruleSet, peer, mode string, states []string, ta
 }
 
 // journalKey returns the journal key of the key whose first state key is
-// state, under rs: its life, in ms, after ":j" (see scripts/region.lua).
+// state, under rs: after ":j", 1e11 + its life in ms, 12 digits (see
+// scripts/region.lua).
 func (x *exchange) journalKey(state string, rs *ruleSet) string {
-	return regionKey(state, rs, ":j"+strconv.FormatInt(x.life(rs).Milliseconds(), 10))
+	return regionKey(state, rs, ":j"+strconv.FormatInt(1e11+x.life(rs).Milliseconds(), 10))
 }
 
 // life returns how long a journal of rs lives after its last admission,
-// and an epoch of it at most: as long as rs's rules remember an event, and
-// at least ten exchange intervals.
-func (x *exchange) life(rs *ruleSet) time.Duration { return max(horizon(rs), 10*x.sync) }
+// and an epoch of it at most: as long as rs's rules remember an event, at
+// least ten exchange intervals, at most maxJournalLife.
+func (x *exchange) life(rs *ruleSet) time.Duration {
+	return min(max(horizon(rs), 10*x.sync), maxJournalLife)
+}
+
+// maxJournalLife bounds a journal's life (a bucket whose refill takes
+// years): 11 digits of ms in its key.
+const maxJournalLife = 366 * 24 * time.Hour
 
 // horizon returns how long the longest of rs's rules remembers an event: a
 // bucket until it is full again, a window its length (a sliding counter's
