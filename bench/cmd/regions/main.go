@@ -2,18 +2,21 @@
 // its exchange costs each region's Redis. It models the algorithm of
 // regions.go, scripts/region.lua and scripts/region_apply.lua in
 // simulated time (µs, one event at a time, deterministic for a seed):
-// each region's Redis decides its own calls; every instance's main loop
-// hands the keys it decided to its peer loops each Sync and charges the
-// shares of peers silent for 4 intervals; each peer loop reads the
-// journals of its pending keys and sends them to its peer, which charges
-// what is past what it applied. See docs/regions-simulation.md for the
-// model's assumptions and where it differs from the implementation.
+// each region's Redis decides its own calls; every Sync, each instance's
+// main loop reads the journals of the keys it decided since (one GET a
+// key), hands them to its peer loops, which send them to their peers at
+// once, a batch of keys per region script call, and charges the shares of
+// peers silent for 4 intervals; a peer charges what is past what it
+// applied. See docs/regions-simulation.md for the model's assumptions and
+// where it differs from the implementation.
 //
 //	go run ./cmd/regions [-regions 3] [-instances 2] [-keys 1] [-all-keys 0]
 //	    [-sync 200ms] [-rtt 50ms] [-oneway -1ns] [-rate 100]
 //	    [-strategy tb|fw] [-limit 300] [-period 1s] [-burst 0]
-//	    [-run 8s] [-pre 0s] [-cut 0s] [-seeds 20] [-spread 1h] [-peer-first 0.5]
+//	    [-run 8s] [-pre 0s] [-cut 0s] [-seeds 20] [-spread 1h]
+//	    [-cluster] [-batch 64] [-slots 16384] [-reread]
 //	go run ./cmd/regions -measure [-measure-keys 20000] [-measure-rounds 5]
+//	    [-measure-batches 1,8,64]
 //
 // Each instance offers -rate calls a second to each of -keys keys, spread
 // round robin over its region's instances (so that a key is decided by
@@ -22,20 +25,28 @@
 // against the limit, the bound (N-1)·A·(Sync+RTT), and the same calls
 // with Sync 0 (every admission applied everywhere at once: what is left
 // is the calls' own discreteness); then, by region, what the exchange
-// cost its Redis, counted for the simulated keys and scaled to -all-keys,
-// beside the analytic count. -measure starts two redis-servers
-// (internal/redistest) and times the exchange's commands: the costs in
+// cost its Redis, counted for the simulated keys and scaled to -all-keys
+// (a call's keys batched as on one server, or with -cluster as on a
+// cluster: one hash slot's), beside the analytic count. -measure starts
+// two redis-servers (internal/redistest) and times the exchange's
+// commands, a region script call of 1, 8 and 64 keys: the costs in
 // measured, the -cost flags' defaults.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"math"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
+
+// errUsage reports flags out of range.
+var errUsage = errors.New("bad flags")
 
 func main() {
 	if err := run(); err != nil {
@@ -44,18 +55,15 @@ func main() {
 	}
 }
 
-// costs are Redis's CPU per exchange command (µs) and a region script
-// EVALSHA's size on the link (bytes).
-type costs struct {
-	get, charge, noop, share, bytes float64
-}
-
-// measured are the costs -measure found on this machine (2 cores, Redis
-// 7.0.15, pipelines of 1,000; server CPU from INFO cpu, reading and
-// replying included), by strategy; bytes for a key of 15 characters.
+// measured are the costs -measure found on this machine (2 shared cores,
+// Redis 7.0.15; server CPU from INFO cpu, reading and replying included),
+// by strategy: the medians of 15 runs (the GETs', of 5), a call's fixed
+// cost and each key's fitted through calls of 1 and 64 keys, the fixed
+// cost the median over the four kinds of key; bytes for keys of 15
+// characters.
 var measured = map[string]costs{
-	"tb": {get: 1.24, charge: 16.9, noop: 12.2, share: 21.6, bytes: 352},
-	"fw": {get: 1.33, charge: 23.8, noop: 19.3, share: 18.5, bytes: 359},
+	"tb": {get: 1.4, call: 11.6, charge: 9.5, noop: 4.2, share: 9.2, skip: 3.3, callBytes: 214, keyBytes: 171},
+	"fw": {get: 1.4, call: 10.2, charge: 11.9, noop: 5.3, share: 10.7, skip: 4.1, callBytes: 219, keyBytes: 173},
 }
 
 func run() error {
@@ -75,24 +83,39 @@ func run() error {
 	flag.DurationVar(&c.run, "run", 8*time.Second, "counted run")
 	flag.DurationVar(&c.pre, "pre", 0, "traffic before the counted run (not counted)")
 	flag.DurationVar(&c.cut, "cut", 0, "region 0 cut off from the others from the counted run's start, for this long")
-	flag.Float64Var(&c.peerFirst, "peer-first", 0.5, "chance that a peer loop's ticker fires before its main loop's")
 	flag.DurationVar(&c.spread, "spread", time.Hour, "the instances' tickers start uniformly within this (at most -sync)")
+	flag.BoolVar(&c.cluster, "cluster", false, "each region's Redis is a cluster: a region script call takes keys of one hash slot")
+	flag.IntVar(&c.batch, "batch", 64, "most keys a region script call takes (maxRegionBatch)")
+	flag.IntVar(&c.slots, "slots", 16384, "a cluster's hash slots")
+	flag.BoolVar(&c.reread, "reread", false, "not the implementation: a peer loop reads its pending keys' journals again once its peer answers after a failed delivery")
 	seeds := flag.Int("seeds", 20, "runs, seeds 1..seeds")
-	var k costs
+	k := &c.cost
 	flag.Float64Var(&k.get, "cost-get", -1, "Redis CPU per journal GET, µs (negative: this machine's, see measured)")
-	flag.Float64Var(&k.charge, "cost-charge", -1, "Redis CPU per region script EVALSHA that charges, µs")
-	flag.Float64Var(&k.noop, "cost-noop", -1, "Redis CPU per no-op region script EVALSHA, µs")
-	flag.Float64Var(&k.share, "cost-share", -1, "Redis CPU per silent-share EVALSHA, µs")
-	flag.Float64Var(&k.bytes, "bytes", -1, "bytes of one region script EVALSHA on the link")
+	flag.Float64Var(&k.call, "cost-call", -1, "Redis CPU per region script call, before its keys, µs")
+	flag.Float64Var(&k.charge, "cost-charge", -1, "Redis CPU per key of a delivery that charges, µs")
+	flag.Float64Var(&k.noop, "cost-noop", -1, "Redis CPU per key of a delivery that changes nothing, µs")
+	flag.Float64Var(&k.share, "cost-share", -1, "Redis CPU per key charged a silent peer's share, µs")
+	flag.Float64Var(&k.skip, "cost-skip", -1, "Redis CPU per key of a share call passed over, µs")
+	flag.Float64Var(&k.callBytes, "bytes-call", -1, "bytes of a region script EVALSHA on the link, before its keys")
+	flag.Float64Var(&k.keyBytes, "bytes-key", -1, "bytes of a key (its keys and journal) in a region script EVALSHA")
 	doMeasure := flag.Bool("measure", false, "time the exchange's commands on real redis-servers instead")
 	mKeys := flag.Int("measure-keys", 20000, "keys of -measure")
 	mRounds := flag.Int("measure-rounds", 5, "rounds of -measure")
+	mBatches := flag.String("measure-batches", "1,8,64", "keys per region script call -measure times, comma-separated")
 	flag.Parse()
 	if *doMeasure {
-		return measure(*mKeys, *mRounds)
+		var sizes []int
+		for _, f := range strings.Split(*mBatches, ",") {
+			b, err := strconv.Atoi(f)
+			if err != nil || b < 1 {
+				return fmt.Errorf("-measure-batches %q: %w", *mBatches, errUsage)
+			}
+			sizes = append(sizes, b)
+		}
+		return measure(*mKeys, *mRounds, sizes)
 	}
 	if _, ok := measured[*strategy]; !ok {
-		return fmt.Errorf("strategy %q: tb or fw", *strategy)
+		return fmt.Errorf("strategy %q: tb or fw: %w", *strategy, errUsage)
 	}
 	c.fixed = *strategy == "fw"
 	if c.burst == 0 {
@@ -105,7 +128,8 @@ func run() error {
 	for _, f := range []struct {
 		v *float64
 		d float64
-	}{{&k.get, def.get}, {&k.charge, def.charge}, {&k.noop, def.noop}, {&k.share, def.share}, {&k.bytes, def.bytes}} {
+	}{{&k.get, def.get}, {&k.call, def.call}, {&k.charge, def.charge}, {&k.noop, def.noop}, {&k.share, def.share},
+		{&k.skip, def.skip}, {&k.callBytes, def.callBytes}, {&k.keyBytes, def.keyBytes}} {
 		if *f.v < 0 {
 			*f.v = f.d
 		}
@@ -113,16 +137,17 @@ func run() error {
 	if *allKeys == 0 {
 		*allKeys = c.keys
 	}
-	if c.regions < 1 || c.instances < 1 || c.keys < 1 || c.rate <= 0 || c.limit <= 0 || *seeds < 1 {
-		return fmt.Errorf("regions, instances, keys, rate, limit and seeds must be positive")
+	if c.regions < 1 || c.instances < 1 || c.keys < 1 || c.rate <= 0 || c.limit <= 0 || *seeds < 1 || c.batch < 1 || c.slots < 1 {
+		return fmt.Errorf("regions, instances, keys, rate, limit, seeds, batch and slots must be positive: %w", errUsage)
 	}
+	c.scale = float64(*allKeys) / float64(c.keys)
 	t0 := time.Now()
 	var outs []outcome
 	for s := range *seeds {
 		c.seed = uint64(s + 1)
 		outs = append(outs, simulate(c))
 	}
-	report(c, outs, float64(*allKeys)/float64(c.keys), k)
+	report(c, outs)
 	if c.sync > 0 && c.cut == 0 { // the same calls, every admission applied everywhere at once
 		b, sum := c, 0.0
 		b.sync, b.rtt, b.oneway = 0, 0, 0
@@ -147,14 +172,19 @@ func meanAdmitted(outs []outcome) float64 {
 }
 
 // report prints the admitted totals over the seeds (mean [min..max]) and
-// the exchange's cost per region, scaled by scale.
-func report(c config, outs []outcome, scale float64, k costs) {
+// the exchange's cost per region, for all the active keys.
+func report(c config, outs []outcome) {
 	name := fmt.Sprintf("token bucket %g/%v burst %g", c.limit, c.period, c.burst)
 	if c.fixed {
 		name = fmt.Sprintf("fixed window %g/%v", c.limit, c.period)
 	}
-	fmt.Printf("%d regions x %d instances, %d keys simulated (cost scaled to %.0f), Sync %v, RTT %v (one way %v), %g/s per instance per key, %s, run %v (after %v), region 0 cut %v\n",
-		c.regions, c.instances, c.keys, scale*float64(c.keys), c.sync, c.rtt, c.oneway, c.rate, name, c.run, c.pre, c.cut)
+	redis := "one Redis server per region (a call takes any keys)"
+	if c.cluster {
+		redis = fmt.Sprintf("a cluster per region (a call takes keys of one of %d slots)", c.slots)
+	}
+	all := c.scale * float64(c.keys)
+	fmt.Printf("%d regions x %d instances, %d keys simulated (cost for %.0f), Sync %v, RTT %v (one way %v), %g/s per instance per key, %s, run %v (after %v), region 0 cut %v; %s, at most %d keys a call\n",
+		c.regions, c.instances, c.keys, all, c.sync, c.rtt, c.oneway, c.rate, name, c.run, c.pre, c.cut, redis, c.batch)
 	lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
 	for _, o := range outs {
 		lo, hi, sum = min(lo, o.admitted), max(hi, o.admitted), sum+o.admitted
@@ -178,26 +208,37 @@ func report(c config, outs []outcome, scale float64, k costs) {
 	if c.sync == 0 {
 		return
 	}
-	secs, intervals := c.run.Seconds(), c.run.Seconds()/c.sync.Seconds()
-	lambda := c.rate * float64(c.instances) // a key's calls per second in a region
-	fmt.Printf("  analytic: EVALSHA in per region per second (N-1)·keys·min(λ, M/Sync) = %d·%.0f·min(%g/s, %g/s) = %.0f (as many journal GETs), all keys with a journal\n",
-		c.regions-1, scale*float64(c.keys), lambda, float64(c.instances)/c.sync.Seconds(),
-		float64(c.regions-1)*scale*float64(c.keys)*min(lambda, float64(c.instances)/c.sync.Seconds()))
+	secs, intervals, S := c.run.Seconds(), c.run.Seconds()/c.sync.Seconds(), c.sync.Seconds()
+	M := float64(c.instances)
+	lambda := c.rate * M                  // a key's calls per second in a region
+	perInst := all * min(lambda*S, M) / M // keys an instance decides in an interval
+	gets := all * min(lambda, M/S)
+	fmt.Printf("  analytic, per region per second: GETs keys·min(λ, M/Sync) = %.0f·min(%g/s, %g/s) = %.0f; keys in (N-1)·that = %.0f (if every key decided has a journal); an instance decides %.1f keys an interval, in %.1f calls, so calls in (N-1)·(M/Sync)·%.1f = %.0f\n",
+		all, lambda, M/S, gets, float64(c.regions-1)*gets, perInst, batchCalls(perInst, c.batch, c.slots, c.cluster), batchCalls(perInst, c.batch, c.slots, c.cluster),
+		float64(c.regions-1)*M/S*batchCalls(perInst, c.batch, c.slots, c.cluster))
+	k := c.cost
 	for r := range c.regions {
 		var n counts
-		var peak float64
+		var peak, peakKeys, peakCPU float64
 		for _, o := range outs {
 			x := o.region[r]
-			n.gets, n.charge, n.noop, n.share, n.pings = n.gets+x.gets, n.charge+x.charge, n.noop+x.noop, n.share+x.share, n.pings+x.pings
-			peak += float64(o.peak[r])
+			n.gets, n.calls, n.charge, n.noop = n.gets+x.gets, n.calls+x.calls, n.charge+x.charge, n.noop+x.noop
+			n.shareCalls, n.share, n.skip, n.pings = n.shareCalls+x.shareCalls, n.share+x.share, n.skip+x.skip, n.pings+x.pings
+			n.cpu, n.bytes = n.cpu+x.cpu, n.bytes+x.bytes
+			peak, peakKeys, peakCPU = peak+o.peak[r], peakKeys+o.peakKeys[r], peakCPU+o.peakCPU[r]
 		}
-		f := scale / float64(len(outs))
-		g, ch, no, sh := float64(n.gets)*f, float64(n.charge)*f, float64(n.noop)*f, float64(n.share)*f
-		cpu := (g*k.get + ch*k.charge + no*k.noop + sh*k.share) / secs // µs per s
-		fmt.Printf("  region %d per interval: GET %.0f, EVALSHA in %.0f (charging %.0f, no-op %.0f), share EVALSHA %.0f, PING in %.1f (not scaled); peak interval %.0f commands\n",
-			r, g/intervals, (ch+no)/intervals, ch/intervals, no/intervals, sh/intervals, float64(n.pings)/float64(len(outs))/intervals, peak*f)
-		fmt.Printf("  region %d per second:   GET %.0f, EVALSHA in %.0f, share EVALSHA %.0f; Redis CPU %.1f ms/s (%.1f%% of a core); link in %.1f kB/s\n",
-			r, g/secs, (ch+no)/secs, sh/secs, cpu/1e3, cpu/1e4, (ch+no)*k.bytes/secs/1e3)
+		f := 1 / float64(len(outs))
+		g, calls, ch, no, sc, sh, sk := n.gets*f, n.calls*f, n.charge*f, n.noop*f, n.shareCalls*f, n.share*f, n.skip*f
+		cpuGet, cpuCall := g*k.get, (calls+sc)*k.call
+		cpuKeys := ch*k.charge + no*k.noop + sh*k.share + sk*k.skip
+		perCall := 0.0
+		if calls > 0 {
+			perCall = (ch + no) / calls
+		}
+		fmt.Printf("  region %d per interval: GET %.0f; calls in %.0f (%.1f keys a call: %.0f charging, %.0f no-op); share calls %.0f (keys %.0f charged, %.0f passed over); PING in %.1f (the sample's, not scaled); the busiest interval: %.0f commands (GETs, calls) carrying %.0f keys, %.1f cores\n",
+			r, g/intervals, calls/intervals, perCall, ch/intervals, no/intervals, sc/intervals, sh/intervals, sk/intervals, n.pings*f/intervals, peak*f, peakKeys*f, peakCPU*f/(S*1e6))
+		fmt.Printf("  region %d per second:   GET %.0f, calls in %.0f (keys %.0f), share calls %.0f (keys %.0f); Redis CPU %.4g s/s (cores): GETs %.3g, calls %.3g, keys %.3g; link in %.4g MB/s\n",
+			r, g/secs, calls/secs, (ch+no)/secs, sc/secs, (sh+sk)/secs, n.cpu*f/secs/1e6, cpuGet/secs/1e6, cpuCall/secs/1e6, cpuKeys/secs/1e6, n.bytes*f/secs/1e6)
 		if c.regions > 4 && r == 0 && c.cut == 0 {
 			fmt.Printf("  (the other regions alike)\n")
 			break

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 func base(regions int, sync time.Duration, fixed bool) config {
 	c := config{regions: regions, instances: 3, keys: 2, sync: sync, rtt: 2 * sync, oneway: sync,
 		rate: 100, limit: 100, period: time.Second, burst: 50, run: 10 * time.Second,
-		peerFirst: 0.5, spread: time.Hour, seed: 7}
+		spread: time.Hour, seed: 7}
 	if fixed {
 		c.fixed, c.limit, c.period = true, 600, time.Minute
 	}
@@ -63,4 +64,27 @@ func TestCutCharged(t *testing.T) {
 		assert.Positive(t, n.share, "region %d", r)
 	}
 	assert.InDelta(t, o.limit, o.admitted, 0.1*o.limit)
+}
+
+// TestBatchCalls: one server takes up to 64 keys a call, whatever their
+// slots; a cluster only one slot's, so 2,000 keys over 16,384 slots need
+// about as many calls as keys (16384·(1-e^(-2000/16384)) = 1,883).
+func TestBatchCalls(t *testing.T) {
+	assert.Equal(t, 0.0, batchCalls(0, 64, 16384, false))
+	assert.Equal(t, 1.0, batchCalls(1, 64, 16384, false))
+	assert.Equal(t, 32.0, batchCalls(2000, 64, 16384, false))
+	assert.InDelta(t, 16384*(1-math.Exp(-2000.0/16384)), batchCalls(2000, 64, 16384, true), 1)
+	assert.InDelta(t, 1, batchCalls(1, 64, 16384, true), 1e-3)
+	assert.Greater(t, batchCalls(1e6, 64, 16384, true), 1e6/64)
+}
+
+// TestOneReadPerKey: an instance reads a key's journal once an interval
+// for all its peers, so a region's GETs do not grow with the regions; the
+// keys its peers apply do.
+func TestOneReadPerKey(t *testing.T) {
+	small, large := simulate(base(2, 200*time.Millisecond, false)), simulate(base(4, 200*time.Millisecond, false))
+	assert.InDelta(t, small.region[0].gets, large.region[0].gets, 0.1*small.region[0].gets)
+	in := func(c counts) float64 { return c.charge + c.noop }
+	assert.InDelta(t, 3*in(small.region[0]), in(large.region[0]), 0.3*in(large.region[0]))
+	assert.Positive(t, small.region[0].calls)
 }

@@ -12,7 +12,7 @@ type config struct {
 	regions, instances, keys int // keys: the keys simulated (a sample of the active ones)
 	sync                     time.Duration
 	rtt                      time.Duration // a delivery's round trip: the peer loop waits for it, heard is set at its end
-	oneway                   time.Duration // from a delivery's send until the peer's Redis runs it (the rig's proxies: 0)
+	oneway                   time.Duration // from a delivery's send until the peer's Redis runs it
 	rate                     float64       // calls per second each instance offers each key (round robin over the region's instances)
 	fixed                    bool          // a fixed window, else a token bucket
 	limit                    float64       // events per period
@@ -20,18 +20,42 @@ type config struct {
 	burst                    float64       // token bucket capacity
 	run, pre                 time.Duration // counted run, after pre of the same traffic (not counted)
 	cut                      time.Duration // region 0 cut off from the others from the counted run's start
-	peerFirst                float64       // chance that a peer loop, at its instance's tick, takes its inbox before the main loop fills it
 	spread                   time.Duration // the instances' tickers start uniformly within this (at most sync)
 	seed                     uint64
+	reread                   bool // not the implementation: a peer loop reads its pending keys' journals again once a peer answers after a failed delivery
+
+	// The cost model: each simulated key stands for scale active keys (0:
+	// 1), which a call of the region script takes batch at a time (0: 64,
+	// maxRegionBatch), from any keys on one server, or from one hash slot
+	// of slots (0: 16384) on a cluster; cost prices the commands.
+	scale   float64
+	cluster bool
+	batch   int
+	slots   int
+	cost    costs
 }
 
-// counts is what the exchange costs one region's Redis.
+// costs are Redis's CPU per exchange command (µs) and a delivery's size
+// on the link (bytes): a region script call costs call and then, for each
+// of its keys, what the key's work costs.
+type costs struct {
+	get                 float64 // a journal GET
+	call                float64 // a region script call, before its keys
+	charge, noop        float64 // a delivered journal's key that charges, that changes nothing
+	share, skip         float64 // a silent share's key charged, passed over (the peer delivered the key here within the bound)
+	callBytes, keyBytes float64 // a delivery's EVALSHA: bytes a call and a key
+}
+
+// counts is what the exchange costs one region's Redis, over the counted
+// run, for all the active keys (the simulated ones times scale).
 type counts struct {
-	gets   int64 // journal GETs (each peer loop of each instance reads its own)
-	charge int64 // region script EVALSHAs received that charge (a journal past what was applied)
-	noop   int64 // region script EVALSHAs received that change nothing (repeats)
-	share  int64 // region script EVALSHAs charging a silent peer's share (this region's instances')
-	pings  int64 // PINGs received (a peer loop with nothing to deliver)
+	gets         float64 // journal GETs (the main loops', one per key decided in an interval)
+	calls        float64 // region script calls received (deliveries), expected under the batching
+	charge, noop float64 // keys those calls charged, left as they were (repeats)
+	shareCalls   float64 // region script calls charging silent peers' shares (this region's instances')
+	share, skip  float64 // keys those calls charged, passed over
+	pings        float64 // PINGs received (a peer loop with nothing to deliver; not scaled)
+	cpu, bytes   float64 // Redis CPU (µs), bytes received on the links
 }
 
 // outcome is a simulation's result over the counted run, summed over the
@@ -40,8 +64,9 @@ type outcome struct {
 	admitted, limit, offered float64
 	perKey                   []float64 // admitted, by key
 	region                   []counts  // by region
-	peak                     []int64   // by region: the most exchange commands (gets, EVALSHAs) in one interval
-	perInterval              [][]int64 // by region, by interval of the counted run
+	peak, peakKeys, peakCPU  []float64 // by region, in the interval of the most CPU: exchange commands (GETs, calls), keys the calls carried, CPU (µs)
+	perInterval, keyInterval [][]float64
+	cpuInterval              [][]float64
 }
 
 // kstate is a rule's state of one key on one region's Redis.
@@ -53,29 +78,31 @@ type kstate struct {
 
 // journal is a key's journal on its region's Redis (scripts/region.lua):
 // events admitted (cumulative) and the last one's time (µs).
-type journal struct{ c, t int64 } // events admitted (cumulative) and the last one's time (µs)
+type journal struct{ c, t int64 }
 
 // record is what a region's Redis applied of one peer's journal of a key
-// (scripts/region_apply.lua's peer record).
-type record struct{ wc, s, ta int64 } // a peer's journal applied, silent time charged, when that charge ended
+// (scripts/region_apply.lua's peer record): the journal applied, the
+// silent time charged and when that charge ended, when a journal was
+// last applied.
+type record struct{ wc, s, ta, tu int64 }
+
+// item is one key's journal as the main loop read it.
+type item struct {
+	k    int32
+	c, t int64
+}
 
 // instance is one limiter's exchange (regions.go's exchange and its
 // regionPeers), its peer loops' state indexed by peer region.
 type instance struct {
 	r, i           int
 	phase          int64
-	peerFirst      []bool
 	active         map[int32]struct{}
-	inbox, pending []map[int32]struct{} // by peer region
-	heard, busy    []int64              // by peer region
-	owed           []bool               // a tick came while the peer loop waited on a delivery
-	inFlight       [][]int32            // by peer: the keys of the delivery in flight
-}
-
-// item is one key's journal as a peer loop read it.
-type item struct {
-	k    int32
-	c, t int64
+	inbox, pending []map[int32]item // by peer region
+	heard, busy    []int64          // by peer region
+	wakes          []int            // by peer: the peer loop's wakes so far
+	owed           []bool           // a wake came while the peer loop waited on a delivery
+	failed         []bool           // by peer: the last delivery failed
 }
 
 // The kinds of event.
@@ -91,10 +118,11 @@ const (
 type event struct {
 	t, seq int64
 	kind   int
-	r, i   int    // region and instance (a call: region and key; a delivery: origin)
-	p      int    // peer region
-	j      int64  // a call: its index among the key's calls in the region
-	items  []item // a delivery's journals
+	r, i   int     // region and instance (a call: region and key; a delivery: origin)
+	p      int     // peer region
+	j      int64   // a call: its index among the key's calls in the region
+	items  []item  // a delivery's journals
+	calls  float64 // a delivery's region script calls
 }
 
 // queue orders events by time, then by when they were scheduled.
@@ -113,52 +141,68 @@ func (q *queue) Pop() any {
 	return e
 }
 
+// staleSyncs is the staleness bound in intervals (regions.go).
+const staleSyncs = 4
+
 // sim is one run of the model: time in µs, from 0 (every instance already
 // started, every peer just heard) to pre + run.
 type sim struct {
-	cfg            config
-	S, rtt, oneway int64
-	period         int64
-	share, horizon float64
-	start, end     int64 // the counted run
-	cutFrom, cutTo int64
-	now, seq       int64
-	q              queue
-	state          [][]kstate  // [region][key]
-	jour           [][]journal // [region][key]
-	rec            [][][]record
-	inst           [][]*instance
-	gap            float64 // µs between a key's calls in a region
-	callStart      [][]float64
-	callOff        [][]int
-	out            outcome
+	cfg                   config
+	S, rtt, oneway, bound int64
+	period                int64
+	share, life           float64
+	start, end            int64 // the counted run
+	cutFrom, cutTo        int64
+	now, seq              int64
+	q                     queue
+	state                 [][]kstate  // [region][key]
+	jour                  [][]journal // [region][key]
+	rec                   [][][]record
+	inst                  [][]*instance
+	gap                   float64 // µs between a key's calls in a region
+	callStart             [][]float64
+	callOff               [][]int
+	batched               map[int]float64 // calls for n simulated keys
+	out                   outcome
 }
 
 func us(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
 // simulate runs cfg's model and returns its outcome.
 func simulate(cfg config) outcome {
-	s := &sim{cfg: cfg, S: us(cfg.sync), rtt: us(cfg.rtt), oneway: us(cfg.oneway), period: us(cfg.period)}
+	if cfg.scale == 0 {
+		cfg.scale = 1
+	}
+	if cfg.batch == 0 {
+		cfg.batch = 64
+	}
+	if cfg.slots == 0 {
+		cfg.slots = 16384
+	}
+	s := &sim{cfg: cfg, S: us(cfg.sync), rtt: us(cfg.rtt), oneway: us(cfg.oneway), period: us(cfg.period), batched: map[int]float64{}}
+	s.bound = staleSyncs * s.S
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x5eed))
 	N, M, K := cfg.regions, cfg.instances, cfg.keys
 	s.share = float64(1_000_000/N) / 1e6 // the script's share, in ppm
-	s.horizon = 2 * float64(s.period)
+	horizon := 2 * float64(s.period)     // regions.go's horizon and life
 	if !cfg.fixed && cfg.burst > cfg.limit {
-		s.horizon = float64(s.period) * cfg.burst / cfg.limit
+		horizon = float64(s.period) * cfg.burst / cfg.limit
 	}
+	s.life = max(math.Floor(horizon/1e3)*1e3+1e3, 10*float64(s.S))
 	s.start, s.end = us(cfg.pre), us(cfg.pre+cfg.run)
 	s.cutFrom, s.cutTo = s.start, s.start+us(cfg.cut)
 	s.out.region = make([]counts, N)
-	s.out.peak = make([]int64, N)
+	s.out.peak, s.out.peakKeys, s.out.peakCPU = make([]float64, N), make([]float64, N), make([]float64, N)
 	s.out.perKey = make([]float64, K)
-	s.out.perInterval = make([][]int64, N)
+	s.out.perInterval, s.out.keyInterval, s.out.cpuInterval = make([][]float64, N), make([][]float64, N), make([][]float64, N)
 	s.state, s.jour, s.rec = make([][]kstate, N), make([][]journal, N), make([][][]record, N)
 	s.inst, s.callStart, s.callOff = make([][]*instance, N), make([][]float64, N), make([][]int, N)
 	s.gap = 1e6 / (cfg.rate * float64(M))
 	base := rng.Int64N(max(s.S, 1)) // the run's start, as the tickers see it
 	for r := range N {
 		if s.S > 0 {
-			s.out.perInterval[r] = make([]int64, (s.end-s.start+s.S-1)/s.S)
+			n := (s.end - s.start + s.S - 1) / s.S
+			s.out.perInterval[r], s.out.keyInterval[r], s.out.cpuInterval[r] = make([]float64, n), make([]float64, n), make([]float64, n)
 		}
 		s.state[r], s.jour[r], s.rec[r] = make([]kstate, K), make([]journal, K), make([][]record, K)
 		for k := range K {
@@ -166,11 +210,10 @@ func simulate(cfg config) outcome {
 		}
 		for i := range M {
 			in := &instance{r: r, i: i, phase: 1 + (base+rng.Int64N(max(min(us(cfg.spread), s.S), 1)))%max(s.S, 1), active: map[int32]struct{}{},
-				peerFirst: make([]bool, N), inbox: make([]map[int32]struct{}, N), pending: make([]map[int32]struct{}, N),
-				heard: make([]int64, N), busy: make([]int64, N), owed: make([]bool, N), inFlight: make([][]int32, N)}
+				inbox: make([]map[int32]item, N), pending: make([]map[int32]item, N),
+				heard: make([]int64, N), busy: make([]int64, N), wakes: make([]int, N), owed: make([]bool, N), failed: make([]bool, N)}
 			for p := range N {
-				in.peerFirst[p] = rng.Float64() < cfg.peerFirst
-				in.inbox[p], in.pending[p] = map[int32]struct{}{}, map[int32]struct{}{}
+				in.inbox[p], in.pending[p] = map[int32]item{}, map[int32]item{}
 			}
 			s.inst[r] = append(s.inst[r], in)
 			if s.S > 0 {
@@ -197,19 +240,16 @@ func simulate(cfg config) outcome {
 			e.t += s.S
 			s.push(e)
 		case evDeliver:
-			for _, it := range e.items {
-				s.applyJournal(e.p, it.k, e.r, it.c, it.t)
-			}
-			if len(e.items) == 0 && s.counted() {
-				s.out.region[e.p].pings++
-			}
+			s.delivered(e)
 		case evReply:
 			s.reply(s.inst[e.r][e.i], e.p)
 		}
 	}
 	for r := range N {
-		for _, n := range s.out.perInterval[r] {
-			s.out.peak[r] = max(s.out.peak[r], n)
+		for i, cpu := range s.out.cpuInterval[r] {
+			if cpu > s.out.peakCPU[r] {
+				s.out.peak[r], s.out.peakKeys[r], s.out.peakCPU[r] = s.out.perInterval[r][i], s.out.keyInterval[r][i], cpu
+			}
 		}
 	}
 	w := float64(s.end-s.start) / float64(s.period)
@@ -228,13 +268,56 @@ func (s *sim) push(e *event) {
 	heap.Push(&s.q, e)
 }
 
+// counting reports whether the exchange's costs now are counted.
+func (s *sim) counting() bool { return s.S > 0 && s.counted() }
+
 func (s *sim) counted() bool { return s.now >= s.start && s.now < s.end }
 
-// cost adds n exchange commands to region r's interval now.
-func (s *sim) cost(r int, n int64) {
-	if s.S > 0 && s.counted() {
-		s.out.perInterval[r][(s.now-s.start)/s.S] += n
+// cost adds n exchange commands, keys of region script calls and cpu µs
+// of Redis CPU to region r's interval now.
+func (s *sim) cost(r int, n, keys, cpu float64) {
+	i := (s.now - s.start) / s.S
+	s.out.perInterval[r][i] += n
+	s.out.keyInterval[r][i] += keys
+	s.out.cpuInterval[r][i] += cpu
+	s.out.region[r].cpu += cpu
+}
+
+// calls returns the region script calls that carry n simulated keys of
+// one rule set (n·scale keys): a batch each on one server, and on a
+// cluster, for each hash slot holding some, a batch of them each (the
+// keys spread over the slots at random).
+func (s *sim) calls(n int) float64 {
+	if n == 0 {
+		return 0
 	}
+	if v, ok := s.batched[n]; ok {
+		return v
+	}
+	v := batchCalls(float64(n)*s.cfg.scale, s.cfg.batch, s.cfg.slots, s.cfg.cluster)
+	s.batched[n] = v
+	return v
+}
+
+// batchCalls returns the region script calls that carry keys keys of one
+// rule set, at most batch a call: on one server, any keys together; on a
+// cluster of slots hash slots, only keys of one slot (the keys spread over
+// the slots at random: slots·E[ceil(X/batch)], X ~ Poisson(keys/slots)).
+func batchCalls(keys float64, batch, slots int, cluster bool) float64 {
+	b := float64(batch)
+	if !cluster {
+		return math.Ceil(keys / b)
+	}
+	lambda, sum := keys/float64(slots), 0.0
+	if lambda == 0 {
+		return 0
+	}
+	lo, hi := max(1, int(lambda-12*math.Sqrt(lambda)-20)), int(lambda+12*math.Sqrt(lambda)+20)
+	for x := lo; x <= hi; x++ {
+		lg, _ := math.Lgamma(float64(x) + 1)
+		sum += math.Exp(-lambda+float64(x)*math.Log(lambda)-lg) * math.Ceil(float64(x)/b)
+	}
+	return float64(slots) * sum
 }
 
 func (s *sim) linked(a, b int) bool {
@@ -289,107 +372,143 @@ func (s *sim) call(e *event) {
 	s.push(e)
 }
 
-// tick is an instance's exchange interval: its main loop and its peer
-// loops, in the order their tickers fire.
+// tick is an instance's main loop's round: it reads the journals of the
+// keys decided since (one GET each), hands them to every peer loop and
+// wakes it, then charges each peer silent past the bound its share of
+// those keys, on this region's Redis.
 func (s *sim) tick(in *instance) {
-	for p := range s.cfg.regions {
-		if p != in.r && in.peerFirst[p] {
-			s.peerLoop(in, p)
+	n, k := float64(len(in.active))*s.cfg.scale, s.cfg.cost
+	if s.counting() {
+		s.out.region[in.r].gets += n
+		s.cost(in.r, n, 0, n*k.get)
+	}
+	var items []item
+	for key := range in.active {
+		// A journal lives a life after its last admission.
+		if j := s.jour[in.r][key]; j.c > 0 && float64(s.now-j.t) < s.life {
+			items = append(items, item{key, j.c, j.t})
 		}
 	}
-	for p := range s.cfg.regions { // the main loop: the keys to every peer's inbox, then the silent peers' shares
+	for p := range s.cfg.regions {
 		if p == in.r {
 			continue
 		}
-		for k := range in.active {
-			in.inbox[p][k] = struct{}{}
+		for _, it := range items {
+			in.inbox[p][it.k] = it
 		}
-	}
-	for p := range s.cfg.regions {
-		if p == in.r || s.now-in.heard[p] <= 4*s.S {
-			continue
-		}
-		for k := range in.active {
-			s.applyShare(in.r, k, p, in.heard[p])
-		}
-	}
-	clear(in.active)
-	for p := range s.cfg.regions {
-		if p != in.r && !in.peerFirst[p] {
+		if in.busy[p] > s.now {
+			in.owed[p] = true // its loop takes the inbox when the delivery ends
+		} else {
 			s.peerLoop(in, p)
 		}
 	}
-}
-
-// peerLoop is one peer loop's round: the inbox joins the pending keys,
-// whose journals are read and sent to the peer's Redis.
-func (s *sim) peerLoop(in *instance, p int) {
-	if in.busy[p] > s.now {
-		in.owed[p] = true
-		return
-	}
-	for k := range in.inbox[p] {
-		in.pending[p][k] = struct{}{}
-	}
-	clear(in.inbox[p])
-	if s.counted() {
-		s.out.region[in.r].gets += int64(len(in.pending[p]))
-	}
-	s.cost(in.r, int64(len(in.pending[p])))
-	var items []item
-	var keys []int32
-	for k := range in.pending[p] {
-		j := s.jour[in.r][k]
-		if j.c == 0 { // nothing admitted: nothing to tell
-			delete(in.pending[p], k)
+	for p := range s.cfg.regions {
+		if p == in.r || s.now-in.heard[p] <= s.bound || len(in.active) == 0 {
 			continue
 		}
-		items = append(items, item{k, j.c, j.t})
-		keys = append(keys, k)
+		if s.counting() {
+			c := s.calls(len(in.active))
+			s.out.region[in.r].shareCalls += c
+			s.cost(in.r, c, 0, c*k.call)
+		}
+		for key := range in.active {
+			s.applyShare(in.r, key, p, in.heard[p])
+		}
 	}
+	clear(in.active)
+}
+
+// peerLoop is one peer loop's round, woken by its main loop: the inbox
+// joins the keys pending, which are sent to the peer's Redis, a batch of
+// keys per call (a PING if none). A silent peer is tried every other
+// wake.
+func (s *sim) peerLoop(in *instance, p int) {
+	in.wakes[p]++
+	if in.wakes[p]%2 == 0 && s.now-in.heard[p] > s.bound {
+		return
+	}
+	for key, it := range in.inbox[p] {
+		in.pending[p][key] = it
+	}
+	clear(in.inbox[p])
 	if !s.linked(in.r, p) {
+		in.failed[p] = true
 		return // refused at once: the keys stay pending
 	}
+	if s.cfg.reread && in.failed[p] { // (-reread) the peer answers: its pending journals read again
+		in.failed[p] = false
+		n := float64(len(in.pending[p])) * s.cfg.scale
+		if s.counting() {
+			s.out.region[in.r].gets += n
+			s.cost(in.r, n, 0, n*s.cfg.cost.get)
+		}
+		for key := range in.pending[p] {
+			if j := s.jour[in.r][key]; j.c > 0 {
+				in.pending[p][key] = item{key, j.c, j.t}
+			}
+		}
+	}
+	items := make([]item, 0, len(in.pending[p]))
+	for _, it := range in.pending[p] {
+		items = append(items, it)
+	}
 	in.busy[p] = s.now + s.rtt
-	in.inFlight[p] = keys
-	s.push(&event{t: s.now + s.oneway, kind: evDeliver, r: in.r, p: p, items: items})
+	s.push(&event{t: s.now + s.oneway, kind: evDeliver, r: in.r, p: p, items: items, calls: s.calls(len(items))})
 	s.push(&event{t: s.now + s.rtt, kind: evReply, r: in.r, i: in.i, p: p})
 }
 
-// reply ends a delivery: the peer is heard, its keys are no longer
-// pending, and a tick that came meanwhile runs.
+// delivered runs a delivery on the peer's Redis: its calls, each key's
+// journal applied.
+func (s *sim) delivered(e *event) {
+	if s.counting() {
+		c, k := &s.out.region[e.p], s.cfg.cost
+		if len(e.items) == 0 {
+			c.pings++
+		}
+		n := float64(len(e.items)) * s.cfg.scale
+		c.calls += e.calls
+		c.bytes += e.calls*k.callBytes + n*k.keyBytes
+		s.cost(e.p, e.calls, 0, e.calls*k.call)
+	}
+	for _, it := range e.items {
+		s.applyJournal(e.p, it.k, e.r, it.c, it.t)
+	}
+}
+
+// reply ends a delivery: the peer is heard, nothing is pending any more,
+// and a wake that came meanwhile runs the loop again.
 func (s *sim) reply(in *instance, p int) {
 	in.busy[p] = 0
 	if s.linked(in.r, p) { // a reply lost to a cut: the keys stay pending (what was sent was applied)
 		in.heard[p] = s.now
-		for _, k := range in.inFlight[p] {
-			delete(in.pending[p], k)
-		}
+		clear(in.pending[p])
+	} else {
+		in.failed[p] = true
 	}
-	in.inFlight[p] = nil
 	if in.owed[p] {
 		in.owed[p] = false
 		s.peerLoop(in, p)
 	}
 }
 
-// applyJournal is region_apply.lua's 'u' on region p's Redis: origin q's
-// journal (c, t) of key k, charged past what p applied.
+// applyJournal is region_apply.lua's 'u' for one key on region p's Redis:
+// origin q's journal (c, t) of key k, charged past what p applied.
 func (s *sim) applyJournal(p int, k int32, q int, c, t int64) {
 	rc := &s.rec[p][k][q]
-	s.cost(p, 1)
-	if rc.s > 0 && float64(rc.ta) < float64(s.now)-s.horizon {
+	if rc.s > 0 && float64(rc.ta) < float64(s.now)-s.life {
 		rc.s = 0
 	}
 	dc := c - rc.wc
 	if dc <= 0 {
-		if s.counted() {
-			s.out.region[p].noop++
+		if s.counting() {
+			s.out.region[p].noop += s.cfg.scale
+			s.cost(p, 0, s.cfg.scale, s.cfg.scale*s.cfg.cost.noop)
 		}
 		return
 	}
-	if s.counted() {
-		s.out.region[p].charge++
+	if s.counting() {
+		s.out.region[p].charge += s.cfg.scale
+		s.cost(p, 0, s.cfg.scale, s.cfg.scale*s.cfg.cost.charge)
 	}
 	d := float64(dc) - math.Floor(s.cfg.limit*s.share*float64(rc.s)/float64(s.period))
 	st := &s.state[p][k]
@@ -403,23 +522,28 @@ func (s *sim) applyJournal(p int, k int32, q int, c, t int64) {
 		}
 	}
 	st.u = max(0, st.u+d) // a charge past the limit is owed; a refund stops at nothing used
-	rc.wc, rc.s = c, 0
+	rc.wc, rc.s, rc.tu = c, 0, s.now
 }
 
-// applyShare is region_apply.lua's 'a' on region r's Redis: silent peer
-// p's share of the limit for key k, from since (or the last such charge).
+// applyShare is region_apply.lua's 'a' for one key on region r's Redis:
+// silent peer p's share of the limit for key k, from since (or the last
+// such charge), unless p delivered a journal of k here within the bound.
 func (s *sim) applyShare(r int, k int32, p int, since int64) {
 	rc := &s.rec[r][k][p]
-	s.cost(r, 1)
-	if s.counted() {
-		s.out.region[r].share++
-	}
-	if rc.s > 0 && float64(rc.ta) < float64(s.now)-s.horizon {
+	if rc.s > 0 && float64(rc.ta) < float64(s.now)-s.life {
 		rc.s = 0
 	}
 	from := max(since, rc.ta)
-	if from >= s.now {
+	if rc.tu > 0 && s.now-rc.tu <= s.bound || from >= s.now { // heard here, or charged already
+		if s.counting() {
+			s.out.region[r].skip += s.cfg.scale
+			s.cost(r, 0, s.cfg.scale, s.cfg.scale*s.cfg.cost.skip)
+		}
 		return
+	}
+	if s.counting() {
+		s.out.region[r].share += s.cfg.scale
+		s.cost(r, 0, s.cfg.scale, s.cfg.scale*s.cfg.cost.share)
 	}
 	per := s.cfg.limit * s.share / float64(s.period)
 	d := math.Floor(per*float64(rc.s+s.now-from)) - math.Floor(per*float64(rc.s))
