@@ -217,6 +217,7 @@ func (x *exchange) loop() {
 // peerLoop delivers to p, as soon as each round hands them over, the
 // journals read since (and those a failed delivery left).
 func (x *exchange) peerLoop(p *regionPeer) {
+	failed := false // the last delivery failed: what it left is as read then
 	for tick := 0; ; tick++ {
 		select {
 		case <-x.ctx.Done():
@@ -232,6 +233,7 @@ func (x *exchange) peerLoop(p *regionPeer) {
 			continue
 		}
 		p.mu.Lock()
+		fresh := len(p.inbox)
 		for s, j := range p.inbox {
 			if _, ok := p.pending[s]; ok || len(p.pending) < maxRegionPending {
 				p.pending[s] = j
@@ -240,11 +242,40 @@ func (x *exchange) peerLoop(p *regionPeer) {
 		clear(p.inbox)
 		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(x.ctx, deliverTimeout(x.sync))
-		if x.deliver(ctx, p) == nil {
+		err := error(nil)
+		if failed && len(p.pending) > fresh {
+			err = x.refresh(ctx, p)
+		}
+		if err == nil {
+			err = x.deliver(ctx, p)
+		}
+		if failed = err != nil; !failed {
 			p.heard.Store(time.Now().UnixNano())
 		}
 		cancel()
 	}
+}
+
+// refresh reads again, once p answers a PING, the journals that a failed
+// delivery left as they were read then (when some were not read again by
+// this round, for keys decided since): applied after a silence, a journal
+// older than the region's usage would set only part of it against the
+// share charged for the whole silence, and give back too much, lost where
+// the state has less to give (a bucket full again).
+func (x *exchange) refresh(ctx context.Context, p *regionPeer) error {
+	if err := p.rdb.Ping(ctx).Err(); err != nil || len(p.pending) == 0 {
+		return err
+	}
+	keys := make(map[string]*ruleSet, len(p.pending))
+	for s, j := range p.pending {
+		keys[s] = j.rs
+	}
+	journals, err := x.readJournals(ctx, keys)
+	if err != nil {
+		return err
+	}
+	maps.Copy(p.pending, journals) // a journal gone since (its life over) is sent as read
+	return nil
 }
 
 // journal is a key's journal as read from this region's Redis (see

@@ -14,10 +14,11 @@
 -- the previous epoch's. The counts only grow within an epoch, so a peer
 -- that has applied c of them applies only what is past c, however many
 -- instances deliver it and however often (see region_apply.lua). An epoch
--- ends at the first admission a life after it began, so that a journal
--- never holds usage that no rule remembers (a peer that lost its record of
--- what it applied charges at most two lives' usage again), and the key
--- lives a life after its last admission, as the rules' state does.
+-- ends at the first admission ten minutes after it began (a peer that
+-- never applied it, or lost its record of what it applied, charges at most
+-- a rule's capacity of it), and the key lives a life after its last
+-- admission, as the rules' state does: a key an attacker chose costs
+-- Redis no longer than its state.
 if not denied and n0 > 0 and block >= 0 then
   local jk = KEYS[nkeys + (rid ~= '' and nrules or 0) + 1]
   if jk then
@@ -27,7 +28,7 @@ if not denied and n0 > 0 and block >= 0 then
     if v then
       local je, jc, jk2, _, xe, xc, xk = string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
       if je then
-        if now - je < life * 1000 then
+        if now - je < 600000000 then
           e, c, k, pe, pc, pk = je + 0, jc + n0, jk2 + 1, xe, xc, xk
         else
           pe, pc, pk = je, jc, jk2 -- a new epoch

@@ -30,7 +30,11 @@
 -- (an epoch ends a life after it began, and is delivered as the previous
 -- one for a life more).
 --
--- A journal's events are charged as of t, its last admission: not into a
+-- A journal new to the record, when the record holds none of the peer's (it
+-- never had one, or it expired in a partition longer than three lives),
+-- charges each rule at most its capacity (a bucket's burst, a window's
+-- rate): what its older epochs hold cannot be told apart from what still
+-- counts. A journal's events are charged as of t, its last admission: not into a
 -- window that has ended since (a fixed or calendar window, a sliding
 -- counter's window before the previous one, a sub-window counter's period
 -- past), and to an idle bucket (nothing used now) less what the refill
@@ -92,13 +96,18 @@ end
 -- with the events (calls, for a rule per call) that count at now, less
 -- what the share stood for over s_was (µs): if the share stood for more,
 -- it gives the difference back. It returns the first rule's charge.
-local function charge(o, dc, dk, t, s_was)
+local function charge(o, dc, dk, t, s_was, new)
   local first = 0
   for i = 1, nrules do
     local strat, rate, period, burst, per_call = rule(i)
     local key = KEYS[o + i]
     local d = dc
     if per_call then d = dk end
+    if new then
+      local cap = rate
+      if strat == 'tb' or strat == 'lb' then cap = burst end
+      if d > cap then d = cap end
+    end
     if s_was > 0 then d = d - math.floor(rate * share * s_was / period) end
     if d > 0 and t then d = as_of(strat, key, rate, period, burst, d, t) end
     if d < 0 then refund(strat, key, rate, period, burst, -d) end
@@ -144,7 +153,7 @@ local function apply(o, a)
       end
     end
     if dc <= 0 and dk <= 0 then return 0 end -- applied already
-    first = charge(o, dc, dk, t, s)
+    first = charge(o, dc, dk, t, s, rec == nil)
     we, wc, wk, s, tu = e, c, k, 0, now
   else
     if now - tu <= bound then return 0 end -- heard here
