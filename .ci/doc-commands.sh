@@ -45,6 +45,11 @@ declare -A skip=(
   ['go vet']='names a step of ./test.sh, which runs it in every module'
   ['go run']='a verb in a sentence'
   ['go get github.com/redlimit/redlimit']='run in a user'"'"'s module, not in this repository'
+  ['cd bench && go run ./cmd/regions -measure']='30-50 s against redis-servers it starts: rerun by hand for the costs in docs/regions-simulation.md'
+  ['cd bench && go run ./cmd/regions -regions 10 -instances 100 -keys 10000 -all-keys 1000000 -sync 200ms -rtt 100ms -rate 0.001 -limit 0.5 -burst 5 -run 60s -seeds 1']='a simulation at internet scale, 8-50 s each: rerun by hand (docs/regions-simulation.md)'
+  ['cd bench && go run ./cmd/regions -regions 10 -instances 100 -keys 10000 -all-keys 1000000 -sync 200ms -rtt 100ms -rate 0.01 -limit 5 -burst 5 -pre 10s -run 30s -cut 20s -seeds 1']='a simulation at internet scale, 8-50 s each: rerun by hand (docs/regions-simulation.md)'
+  ['cd bench && go run ./cmd/regions -regions 10 -instances 100 -keys 10000 -all-keys 1000000 -sync 200ms -rtt 100ms -rate 0.01 -limit 5 -burst 5 -run 60s -seeds 1']='a simulation at internet scale, 8-50 s each: rerun by hand (docs/regions-simulation.md)'
+  ['cd bench && go run ./cmd/regions -regions 10 -instances 100 -keys 10000 -all-keys 1000000 -sync 200ms -rtt 100ms -rate 0.01 -strategy fw -limit 300 -period 1m -run 60s -seeds 1']='a simulation at internet scale, 8-50 s each: rerun by hand (docs/regions-simulation.md)'
 )
 
 # ---- Inside the network namespace: .ci/doc-commands.sh --sandbox DIR ----
