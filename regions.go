@@ -109,9 +109,10 @@ type regionPeer struct {
 	rdb   redis.UniversalClient
 	heard atomic.Int64 // when its loop last reached the peer (UnixNano)
 
-	mu    sync.Mutex
-	inbox map[string]journal // journals read, not yet taken by the peer's loop
-	wake  chan struct{}      // a round handed the loop its inbox
+	mu      sync.Mutex
+	inbox   map[string]journal  // journals read, not yet taken by the peer's loop
+	wake    chan struct{}       // a round handed the loop its inbox
+	charged map[string]*ruleSet // keys this instance charged the peer's share on while it was silent
 
 	pending map[string]journal // journals the peer has not had (its loop's)
 }
@@ -131,9 +132,12 @@ func newExchange(e *engine, r *Regions) *exchange {
 	if x.sync == 0 {
 		x.sync = DefaultRegionSync
 	}
-	now := time.Now().UnixNano()
+	// A peer counts as heard until its first delivery's deadline: a first
+	// delivery (a dial, the script's load) slower than the staleness
+	// bound does not make it silent and charge it its share meanwhile.
+	now := time.Now().Add(deliverTimeout(x.sync)).UnixNano()
 	for _, name := range slices.Sorted(maps.Keys(r.Peers)) {
-		p := &regionPeer{name: name, rdb: r.Peers[name], inbox: make(map[string]journal), pending: make(map[string]journal), wake: make(chan struct{}, 1)}
+		p := &regionPeer{name: name, rdb: r.Peers[name], inbox: make(map[string]journal), pending: make(map[string]journal), wake: make(chan struct{}, 1), charged: make(map[string]*ruleSet)}
 		p.heard.Store(now)
 		x.peers = append(x.peers, p)
 	}
@@ -159,7 +163,7 @@ func (x *exchange) ages() map[string]time.Duration {
 	now := time.Now().UnixNano()
 	out := make(map[string]time.Duration, len(x.peers))
 	for _, p := range x.peers {
-		out[p.name] = time.Duration(now - p.heard.Load())
+		out[p.name] = time.Duration(max(now-p.heard.Load(), 0))
 	}
 	return out
 }
@@ -217,6 +221,11 @@ func (x *exchange) loop() {
 // peerLoop delivers to p, as soon as each round hands them over, the
 // journals read since (and those a failed delivery left).
 func (x *exchange) peerLoop(p *regionPeer) {
+	// The script loaded ahead, so that the first delivery is one round
+	// trip (a failure here is met by the deliveries' own load).
+	ctx, cancel := context.WithTimeout(x.ctx, deliverTimeout(x.sync))
+	_ = regionScript.Load(ctx, p.rdb).Err()
+	cancel()
 	failed := false // the last delivery failed: what it left is as read then
 	for tick := 0; ; tick++ {
 		select {
@@ -251,8 +260,65 @@ func (x *exchange) peerLoop(p *regionPeer) {
 		}
 		if failed = err != nil; !failed {
 			p.heard.Store(time.Now().UnixNano())
+			x.reconcile(ctx, p)
 		}
 		cancel()
+	}
+}
+
+// reconcile sets the share this instance charged p while it was silent
+// against p's usage, once p is heard again: it reads p's journals of those
+// keys from p's Redis and applies them to this region's, as p's own
+// delivery would (and it may come too: applied once); a key p has no
+// journal of had no usage there, and its share is given back. Without
+// this, a peer that admitted nothing during the silence (so delivers
+// nothing) would leave its share charged here for good.
+func (x *exchange) reconcile(ctx context.Context, p *regionPeer) {
+	p.mu.Lock()
+	keys := p.charged
+	if len(keys) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.charged = make(map[string]*ruleSet)
+	p.mu.Unlock()
+	states := slices.Collect(maps.Keys(keys))
+	cmds := make([]*redis.StringCmd, len(states))
+	_, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for i, s := range states {
+			cmds[i] = pipe.Get(ctx, x.journalKey(s, keys[s]))
+		}
+		return nil
+	})
+	if err == nil || errors.Is(err, redis.Nil) {
+		used, unused := make(map[string]journal), make(map[string]*ruleSet)
+		for i, s := range states {
+			if j, ok := parseJournal(cmds[i].Val()); ok {
+				used[s] = journal{rs: keys[s], j: j}
+			} else {
+				unused[s] = keys[s]
+			}
+		}
+		err = runScript(ctx, x.e.rdb, func(pipe redis.Pipeliner) {
+			for _, states := range batches(x.e.rdb, used, func(j journal) *ruleSet { return j.rs }) {
+				tail := make([]int64, 0, len(states)*7)
+				for _, s := range states {
+					j := used[s].j
+					tail = append(tail, j[:]...)
+				}
+				keys, args := x.applyArgs(used[states[0]].rs, p.name, "u", states, tail)
+				regionScript.EvalSha(ctx, pipe, keys, args...)
+			}
+			for _, states := range batches(x.e.rdb, unused, func(rs *ruleSet) *ruleSet { return rs }) {
+				keys, args := x.applyArgs(unused[states[0]], p.name, "z", states, nil)
+				regionScript.EvalSha(ctx, pipe, keys, args...)
+			}
+		})
+	}
+	if err != nil { // the next round tries again
+		p.mu.Lock()
+		maps.Copy(p.charged, keys)
+		p.mu.Unlock()
 	}
 }
 
@@ -409,6 +475,13 @@ func (x *exchange) assume(ctx context.Context, active map[string]*ruleSet) {
 		if groups == nil {
 			groups = batches(x.e.rdb, active, func(rs *ruleSet) *ruleSet { return rs })
 		}
+		p.mu.Lock()
+		for s, rs := range active {
+			if _, ok := p.charged[s]; ok || len(p.charged) < maxRegionPending {
+				p.charged[s] = rs
+			}
+		}
+		p.mu.Unlock()
 		since := heard.UnixMicro() + x.e.serverAhead.Load()
 		_ = runScript(ctx, x.e.rdb, func(pipe redis.Pipeliner) {
 			for _, states := range groups {

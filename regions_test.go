@@ -35,6 +35,12 @@ const rigSync = 200 * time.Millisecond
 // add rtt to every round trip.
 func startRegions(t *testing.T, regions, instances int, rtt time.Duration, mk func(own redis.UniversalClient, opt Option) (*RateLimiter, error)) *regionsRig {
 	t.Helper()
+	return startRegionsSync(t, regions, instances, rtt, rigSync, mk)
+}
+
+// startRegionsSync is startRegions with the exchange interval sync.
+func startRegionsSync(t *testing.T, regions, instances int, rtt, sync time.Duration, mk func(own redis.UniversalClient, opt Option) (*RateLimiter, error)) *regionsRig {
+	t.Helper()
 	g := &regionsRig{rtt: rtt, names: []string{"eu", "us", "ap", "sa", "af"}[:regions]}
 	servers := make([]*redistest.Server, regions)
 	for i := range servers {
@@ -66,7 +72,7 @@ func startRegions(t *testing.T, regions, instances int, rtt time.Duration, mk fu
 					peers[g.names[j]] = client(g.links[i][j].Addr)
 				}
 			}
-			lim, err := mk(client(servers[i].Addr), WithRegions(Regions{Name: g.names[i], Peers: peers, Sync: rigSync}))
+			lim, err := mk(client(servers[i].Addr), WithRegions(Regions{Name: g.names[i], Peers: peers, Sync: sync}))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = lim.Close() })
 			g.lims[i] = append(g.lims[i], lim)
@@ -614,4 +620,29 @@ func TestRegionsBatches(t *testing.T) {
 		}
 		return true
 	}, 10*time.Second, 50*time.Millisecond)
+}
+
+// TestRegionsSilentShareGivenBackRedis: the share charged for a peer while
+// it was silent is set against what it used once it is heard again, even
+// when it used nothing (and so has nothing to deliver).
+func TestRegionsSilentShareGivenBackRedis(t *testing.T) {
+	const sync = 20 * time.Millisecond
+	g := startRegionsSync(t, 2, 1, 0, sync, func(rdb redis.UniversalClient, o Option) (*RateLimiter, error) {
+		return NewFixedWindow(rdb, PerMinute(60_000), o)
+	})
+	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < 10*time.Second {
+		time.Sleep(left + 100*time.Millisecond) // one window
+	}
+	eu := g.lims[0][0]
+	ctx := context.Background()
+	remaining := func() int {
+		res, err := eu.AllowN(ctx, "quiet", 0) // decided here, never admitted anywhere
+		require.NoError(t, err)
+		return res.Remaining
+	}
+	require.Equal(t, 60_000, remaining())
+	g.cut(0, true)
+	require.Eventually(t, func() bool { return remaining() < 60_000-100 }, 5*time.Second, sync, "the silent peer's share charged")
+	g.cut(0, false)
+	require.Eventually(t, func() bool { return remaining() == 60_000 }, 5*time.Second, sync, "its share given back")
 }

@@ -12,6 +12,9 @@
 -- arguments:
 --   'u': for each key, the peer's journal of it, e, c, k, t, pe, pc, pk
 --        (see region.lua);
+--   'z': (no arguments) the peer has no journal of the keys: it admitted
+--        nothing for them lately, and what its share charged while it was
+--        silent is given back;
 --   'a': since: the peer has not been heard since since (µs): charge it
 --        its share of the limit for the time from since (or from where the
 --        last such charge ended) to now, on each key, unless it delivered
@@ -155,6 +158,10 @@ local function apply(o, a)
     if dc <= 0 and dk <= 0 then return 0 end -- applied already
     first = charge(o, dc, dk, t, s, rec == nil)
     we, wc, wk, s, tu = e, c, k, 0, now
+  elseif mode == 'z' then
+    if s == 0 then return 0 end
+    charge(o, 0, 0, nil, s, false)
+    s = 0
   else
     if now - tu <= bound then return 0 end -- heard here
     local from = tonumber(ARGV[a])
