@@ -300,15 +300,7 @@ func (x *exchange) reconcile(ctx context.Context, p *regionPeer) {
 			}
 		}
 		err = runScript(ctx, x.e.rdb, func(pipe redis.Pipeliner) {
-			for _, states := range batches(x.e.rdb, used, func(j journal) *ruleSet { return j.rs }) {
-				tail := make([]int64, 0, len(states)*7)
-				for _, s := range states {
-					j := used[s].j
-					tail = append(tail, j[:]...)
-				}
-				keys, args := x.applyArgs(used[states[0]].rs, p.name, "u", states, tail)
-				regionScript.EvalSha(ctx, pipe, keys, args...)
-			}
+			x.queueJournals(ctx, pipe, x.e.rdb, p.name, used)
 			for _, states := range batches(x.e.rdb, unused, func(rs *ruleSet) *ruleSet { return rs }) {
 				keys, args := x.applyArgs(unused[states[0]], p.name, "z", states, nil)
 				regionScript.EvalSha(ctx, pipe, keys, args...)
@@ -418,22 +410,27 @@ func (x *exchange) deliver(ctx context.Context, p *regionPeer) error {
 	if len(p.pending) == 0 {
 		return p.rdb.Ping(ctx).Err()
 	}
-	groups := batches(p.rdb, p.pending, func(j journal) *ruleSet { return j.rs })
 	err := runScript(ctx, p.rdb, func(pipe redis.Pipeliner) {
-		for _, states := range groups {
-			tail := make([]int64, 0, len(states)*7)
-			for _, s := range states {
-				j := p.pending[s].j
-				tail = append(tail, j[:]...)
-			}
-			keys, args := x.applyArgs(p.pending[states[0]].rs, x.name, "u", states, tail)
-			regionScript.EvalSha(ctx, pipe, keys, args...)
-		}
+		x.queueJournals(ctx, pipe, p.rdb, x.name, p.pending)
 	})
 	if err == nil {
 		clear(p.pending)
 	}
 	return err
+}
+
+// queueJournals queues on pipe, for rdb, the calls of the region script
+// that apply journals, origin's, a batch of keys per call.
+func (x *exchange) queueJournals(ctx context.Context, pipe redis.Pipeliner, rdb redis.UniversalClient, origin string, journals map[string]journal) {
+	for _, states := range batches(rdb, journals, func(j journal) *ruleSet { return j.rs }) {
+		tail := make([]int64, 0, len(states)*len(journal{}.j))
+		for _, s := range states {
+			j := journals[s].j
+			tail = append(tail, j[:]...)
+		}
+		keys, args := x.applyArgs(journals[states[0]].rs, origin, "u", states, tail)
+		regionScript.EvalSha(ctx, pipe, keys, args...)
+	}
 }
 
 // runScript runs the region script's calls that queue makes in one
