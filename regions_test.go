@@ -199,6 +199,7 @@ func TestRegionsOneLimitRedis(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // the fixed window may wait for a minute's start meanwhile
 			g := startRegions(t, 3, 2, rtt, c.mk)
 			if c.limit == 3000 { // the run within one minute's window
 				if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < run+time.Second {
