@@ -116,138 +116,195 @@ func respSize(args []string) int {
 // which counts reading and replying too), and fits a call's cost as a
 // fixed part and a part per key.
 func measure(keys, rounds int, batchSizes []int) error {
-	var srv [2]*redistest.Server
-	var rdb [2]*redis.Client
-	for i := range srv {
-		s, err := redistest.StartServer()
-		if err != nil {
-			return err
-		}
-		defer func() { _ = s.Close() }()
-		srv[i], rdb[i] = s, redis.NewClient(patient(s.Addr))
-		defer func() { _ = rdb[i].Close() }()
+	localSrv, local, err := startServer()
+	if err != nil {
+		return err
 	}
-	local, remote := rdb[0], rdb[1]
-	strategies := []struct {
-		name string
-		mk   func(redis.UniversalClient, ...redlimit.Option) (*redlimit.RateLimiter, error)
-	}{
-		{"token bucket", func(c redis.UniversalClient, o ...redlimit.Option) (*redlimit.RateLimiter, error) {
-			return redlimit.NewTokenBucket(c, redlimit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}, o...)
-		}},
-		{"fixed window", func(c redis.UniversalClient, o ...redlimit.Option) (*redlimit.RateLimiter, error) {
-			return redlimit.NewFixedWindow(c, redlimit.PerMinute(60000), o...)
-		}},
+	defer closeServer(localSrv, local)
+	remoteSrv, remote, err := startServer()
+	if err != nil {
+		return err
 	}
+	defer closeServer(remoteSrv, remote)
 	ctx := context.Background()
 	for si, st := range strategies {
-		hook, err := deliverOnce(ctx, local, srv[1].Addr, si, keys, st.mk)
-		if err != nil {
+		if err := measureStrategy(ctx, local, remote, remoteSrv.Addr, si, st, keys, rounds, batchSizes); err != nil {
 			return err
 		}
-		units := make([]unit, 0, keys)
-		for _, u := range hook.byKey {
-			units = append(units, u)
-		}
-		head := hook.head
-		peer, mode, bound := len(head)-5, len(head)-4, len(head)-1
-		var sizes []string
-		bytes := map[int]float64{}
-		for _, b := range batchSizes {
-			var tail []string
-			for _, u := range units[:b] {
-				tail = append(tail, u.journal...)
-			}
-			bytes[b] = float64(respSize(call(hook.sha, head, units[:b], tail)))
-			sizes = append(sizes, fmt.Sprintf("%d key(s) %.0f B", b, bytes[b]))
-		}
-		fmt.Printf("%s: %d keys; a region script EVALSHA as sent (keys of 15 characters): %s\n", st.name, len(units), strings.Join(sizes, ", "))
-
-		// The journals, read back at once (a token bucket's live a life,
-		// 2 s, after the last admission), by their key: the peer record's
-		// with ":j" and the life in ms (head's last arguments but one, µs).
-		life, _ := strconv.ParseInt(head[len(head)-2], 10, 64)
-		gets := make([][]string, len(units))
-		for i, u := range units {
-			gets[i] = []string{"get", fmt.Sprintf("%s:j%d", strings.TrimSuffix(u.keys[len(u.keys)-1], peersSuffix), life/1000)}
-		}
-		hits, err := found(ctx, local, gets)
-		if err != nil {
-			return err
-		}
-		if _, err := timed(ctx, local, "get", fmt.Sprintf("%s, journal GET (%d of %d found)", st.name, hits, len(gets)), 1, rounds, func(int) [][]string { return gets }); err != nil {
-			return err
-		}
-
-		// grown returns a unit's journal grown by n events, at now.
-		grown := func(u unit, n int) []string {
-			j := append([]string(nil), u.journal...)
-			c, _ := strconv.ParseInt(j[1], 10, 64)
-			k, _ := strconv.ParseInt(j[2], 10, 64)
-			j[1], j[2] = strconv.FormatInt(c+int64(n), 10), strconv.FormatInt(k+int64(n), 10)
-			j[3] = strconv.FormatInt(time.Now().UnixMicro(), 10)
-			return j
-		}
-		grew := 0                           // how far the journals have grown on the peer
-		cpu := map[string]map[int]float64{} // by phase, by batch size: µs per call
-		var order []string
-		for _, b := range batchSizes {
-			phases := []struct {
-				what string
-				mk   func(us []unit) []string
-			}{
-				{"charge", func(us []unit) []string {
-					var tail []string
-					for _, u := range us {
-						tail = append(tail, grown(u, grew)...)
-					}
-					return call(hook.sha, head, us, tail)
-				}},
-				{"no-op repeat", func(us []unit) []string {
-					var tail []string
-					for _, u := range us {
-						tail = append(tail, grown(u, grew)...)
-					}
-					return call(hook.sha, head, us, tail)
-				}},
-				{"share 'a', charged", func(us []unit) []string {
-					h := append([]string(nil), head...)
-					h[peer], h[mode] = "ap", "a" // a peer never heard here
-					return call(hook.sha, h, us, []string{strconv.FormatInt(time.Now().Add(-time.Second).UnixMicro(), 10)})
-				}},
-				{"share 'a', skipped", func(us []unit) []string {
-					h := append([]string(nil), head...)
-					h[mode], h[bound] = "a", "3600000000" // "eu" delivered within the bound
-					return call(hook.sha, h, us, []string{strconv.FormatInt(time.Now().Add(-time.Second).UnixMicro(), 10)})
-				}},
-			}
-			for _, ph := range phases {
-				if cpu[ph.what] == nil {
-					cpu[ph.what] = map[int]float64{}
-					order = append(order, ph.what)
-				}
-				var err error
-				cpu[ph.what][b], err = timed(ctx, remote, "evalsha", fmt.Sprintf("%s, %s, %d key(s) a call", st.name, ph.what, b), b, rounds, func(int) [][]string {
-					if ph.what == "charge" {
-						grew++ // each round's charge grows them by one more
-					}
-					var out [][]string
-					for lo := 0; lo < len(units); lo += b {
-						out = append(out, ph.mk(units[lo:min(lo+b, len(units))]))
-					}
-					return out
-				})
-				if err != nil {
-					return err
-				}
-			}
-		}
-		for _, what := range order {
-			fmt.Printf("  %-50s %s\n", "fit, "+what+":", fit(cpu[what], "µs"))
-		}
-		fmt.Printf("  %-50s %s\n", "fit, bytes of a delivery's EVALSHA:", fit(bytes, "B"))
 	}
 	return nil
+}
+
+// startServer starts a redis-server and returns it with a client of it.
+func startServer() (*redistest.Server, *redis.Client, error) {
+	s, err := redistest.StartServer()
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, redis.NewClient(patient(s.Addr)), nil
+}
+
+// closeServer closes the client rdb, then the server s.
+func closeServer(s *redistest.Server, rdb *redis.Client) {
+	_ = rdb.Close()
+	_ = s.Close()
+}
+
+// strategy is a strategy -measure times: its name, and how to make a
+// limiter of it.
+type strategy struct {
+	name string
+	mk   func(redis.UniversalClient, ...redlimit.Option) (*redlimit.RateLimiter, error)
+}
+
+// strategies are the strategies -measure times, in order.
+var strategies = []strategy{
+	{"token bucket", func(c redis.UniversalClient, o ...redlimit.Option) (*redlimit.RateLimiter, error) {
+		return redlimit.NewTokenBucket(c, redlimit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}, o...)
+	}},
+	{"fixed window", func(c redis.UniversalClient, o ...redlimit.Option) (*redlimit.RateLimiter, error) {
+		return redlimit.NewFixedWindow(c, redlimit.PerMinute(60000), o...)
+	}},
+}
+
+// measureStrategy has strategy st's exchange, its si-th, deliver keys
+// keys' journals from local to the server at remoteAddr (remote's), then
+// times the journal GETs on local and the region script calls of each of
+// batchSizes on remote, and prints what they cost (see measure).
+func measureStrategy(ctx context.Context, local, remote *redis.Client, remoteAddr string, si int, st strategy, keys, rounds int, batchSizes []int) error {
+	hook, err := deliverOnce(ctx, local, remoteAddr, si, keys, st.mk)
+	if err != nil {
+		return err
+	}
+	units := make([]unit, 0, keys)
+	for _, u := range hook.byKey {
+		units = append(units, u)
+	}
+	var sizes []string
+	bytes := map[int]float64{}
+	for _, b := range batchSizes {
+		var tail []string
+		for _, u := range units[:b] {
+			tail = append(tail, u.journal...)
+		}
+		bytes[b] = float64(respSize(call(hook.sha, hook.head, units[:b], tail)))
+		sizes = append(sizes, fmt.Sprintf("%d key(s) %.0f B", b, bytes[b]))
+	}
+	fmt.Printf("%s: %d keys; a region script EVALSHA as sent (keys of 15 characters): %s\n", st.name, len(units), strings.Join(sizes, ", "))
+	if err := timeGets(ctx, local, st.name, hook.head, units, rounds); err != nil {
+		return err
+	}
+	cpu, order, err := timePhases(ctx, remote, st.name, hook, units, batchSizes, rounds)
+	if err != nil {
+		return err
+	}
+	for _, what := range order {
+		fmt.Printf("  %-50s %s\n", "fit, "+what+":", fit(cpu[what], "µs"))
+	}
+	fmt.Printf("  %-50s %s\n", "fit, bytes of a delivery's EVALSHA:", fit(bytes, "B"))
+	return nil
+}
+
+// timeGets times the GETs of units' journals on local, pipelined, rounds
+// times, and prints what they cost.
+func timeGets(ctx context.Context, local *redis.Client, name string, head []string, units []unit, rounds int) error {
+	// The journals, read back at once (a token bucket's live a life,
+	// 2 s, after the last admission), by their key: the peer record's
+	// with ":j" and the life in ms (head's last arguments but one, µs).
+	life, _ := strconv.ParseInt(head[len(head)-2], 10, 64)
+	gets := make([][]string, len(units))
+	for i, u := range units {
+		gets[i] = []string{"get", fmt.Sprintf("%s:j%d", strings.TrimSuffix(u.keys[len(u.keys)-1], peersSuffix), life/1000)}
+	}
+	hits, err := found(ctx, local, gets)
+	if err != nil {
+		return err
+	}
+	_, err = timed(ctx, local, "get", fmt.Sprintf("%s, journal GET (%d of %d found)", name, hits, len(gets)), 1, rounds, func(int) [][]string { return gets })
+	return err
+}
+
+// grown returns a unit's journal grown by n events, at now.
+func grown(u unit, n int) []string {
+	j := append([]string(nil), u.journal...)
+	c, _ := strconv.ParseInt(j[1], 10, 64)
+	k, _ := strconv.ParseInt(j[2], 10, 64)
+	j[1], j[2] = strconv.FormatInt(c+int64(n), 10), strconv.FormatInt(k+int64(n), 10)
+	j[3] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	return j
+}
+
+// phase is a kind of region script call -measure times: what it is, and
+// how to make one for some units.
+type phase struct {
+	what string
+	mk   func(us []unit) []string
+}
+
+// phases are the kinds of region script call of hook's EVALSHAs: a
+// delivery that charges (the journals grown by *grew), its no-op repeat,
+// a silent peer's share charged and one passed over.
+func phases(hook *capture, grew *int) []phase {
+	head := hook.head
+	peer, mode, bound := len(head)-5, len(head)-4, len(head)-1
+	delivery := func(us []unit) []string {
+		var tail []string
+		for _, u := range us {
+			tail = append(tail, grown(u, *grew)...)
+		}
+		return call(hook.sha, head, us, tail)
+	}
+	return []phase{
+		{"charge", delivery},
+		{"no-op repeat", delivery},
+		{"share 'a', charged", func(us []unit) []string {
+			h := append([]string(nil), head...)
+			h[peer], h[mode] = "ap", "a" // a peer never heard here
+			return call(hook.sha, h, us, []string{strconv.FormatInt(time.Now().Add(-time.Second).UnixMicro(), 10)})
+		}},
+		{"share 'a', skipped", func(us []unit) []string {
+			h := append([]string(nil), head...)
+			h[mode], h[bound] = "a", "3600000000" // "eu" delivered within the bound
+			return call(hook.sha, h, us, []string{strconv.FormatInt(time.Now().Add(-time.Second).UnixMicro(), 10)})
+		}},
+	}
+}
+
+// timePhases times each phase's region script calls on remote, in calls
+// of each of batchSizes units, rounds times, and returns the server's CPU
+// per call by phase and by batch size, and the phases in order.
+func timePhases(ctx context.Context, remote *redis.Client, name string, hook *capture, units []unit, batchSizes []int, rounds int) (map[string]map[int]float64, []string, error) {
+	grew := 0                           // how far the journals have grown on the peer
+	cpu := map[string]map[int]float64{} // by phase, by batch size: µs per call
+	var order []string
+	for _, b := range batchSizes {
+		for _, ph := range phases(hook, &grew) {
+			if cpu[ph.what] == nil {
+				cpu[ph.what] = map[int]float64{}
+				order = append(order, ph.what)
+			}
+			var err error
+			cpu[ph.what][b], err = timed(ctx, remote, "evalsha", fmt.Sprintf("%s, %s, %d key(s) a call", name, ph.what, b), b, rounds, func(int) [][]string {
+				if ph.what == "charge" {
+					grew++ // each round's charge grows them by one more
+				}
+				return inBatches(units, b, ph.mk)
+			})
+			if err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return cpu, order, nil
+}
+
+// inBatches makes a call of mk for each batch of b of units, in order.
+func inBatches(units []unit, b int, mk func([]unit) []string) [][]string {
+	var out [][]string
+	for lo := 0; lo < len(units); lo += b {
+		out = append(out, mk(units[lo:min(lo+b, len(units))]))
+	}
+	return out
 }
 
 // fit fits y = a + b·keys through by's smallest and largest batch sizes

@@ -170,6 +170,15 @@ func us(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
 // simulate runs cfg's model and returns its outcome.
 func simulate(cfg config) outcome {
+	s := newSim(cfg)
+	s.populate(rand.New(rand.NewPCG(s.cfg.seed, 0x5eed)))
+	s.loop()
+	return s.finish()
+}
+
+// newSim returns a run of cfg's model (its unset cost settings at their
+// defaults) with its outcome's counters made, before any instance or call.
+func newSim(cfg config) *sim {
 	if cfg.scale == 0 {
 		cfg.scale = 1
 	}
@@ -181,7 +190,6 @@ func simulate(cfg config) outcome {
 	}
 	s := &sim{cfg: cfg, S: us(cfg.sync), rtt: us(cfg.rtt), oneway: us(cfg.oneway), period: us(cfg.period), batched: map[int]float64{}}
 	s.bound = staleSyncs * s.S
-	rng := rand.New(rand.NewPCG(cfg.seed, 0x5eed))
 	N, M, K := cfg.regions, cfg.instances, cfg.keys
 	s.share = float64(1_000_000/N) / 1e6 // the script's share, in ppm
 	horizon := 2 * float64(s.period)     // regions.go's horizon and life
@@ -198,6 +206,14 @@ func simulate(cfg config) outcome {
 	s.state, s.jour, s.rec = make([][]kstate, N), make([][]journal, N), make([][][]record, N)
 	s.inst, s.callStart, s.callOff = make([][]*instance, N), make([][]float64, N), make([][]int, N)
 	s.gap = 1e6 / (cfg.rate * float64(M))
+	return s
+}
+
+// populate makes each region's state, its instances (their tickers'
+// phases drawn from rng) and its keys' first calls (their offsets drawn
+// from rng), and schedules the ticks and the calls.
+func (s *sim) populate(rng *rand.Rand) {
+	N, M, K := s.cfg.regions, s.cfg.instances, s.cfg.keys
 	base := rng.Int64N(max(s.S, 1)) // the run's start, as the tickers see it
 	for r := range N {
 		if s.S > 0 {
@@ -209,12 +225,7 @@ func simulate(cfg config) outcome {
 			s.rec[r][k] = make([]record, N)
 		}
 		for i := range M {
-			in := &instance{r: r, i: i, phase: 1 + (base+rng.Int64N(max(min(us(cfg.spread), s.S), 1)))%max(s.S, 1), active: map[int32]struct{}{},
-				inbox: make([]map[int32]item, N), pending: make([]map[int32]item, N),
-				heard: make([]int64, N), busy: make([]int64, N), wakes: make([]int, N), owed: make([]bool, N), failed: make([]bool, N)}
-			for p := range N {
-				in.inbox[p], in.pending[p] = map[int32]item{}, map[int32]item{}
-			}
+			in := s.newInstance(r, i, 1+(base+rng.Int64N(max(min(us(s.cfg.spread), s.S), 1)))%max(s.S, 1))
 			s.inst[r] = append(s.inst[r], in)
 			if s.S > 0 {
 				s.push(&event{t: in.phase, kind: evTick, r: r, i: i})
@@ -226,6 +237,22 @@ func simulate(cfg config) outcome {
 			s.push(&event{t: int64(s.callStart[r][k]), kind: evCall, r: r, i: k})
 		}
 	}
+}
+
+// newInstance returns instance i of region r, its ticker at phase.
+func (s *sim) newInstance(r, i int, phase int64) *instance {
+	N := s.cfg.regions
+	in := &instance{r: r, i: i, phase: phase, active: map[int32]struct{}{},
+		inbox: make([]map[int32]item, N), pending: make([]map[int32]item, N),
+		heard: make([]int64, N), busy: make([]int64, N), wakes: make([]int, N), owed: make([]bool, N), failed: make([]bool, N)}
+	for p := range N {
+		in.inbox[p], in.pending[p] = map[int32]item{}, map[int32]item{}
+	}
+	return in
+}
+
+// loop runs the events in order until the queue is empty or the run ends.
+func (s *sim) loop() {
 	for s.q.Len() > 0 {
 		e := heap.Pop(&s.q).(*event)
 		if e.t >= s.end {
@@ -245,7 +272,13 @@ func simulate(cfg config) outcome {
 			s.reply(s.inst[e.r][e.i], e.p)
 		}
 	}
-	for r := range N {
+}
+
+// finish returns the outcome: each region's busiest interval (by Redis
+// CPU) picked out, and the limit over the counted run.
+func (s *sim) finish() outcome {
+	cfg := s.cfg
+	for r := range cfg.regions {
 		for i, cpu := range s.out.cpuInterval[r] {
 			if cpu > s.out.peakCPU[r] {
 				s.out.peak[r], s.out.peakKeys[r], s.out.peakCPU[r] = s.out.perInterval[r][i], s.out.keyInterval[r][i], cpu
@@ -258,7 +291,7 @@ func simulate(cfg config) outcome {
 	} else if cfg.pre == 0 {
 		w += cfg.burst / cfg.limit
 	}
-	s.out.limit = w * cfg.limit * float64(K)
+	s.out.limit = w * cfg.limit * float64(cfg.keys)
 	return s.out
 }
 
@@ -320,8 +353,10 @@ func batchCalls(keys float64, batch, slots int, cluster bool) float64 {
 	return float64(slots) * sum
 }
 
+// linked reports whether regions a and b reach each other now: region 0
+// is cut off from the others from cutFrom until cutTo.
 func (s *sim) linked(a, b int) bool {
-	return !(a == 0 || b == 0) || s.now < s.cutFrom || s.now >= s.cutTo
+	return a != 0 && b != 0 || s.now < s.cutFrom || s.now >= s.cutTo
 }
 
 // refresh brings st to now: a bucket's refill, a new window.
