@@ -139,22 +139,32 @@ func (e *engine) calendarNow(sent any) int64 {
 // runCalendar runs script with args, whose first base are the call's,
 // then each rule's for the window of the call's time, then trailer, then,
 // when more is not nil, each rule's of more for the same window (a settle's
-// rules now, see Reservation.settleRedis); when the script's time missed a
-// calendar rule's window, again for the window of the script's time.
+// rules now, see Reservation.settleRedis), as inWindow does.
 func (e *engine) runCalendar(ctx context.Context, script *redis.Script, keys []string, args []any, base int, rs *ruleSet, sent any, trailer []any, more *ruleSet) (any, []any, error) {
-	at := e.calendarNow(sent)
-	for miss := 0; ; miss++ {
+	reply, err := e.inWindow(sent, func(at int64) (any, error) {
 		args = append(appendRuleArgs(args[:base], rs, at), trailer...)
 		if more != nil {
 			args = appendRuleArgs(args, more, at)
 		}
-		reply, err := script.Run(ctx, e.rdb, keys, args...).Result()
+		return script.Run(ctx, e.rdb, keys, args...).Result()
+	})
+	return reply, args, err
+}
+
+// inWindow returns what call returns for the calendar windows of the
+// call's time (see calendarNow; sent is the time the call sends) or, when
+// the script's time missed a calendar rule's window, of the script's time:
+// call again with it, at most maxWindowMisses times.
+func (e *engine) inWindow(sent any, call func(at int64) (any, error)) (any, error) {
+	at := e.calendarNow(sent)
+	for miss := 0; ; miss++ {
+		reply, err := call(at)
 		server, missed := missedWindow(err)
 		if !missed {
-			return reply, args, err
+			return reply, err
 		}
 		if miss == maxWindowMisses {
-			return nil, args, errorf("%s: the calendar window missed the server's time %d times: %w", e.kind, miss+1, err)
+			return nil, errorf("%s: the calendar window missed the server's time %d times: %w", e.kind, miss+1, err)
 		}
 		e.serverAhead.Store(server - time.Now().UnixMicro())
 		at = server
@@ -174,4 +184,33 @@ func (e *engine) evalCalendar(r *request) (any, error) {
 	reply, args, err := e.runCalendar(r.ctx, r.rs.calScript, a.keys, a.args, len(a.args), r.rs, r.now, trailer, nil)
 	a.args = args // back to the pool
 	return reply, err
+}
+
+// evalCalendarSingle runs script, a single calendar rule's specialised
+// script (calendarSingleRunner), with its arguments: the window (see
+// singleWindowArgs), then n and the call's time, each left out when
+// trailing and its default (1 and 0; see scripts/single_calendar.lua).
+func (e *engine) evalCalendarSingle(r *request, script *redis.Script) (any, error) {
+	a := &r.args
+	n, cal := a.args[0], r.rs.rules[0].limit.cal
+	return e.inWindow(r.now, func(at int64) (any, error) {
+		sd, end := singleWindowArgs(cal.Args(at))
+		a.args = append(a.args[:0], sd, end)
+		switch {
+		case r.now != argZero:
+			a.args = append(a.args, n, r.now)
+		case n != defaultArgs[0]:
+			a.args = append(a.args, n)
+		}
+		return script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
+	})
+}
+
+// singleWindowArgs returns the window of a calendar rule's arguments (its
+// start in µs plus the digit d, and its end in µs, both whole seconds) as
+// single_calendar.lua takes them: the start in seconds times 10 plus d,
+// and the end in seconds (fewer digits for Redis to read).
+func singleWindowArgs(startDigit, end int64) (startTens, endS int64) {
+	d := startDigit % 10
+	return (startDigit-d)/100_000 + d, end / 1_000_000
 }

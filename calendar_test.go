@@ -2,12 +2,16 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -396,7 +400,7 @@ func TestCalendarWindowMiss(t *testing.T) {
 	at := time.Date(2030, 6, 1, 12, 0, 0, 0, tokyo)
 	b.at(at)
 	lim := newLimiter(t, b.rdb, FixedWindow, Daily(2, tokyo))
-	require.NoError(t, lim.own.calScript.Load(t.Context(), b.rdb).Err())
+	require.NoError(t, lim.own.run.(calendarSingleRunner).one.Load(t.Context(), b.rdb).Err())
 	var calls atomic.Int64
 	b.rdb.AddHook(countHook{n: &calls})
 	lim.serverAhead.Store(at.UnixMicro() - time.Now().UnixMicro() - 24*time.Hour.Microseconds())
@@ -480,4 +484,191 @@ func TestCalendarPrefetch(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 700, res.Remaining, "the unserved events given back: %+v", lim.PrefetchStats())
 	assert.Equal(t, 12*time.Hour, res.ResetAfter)
+}
+
+// A single calendar rule's usual calls run single_calendar.lua
+// (calendarSingleRunner), its reservations the general script: the same
+// calls on a limiter whose every call runs the general script
+// (calendarRunner) get the same Results and leave the same state, across
+// window boundaries and clocks stepped back, with misses of the window
+// (the process's clock is not miniredis's) and direct calls at a client's
+// time in or out of the window sent.
+func TestSingleCalendarDecidesAsGeneral(t *testing.T) {
+	b, m := miniBackend(t)
+	rng := rand.New(rand.NewPCG(41, 42))
+	for round, zone := range calendarZones {
+		loc := loadZone(t, zone)
+		rate := []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)]
+		l := []Limit{Daily(rate, loc), Weekly(rate, loc, time.Monday), Monthly(rate, loc, 31)}[round%3]
+		c := &calendarCompare{singleCompare: singleCompare{t: t, b: b, m: m, rng: rng, what: fmt.Sprintf("round %d, %v", round, l)}}
+		c.one = newLimiter(t, b.rdb, FixedWindow, l, WithPrefix(fmt.Sprintf("r%done", round)), withoutFunctions())
+		c.gen = newLimiter(t, b.rdb, FixedWindow, l, WithPrefix(fmt.Sprintf("r%dgen", round)), withoutFunctions())
+		sr, ok := c.one.own.run.(calendarSingleRunner)
+		require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
+		c.single = sr.one
+		c.gen.own.run = calendarRunner{}
+		c.keyOne, c.keyGen = c.one.stateKey("k"), c.gen.stateKey("k")
+		for range 300 {
+			c.step()
+		}
+	}
+}
+
+// calendarCompare plays TestSingleCalendarDecidesAsGeneral's calls on one
+// (the specialised script) and gen (the general script).
+type calendarCompare struct{ singleCompare }
+
+func (c *calendarCompare) step() {
+	ctx := context.Background()
+	cal := c.one.limit.cal
+	switch op := c.rng.IntN(10); {
+	case op < 3: // by µs, by hours, to just before or at a window's end, or back
+		now := t0.Add(c.now)
+		_, end, _ := cal.Window(now)
+		c.now += []time.Duration{
+			time.Duration(1 + c.rng.IntN(1000)),
+			time.Duration(1+c.rng.IntN(30)) * time.Hour,
+			end.Sub(now) - time.Duration(c.rng.IntN(3))*time.Microsecond,
+			-time.Duration(1+c.rng.IntN(5_000_000)) * time.Microsecond,
+		}[c.rng.IntN(4)]
+		c.b.setClock(c.now)
+	case op < 6:
+		n := c.pickN(c.one)
+		ro, errO := c.one.AllowN(ctx, "k", n)
+		rg, errG := c.gen.AllowN(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, rg, ro, "%s: AllowN(%d) at %v", c.what, n, c.now)
+	case op < 8:
+		c.script()
+	case op < 9:
+		n := max(c.pickN(c.one), 1)
+		ro, errO := c.one.Reserve(ctx, "k", n)
+		rg, errG := c.gen.Reserve(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		if errO == nil {
+			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
+			c.pending = append(c.pending, [2]*Reservation{ro, rg})
+		}
+	default:
+		if len(c.pending) == 0 {
+			return
+		}
+		i := c.rng.IntN(len(c.pending))
+		p := c.pending[i]
+		c.pending = slices.Delete(c.pending, i, i+1)
+		used := c.rng.IntN(2*p[0].n + 1)
+		so, errO := p[0].Settle(ctx, used)
+		sg, errG := p[1].Settle(ctx, used)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+	}
+	c.compareState()
+}
+
+// script calls both scripts directly, as their runners would, at the
+// server's time or a client's about it, with the window of a time near
+// it: the same reply, or the same miss.
+func (c *calendarCompare) script() {
+	ctx := context.Background()
+	server := t0.Add(c.now)
+	now := int64(0)
+	if c.rng.IntN(2) == 0 {
+		now = server.Add(time.Duration(c.rng.IntN(5)-2) * time.Microsecond).UnixMicro()
+	}
+	at := server.Add(time.Duration(c.rng.IntN(5)-2) * time.Microsecond).UnixMicro()
+	sd, end := c.one.limit.cal.Args(at)
+	n := c.pickN(c.one)
+	r := &c.one.own.rules[0]
+	sdOne, endOne := singleWindowArgs(sd, end)
+	argsOne := []any{sdOne, endOne, n, now}
+	if now == 0 && c.rng.IntN(2) == 0 {
+		argsOne = argsOne[:3] // as the runner sends them: n only if not 1
+		if n == 1 {
+			argsOne = argsOne[:2]
+		}
+	}
+	ro, errO := c.single.Run(ctx, c.b.rdb, []string{c.keyOne}, argsOne...).Result()
+	rg, errG := c.gen.own.calScript.Run(ctx, c.b.rdb, []string{c.keyGen}, n, 1, now, -1, 0, "", 0, r.args[0], r.args[1], sd, end).Result()
+	if errG != nil || errO != nil { // the same miss (miniredis adds the stack)
+		missO, okO := missedWindow(errO)
+		missG, okG := missedWindow(errG)
+		require.True(c.t, okO && okG, "%s: %v, %v", c.what, errO, errG)
+		require.Equal(c.t, missG, missO, c.what)
+		return
+	}
+	require.Equal(c.t, rg, ro, "%s: n %d at %v, window of %d", c.what, n, c.now, at)
+}
+
+// On real Redis (Lua 5.1, struct.pack), single_calendar.lua replies as
+// the general script does, or misses the window with the same time, and
+// leaves the same state and TTL, for calls at a client's time moving
+// forward (to windows' ends too) and back, each sent the window of a time
+// within 2 µs of it.
+func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
+	_, rdb, _ := ownServer(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(42, 43))
+	for round, zone := range calendarZones {
+		rate := []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)]
+		loc := loadZone(t, zone)
+		l := []Limit{Daily(rate, loc), Weekly(rate, loc, time.Sunday), Monthly(rate, loc, 30)}[round%3]
+		rs := newRuleSet([]rule{mustRule(t, FixedWindow, l)})
+		bake(rs, &config{})
+		sr, ok := rs.run.(calendarSingleRunner)
+		require.True(t, ok, "%v: runner %T", l, rs.run)
+		keys := []string{fmt.Sprintf("{c%d}gen", round), fmt.Sprintf("{c%d}one", round)}
+		require.NoError(t, rs.calScript.Load(ctx, rdb).Err())
+		require.NoError(t, sr.one.Load(ctx, rdb).Err())
+		r := &rs.rules[0]
+		now := t0.UnixMicro()
+		misses := 0
+		for step := range 400 {
+			_, end, _ := l.cal.Window(time.UnixMicro(now))
+			switch rng.IntN(6) {
+			case 0:
+				now -= 1 + rng.Int64N(2_000_000)
+			case 1:
+				now += rng.Int64N(int64(30 * time.Hour / time.Microsecond))
+			case 2:
+				now = end.UnixMicro() - rng.Int64N(3)
+			default:
+				now += rng.Int64N(1000)
+			}
+			sd, stop := l.cal.Args(now + rng.Int64N(5) - 2)
+			sdOne, stopOne := singleWindowArgs(sd, stop)
+			n := []int{0, 1, 1, 2, rng.IntN(rate + 1)}[rng.IntN(5)]
+			var cmds [2]*redis.Cmd
+			var ttls [2]*redis.DurationCmd
+			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				cmds[0] = p.EvalSha(ctx, rs.calScript.Hash(), keys[:1], n, 1, now, -1, 0, "", 0, r.args[0], r.args[1], sd, stop)
+				cmds[1] = p.EvalSha(ctx, sr.one.Hash(), keys[1:], sdOne, stopOne, n, now)
+				for i := range ttls {
+					ttls[i] = p.PTTL(ctx, keys[i])
+				}
+				return nil
+			})
+			where := fmt.Sprintf("%v, step %d: n %d at %d, window %d to %d", l, step, n, now, sd, stop)
+			if cmds[0].Err() != nil {
+				missG, okG := missedWindow(cmds[0].Err())
+				missO, okO := missedWindow(cmds[1].Err())
+				require.True(t, okG && okO, "%s: %v, %v", where, cmds[0].Err(), cmds[1].Err())
+				require.Equal(t, missG, missO, where)
+				misses++
+				continue
+			}
+			require.NoError(t, err, where)
+			require.Equal(t, cmds[0].Val(), cmds[1].Val(), where)
+			require.InDelta(t, ttls[0].Val(), ttls[1].Val(), float64(20*time.Millisecond), where)
+			if ttls[0].Val() > 0 && ttls[0].Val() < 100*time.Millisecond {
+				// Redis's clock would expire them while the test reads
+				// them or between two calls of a step
+				// (TestSingleCalendarDecidesAsGeneral plays TTLs on
+				// miniredis's clock).
+				require.NoError(t, rdb.Del(ctx, keys...).Err())
+				continue
+			}
+			require.Equal(t, dumpState(t, rdb, keys[0]), dumpState(t, rdb, keys[1]), where)
+		}
+		require.Positive(t, misses, "%v: no call missed its window", l)
+	}
 }

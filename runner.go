@@ -87,6 +87,19 @@ func (calendarRunner) run(e *engine, r *request) (any, error) {
 	return e.evalCalendar(r)
 }
 
+// calendarSingleRunner runs a single calendar rule's usual calls with the
+// script specialised for it (scripts/single_calendar.lua, see
+// bakeCalendar), and a reservation, which that script does not make, with
+// the general one (evalCalendar).
+type calendarSingleRunner struct{ one *redis.Script }
+
+func (cr calendarSingleRunner) run(e *engine, r *request) (any, error) {
+	if r.rc != nil {
+		return e.evalCalendar(r)
+	}
+	return e.evalCalendarSingle(r, cr.one)
+}
+
 // trim leaves out the trailing arguments that a script with the rules
 // written in takes as their defaults: trimSingle's for a script
 // specialised for a single rule, else trimDefaults's.

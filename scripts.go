@@ -144,7 +144,8 @@ type bakedRules struct {
 // handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
-		return // a calendar rule's window comes with each call (calendarScript)
+		bakeCalendar(rs, cfg)
+		return
 	}
 	checks := writtenChecks(rs)
 	baked.Lock()
@@ -190,6 +191,35 @@ func bake(rs *ruleSet, cfg *config) {
 	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (!cfg.priority.on || rs.rules[0].alg.bucket) {
 		rs.run = singleRunner{one: one, general: run}
 	}
+}
+
+// bakeCalendar gives a single calendar rule's usual calls (no penalty
+// block, priority share or regions: decided here, once) the script
+// specialised for it, scripts/single_calendar.lua with the rule's rate
+// written in (calendarSingleRunner); other rule sets with a calendar rule
+// keep the general script, the rules as arguments (calendarScript), and so
+// does a single rule once maxBakedScripts are made.
+func bakeCalendar(rs *ruleSet, cfg *config) {
+	if len(rs.rules) != 1 || cfg.block != 0 || cfg.regions != nil || cfg.priority.on {
+		return
+	}
+	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n" +
+		"local rate = " + strconv.FormatInt(rs.rules[0].args[1].(int64), 10) + "\n" +
+		mustRead("single_calendar.lua")
+	baked.Lock()
+	defer baked.Unlock()
+	b, ok := baked.m[src]
+	if !ok {
+		if len(baked.m) >= maxBakedScripts {
+			return
+		}
+		b.single = redis.NewScript(src)
+		if baked.m == nil {
+			baked.m = make(map[string]bakedRules)
+		}
+		baked.m[src] = b
+	}
+	rs.run = calendarSingleRunner{one: b.single}
 }
 
 // singleFiles are the scripts specialised for a single rule written in, by

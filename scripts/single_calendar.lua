@@ -1,0 +1,85 @@
+-- single_calendar.lua: a calendar quota of one rule (redlimit.Daily,
+-- Weekly, Monthly), the usual call only: the decision of the general
+-- script (common.lua, calendar.lua, args.lua, decide.lua, check.lua,
+-- reply.lua) for one calendar rule with no penalty block, no priority
+-- share and no reservation, written out in one chunk, as
+-- single_fixedwindow.lua is for a fixed window (see single_bucket.lua
+-- why). Same state, same writes, same reply, and the same miss when now
+-- is outside the window the call sent: a reservation on the same key runs
+-- the general script (calendarSingleRunner in runner.go).
+-- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
+-- same state.
+--
+-- Before this file, scripts.go writes the rule's rate in:
+--   local rate = <rate>
+--
+-- KEYS[1]  the window's state key (see calendar.lua for the state)
+-- ARGV[1]  the window's start in seconds times 10, plus d (calendar.lua:
+--          d the last digit of the window's index)
+-- ARGV[2]  the window's end, in seconds (a window's start and end are
+--          whole seconds; see singleWindowArgs in calendar.go)
+-- ARGV[3]  n (absent: 1)
+-- ARGV[4]  now in µs (absent, or 0: the server's TIME)
+-- (The usual call sends the window only.)
+-- Reply: common.lua's five integers (code, remaining, 0 or retry after,
+--   reset after, rule 1), packed in one string where Redis has its struct
+--   library, else an array; or the error 'redlimit-window-miss <now>'
+--   before any write (calendar.lua's cw_window).
+
+local rcall = redis.call
+local sd, stop, n, now = ARGV[1] + 0, ARGV[2] * 1000000, 1, 0
+local nargs = #ARGV
+if nargs > 2 and ARGV[3] ~= '1' then n = ARGV[3] + 0 end
+if nargs > 3 and ARGV[4] ~= '0' then now = ARGV[4] + 0 end
+if now <= 0 then
+  local t = rcall('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+
+-- The window (cw_window) and its count (cw_read).
+local d = sd % 10
+if now < (sd - d) * 100000 or now >= stop then
+  error(string.format('redlimit-window-miss %d', now), 0)
+end
+local key = KEYS[1]
+local count = 0
+local v = rcall('GET', key)
+if v then
+  local x = v + 0
+  local behind = (d - x) % 10 -- windows the key is behind now
+  if behind == 0 or behind >= 5 then -- the current one, or ahead
+    count = (x - x % 10) / 10
+  end
+end
+
+-- The check (check_cw): code, remaining, retry after, reset after
+-- (common.lua).
+local left = stop - now
+local avail = rate - count
+local code, rem, wait, reset = 0, avail, 0, 0
+if n > avail then
+  reset = left
+  if n > 0 then code, wait = 1, left end
+elseif n > 0 then
+  if count > 0 then
+    if n == 1 then
+      rcall('INCRBY', key, '10')
+    else
+      rcall('INCRBY', key, string.format('%d', n * 10))
+    end
+  else
+    local px = left / 1000
+    px = px + (-px) % 1
+    if px < 1 then px = 1 end
+    rcall('SET', key, string.format('%d', n * 10 + d), 'PX', string.format('%d', px))
+  end
+  rem, reset = avail - n, left
+elseif count > 0 then
+  reset = left
+end
+
+if rem < 0 then rem = 0 end
+rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
+local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
+if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
+return {code, rem, wait, reset, 1}
