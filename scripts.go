@@ -208,14 +208,17 @@ var singleFiles = [...]string{
 // rule's numbers as Lua constants, single_args.lua (the call's arguments
 // and time), then its strategy's file of singleFiles, which decides a call with no penalty block, priority share
 // or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
-// "" for several rules, a rule per call or with a warm-up, or a strategy
-// without one.
+// a warming bucket's is singleWarmSource's. "" for several rules, a rule
+// per call, or a strategy without one.
 func singleSource(rs *ruleSet) string {
 	if len(rs.rules) != 1 {
 		return ""
 	}
 	r := &rs.rules[0]
-	if r.perCall || r.alg.warm || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
+	if r.alg.warm && !r.perCall {
+		return singleWarmSource(r)
+	}
+	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
 		return ""
 	}
 	var b strings.Builder

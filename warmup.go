@@ -1,6 +1,7 @@
 package redlimit
 
 import (
+	"strconv"
 	"sync"
 	"time"
 
@@ -79,4 +80,32 @@ func warmScript() *redis.Script {
 		warmScripts.script = decisionScript(everyFile, "", argumentChecks(everyFile))
 	})
 	return warmScripts.script
+}
+
+// singleWarmSource returns the script specialised for the single warming
+// bucket r (see singleSource): its numbers as Lua constants, the products
+// warmup.lua's check_wt computes on every call (the threshold W·Rate, W the
+// warm-up in µs, and the others) computed here, exactly (below 2^53: see
+// warmAlgorithm), then single_args.lua and single_warmup.lua. W is read
+// from the rule's code, as the general script reads it; "" if it is not
+// there.
+func singleWarmSource(r *rule) string {
+	code, _ := r.args[0].(string)
+	if len(code) < 3 {
+		return ""
+	}
+	w, err := strconv.ParseInt(code[2:], 10, 64)
+	if err != nil {
+		return ""
+	}
+	rate, period, burst := r.args[1].(int64), r.args[2].(int64), r.args[3].(int64)
+	tx := w * rate
+	num := func(v int64) string { return strconv.FormatInt(v, 10) }
+	return "-- The rule, written in by redlimit (see singleWarmSource in warmup.go).\n" +
+		"local rate, period, burst, leaky = " + num(rate) + ", " + num(period) + ", " + num(burst) + ", " +
+		strconv.FormatBool(r.alg.strategy == LeakyBucket) + "\n" +
+		"local tx, mx, p2, r2, cap2 = " + num(tx) + ", " + num(2*tx) + ", " + num(2*period) + ", " + num(2*rate) + ", " +
+		num(2*burst*period) + "\n" +
+		"local rates, wfmt = '" + num(rate) + "', '%d:%d:%d:" + num(rate) + "'\n" +
+		mustRead("single_args.lua") + mustRead("single_warmup.lua")
 }
