@@ -140,7 +140,8 @@ type bakedRules struct {
 // them. A single rule whose strategy has a specialised script
 // (singleSource) runs that script for its usual calls (singleRunner),
 // unless cfg gives every call a penalty block, or (but for a bucket's,
-// single_bucket.lua) a priority share, which only the general script
+// single_bucket.lua, and a warming bucket's, single_warmup.lua, which
+// takes none: alg.bucket) a priority share, which only the general script
 // handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {

@@ -14,11 +14,15 @@
 -- takes the server's TIME when now is 0):
 --   local rate, period, burst, leaky = <rate>, <µs>, <burst>, <leaky>
 --   local tx, mx, p2, r2, cap2 = <W·rate>, <2·tx>, <2·period>, <2·rate>, <burst·p2>
---   local rates, wfmt = '<rate>', '%d:%d:%d:<rate>'
+--   local mpat, wfmt = '^(%d+):(%d+):(%d+):<rate>$', '%d:%d:%d:<rate>'
+--   local cfmt, cpx, clife = '<X>:<F>:%d:<rate>', '<ms>', <µs>
 -- W the warm-up in µs, tx the threshold and mx the most stored (in
--- warmup.lua's units); rates the rate as the state writes it, wfmt the
--- state's format with the rate written in (every product exact: below
--- 2^53, see newRule and warmAlgorithm).
+-- warmup.lua's units; every product exact: below 2^53, see newRule and
+-- warmAlgorithm); mpat the pattern of a state this rate wrote, wfmt the
+-- state's format, both with the rate written in; cfmt, cpx and clife
+-- what a call of 1 on a cold bucket writes (its state's format, with X
+-- and F written in, its PX) and its life, or cfmt false where they are
+-- not exact integers (see coldWrite in warmup.go).
 --
 -- KEYS[1]  the bucket's state key (see warmup.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
@@ -50,9 +54,12 @@ local key = KEYS[1]
 local x, f = mx, 0
 local v = rcall('GET', key)
 if v then
-  -- One match for the four fields: these scripts write them with '%d'
-  -- from integers >= 0; anything else is parsed as warm_read does.
-  local sx, sf, st, sr = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+  -- One match for the usual state, of this rate (mpat: its rate written
+  -- in, so that it is neither captured nor converted): these scripts
+  -- write its fields with '%d', from integers >= 0. Anything else (another
+  -- rate's state) is parsed as warm_read does.
+  local sx, sf, st = string.match(v, mpat)
+  local sr
   if not sx then
     local a = string.find(v, ':', 1, true)
     local b = string.find(v, ':', a + 1, true)
@@ -62,7 +69,7 @@ if v then
   end
   x, f = sx + 0, sf + 0
   local elapsed = now - st
-  if sr ~= rates then
+  if sr then
     local wrate = sr + 0
     if wrate ~= rate then
       -- Another rate wrote it: F and X converted, rounded up (warm_read).
@@ -143,6 +150,12 @@ end
 local rem, reset = avail, reset_now
 if n == 0 then
   if code ~= 0 then code, wait = 0, 0 end
+elseif code == 0 and n == 1 and f == 0 and x == mx and cfmt then
+  -- A call of 1 on a cold bucket (absent, or back at M): its state and
+  -- life are the same every time but for its time (coldWrite in
+  -- warmup.go), made once.
+  rcall('SET', key, string.format(cfmt, now), 'PX', cpx)
+  rem, reset = avail - 1, clife
 elseif code == 0 then
   local k = n * p2
   local cost = k
