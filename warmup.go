@@ -111,7 +111,7 @@ func singleWarmSource(r *rule) string {
 		strconv.FormatBool(r.alg.strategy == LeakyBucket) + "\n" +
 		"local tx, mx, p2, r2, cap2 = " + num(tx) + ", " + num(2*tx) + ", " + num(2*period) + ", " + num(2*rate) + ", " +
 		num(2*burst*period) + "\n" +
-		"local mpat, wfmt = '^(%d+):(%d+):(%d+):" + num(rate) + "$', '%d:%d:%d:" + num(rate) + "'\n" +
+		"local mpat, wfmt, zfmt = '^(%d+):(%d+):(%d+):" + num(rate) + "$', '%d:%d:%d:" + num(rate) + "', '0:%d:%d:" + num(rate) + "'\n" +
 		"local cfmt, cpx, clife = " + cold + "\n" +
 		mustRead("single_args.lua") + mustRead("single_warmup.lua")
 }
