@@ -115,7 +115,8 @@ func trim(r *request, single bool) {
 // a single rule that are their defaults, and sends a priority share as
 // -(c + 1), c the capacity it leaves the bucket: in place of n = 1, or else
 // of the number of rules, which that script does not read
-// (scripts/single_bucket.lua). The usual call with a share then sends one
+// (scripts/single_bucket.lua; scripts/single_warmup.lua reads only its
+// sign: a warming bucket takes no share). The usual call with a share then sends one
 // argument, not the seven of the general layout and the share, and Redis
 // does no arithmetic for it.
 func trimSingle(r *request) {

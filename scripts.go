@@ -140,7 +140,8 @@ type bakedRules struct {
 // them. A single rule whose strategy has a specialised script
 // (singleSource) runs that script for its usual calls (singleRunner),
 // unless cfg gives every call a penalty block, or (but for a bucket's,
-// single_bucket.lua) a priority share, which only the general script
+// single_bucket.lua, and a warming bucket's, single_warmup.lua, which
+// takes none: alg.bucket) a priority share, which only the general script
 // handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
@@ -238,14 +239,17 @@ var singleFiles = [...]string{
 // rule's numbers as Lua constants, single_args.lua (the call's arguments
 // and time), then its strategy's file of singleFiles, which decides a call with no penalty block, priority share
 // or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
-// "" for several rules, a rule per call or with a warm-up, or a strategy
-// without one.
+// a warming bucket's is singleWarmSource's. "" for several rules, a rule
+// per call, or a strategy without one.
 func singleSource(rs *ruleSet) string {
 	if len(rs.rules) != 1 {
 		return ""
 	}
 	r := &rs.rules[0]
-	if r.perCall || r.alg.warm || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
+	if r.alg.warm && !r.perCall {
+		return singleWarmSource(r)
+	}
+	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
 		return ""
 	}
 	var b strings.Builder

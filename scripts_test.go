@@ -500,17 +500,26 @@ return out`)
 // Results.
 func TestSingleScriptDecidesAsGeneral(t *testing.T) {
 	testlane.MarkHeavy(t)
+	algs := []*algorithm{warmTokenBucket, warmLeakyBucket}
 	for _, s := range Strategies() {
-		src := singleSource(&ruleSet{rules: []rule{{alg: algorithms[s], args: [4]any{"", int64(1), int64(1000), int64(1)}}}})
+		algs = append(algs, algorithms[s])
+	}
+	for _, a := range algs {
+		s := a.strategy
+		src := singleSource(&ruleSet{rules: []rule{{alg: a, args: [4]any{a.code + "1", int64(1), int64(1000), int64(1)}}}})
 		if src == "" {
 			continue // no specialised script: the general one decides
 		}
-		t.Run(s.String(), func(t *testing.T) {
+		name, seed := s.String(), uint64(s)
+		if a.warm {
+			name, seed = name+" warm-up", seed+100
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b, m := miniBackend(t)
-			rng := rand.New(rand.NewPCG(40, uint64(s)))
+			rng := rand.New(rand.NewPCG(40, seed))
 			for round := range 16 {
-				c := newSingleCompare(t, b, m, rng, s, round)
+				c := newSingleCompare(t, b, m, rng, a, round)
 				for range 150 {
 					c.step()
 				}
@@ -549,19 +558,29 @@ func nextStart(now, periodUS, s int64) int64 {
 	return q*periodUS + (j*periodUS+s-1)/s
 }
 
-func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, s Strategy, round int) *singleCompare {
+func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, a *algorithm, round int) *singleCompare {
 	c := &singleCompare{t: t, b: b, m: m, rng: rng}
+	s := a.strategy
 	var l Limit
 	for {
 		l = randomLimit(rng, s)
 		if rng.IntN(6) == 0 {
 			l.Period = 2 * time.Hour // a bucket's state as text
 		}
+		if a.warm {
+			l = randomWarmUp(rng, l)
+		}
 		if _, err := newRule("", algorithms[s], l); err == nil {
 			break
 		}
 	}
-	higher := Limit{Rate: min(3*l.Rate, MaxRate), Period: l.Period, Burst: min(3*max(l.Burst, l.Rate), MaxRate)}
+	// (With a warm-up, the higher limit shares the state: a state another
+	// rate wrote, converted; at times with a longer warm-up, whose stored
+	// permits may be more than the rule's most.)
+	higher := Limit{Rate: min(3*l.Rate, MaxRate), Period: l.Period, Burst: min(3*max(l.Burst, l.Rate), MaxRate), WarmUp: l.WarmUp}
+	if a.warm && rng.IntN(2) == 0 {
+		higher.WarmUp = min(2*l.WarmUp, MaxPeriod)
+	}
 	if _, err := newRule("", algorithms[s], higher); err != nil {
 		higher = l
 	}
@@ -571,7 +590,7 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	c.subWindows = int64(max(sw, 1))
 	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
 	opts := []Option{withoutFunctions()}
-	if algorithms[s].bucket && round%2 == 1 {
+	if a.bucket && round%2 == 1 {
 		// A bucket's single script takes a priority share too.
 		sheddable, normal := 0.1+0.4*rng.Float64(), 0.5+0.5*rng.Float64()
 		opts = append(opts, WithPriorityShares(sheddable, normal))
@@ -759,18 +778,12 @@ func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(40, 41))
 	for _, s := range Strategies() {
-		for round := range 4 {
-			l := Limit{Rate: []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)], Period: []time.Duration{time.Minute, time.Hour, 2 * time.Hour}[rng.IntN(3)]}
-			if s == SlidingLog {
-				l.Rate = min(l.Rate, 100)
-			}
-			if s == TokenBucket || s == LeakyBucket {
-				l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
-			}
-			if s == SubWindowCounter {
-				l.SubWindows = []int{0, 7, MaxSubWindows}[round%3] // 7: sub-windows of uneven length
-			}
-			r, err := newRule("", algorithms[s], l)
+		rounds := 4
+		if algorithms[s].bucket {
+			rounds = 8 // rounds 4 to 7 with a warm-up (single_warmup.lua)
+		}
+		for round := range rounds {
+			l, r, err := singleRedisLimit(rng, s, round)
 			if err != nil {
 				continue
 			}
@@ -794,6 +807,50 @@ func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
 				c.keys[i] = fmt.Sprintf("{r%v%d}%d%s", s, round, i, r.suffix)
 			}
 			c.play(300)
+		}
+	}
+}
+
+// randomWarmUp returns l with a random warm-up (a µs to three periods, or
+// a whole period), and a token bucket's Burst 0, as a warm-up requires;
+// newRule may still refuse it (the warm-up's bounds).
+func randomWarmUp(rng *rand.Rand, l Limit) Limit {
+	switch rng.IntN(4) {
+	case 0:
+		l.WarmUp = time.Duration(1+rng.IntN(1000)) * time.Microsecond
+	case 1:
+		l.WarmUp = l.Period
+	default:
+		l.WarmUp = time.Duration(1+rng.Int64N(int64(3*l.Period/time.Microsecond))) * time.Microsecond
+	}
+	l.WarmUp = min(l.WarmUp, MaxPeriod)
+	if l.Burst == 0 || rng.IntN(2) == 0 {
+		l.Burst = 0
+	}
+	return l
+}
+
+// singleRedisLimit returns round's limit of strategy s for
+// TestSingleScriptDecidesAsGeneralRedis, and its rule: from round 4 on, a
+// bucket's with a warm-up (drawn again until newRule takes it).
+func singleRedisLimit(rng *rand.Rand, s Strategy, round int) (Limit, rule, error) {
+	for {
+		l := Limit{Rate: []int{1, 3, 10, 1000, MaxRate}[rng.IntN(5)], Period: []time.Duration{time.Minute, time.Hour, 2 * time.Hour}[rng.IntN(3)]}
+		if s == SlidingLog {
+			l.Rate = min(l.Rate, 100)
+		}
+		if s == TokenBucket || s == LeakyBucket {
+			l.Burst = min(1+rng.IntN(3*l.Rate), MaxRate)
+		}
+		if s == SubWindowCounter {
+			l.SubWindows = []int{0, 7, MaxSubWindows}[round%3] // 7: sub-windows of uneven length
+		}
+		if round >= 4 {
+			l = randomWarmUp(rng, l)
+		}
+		r, err := newRule("", algorithms[s], l)
+		if err == nil || round < 4 {
+			return l, r, err
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package redlimit
 
 import (
+	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -79,4 +81,67 @@ func warmScript() *redis.Script {
 		warmScripts.script = decisionScript(everyFile, "", argumentChecks(everyFile))
 	})
 	return warmScripts.script
+}
+
+// singleWarmSource returns the script specialised for the single warming
+// bucket r (see singleSource): its numbers as Lua constants, the products
+// warmup.lua's check_wt computes on every call (the threshold W·Rate, W the
+// warm-up in µs, and the others) and what a call of 1 on a cold bucket
+// writes (coldWrite) computed here, then single_args.lua and
+// single_warmup.lua. W is read from the rule's code, as the general script
+// reads it; "" if it is not there.
+func singleWarmSource(r *rule) string {
+	code, _ := r.args[0].(string)
+	if len(code) < 3 {
+		return ""
+	}
+	w, err := strconv.ParseInt(code[2:], 10, 64)
+	if err != nil {
+		return ""
+	}
+	rate, period, burst := r.args[1].(int64), r.args[2].(int64), r.args[3].(int64)
+	tx := w * rate
+	num := func(v int64) string { return strconv.FormatInt(v, 10) }
+	cold := "false"
+	if x, f, life, ok := coldWrite(tx, 2*period, 2*rate); ok {
+		cold = "'" + num(x) + ":" + num(f) + ":%d:" + num(rate) + "', '" + num(max((life+999)/1000, 1)) + "', " + num(life)
+	}
+	return "-- The rule, written in by redlimit (see singleWarmSource in warmup.go).\n" +
+		"local rate, period, burst, leaky = " + num(rate) + ", " + num(period) + ", " + num(burst) + ", " +
+		strconv.FormatBool(r.alg.strategy == LeakyBucket) + "\n" +
+		"local tx, mx, p2, r2, cap2 = " + num(tx) + ", " + num(2*tx) + ", " + num(2*period) + ", " + num(2*rate) + ", " +
+		num(2*burst*period) + "\n" +
+		"local mpat, wfmt, zfmt = '^(%d+):(%d+):(%d+):" + num(rate) + "$', '%d:%d:%d:" + num(rate) + "', '0:%d:%d:" + num(rate) + "'\n" +
+		"local cfmt, cpx, clife = " + cold + "\n" +
+		mustRead("single_args.lua") + mustRead("single_warmup.lua")
+}
+
+// coldWrite returns what a call of 1 on a cold warming bucket (threshold
+// tx, p2 and r2 twice its period and rate) writes, as warmup.lua's
+// check_wt computes it: X and F stored, and the key's life in µs; ok false
+// where they are not integers below 2^53 (the script then computes them
+// on every call). The cost of the permit is computed with the script's
+// double operations, in its order (warm_cost): the same roundings.
+func coldWrite(tx, p2, r2 int64) (x, f, life int64, ok bool) {
+	const exact = 1 << 53
+	mx := 2 * tx
+	if tx < 1 || 2*mx > exact || mx+p2 >= exact {
+		return 0, 0, 0, false
+	}
+	lo := max(mx-min(p2, mx), tx)
+	a := mx - lo
+	prod := float64(a) * float64(mx+lo-tx) // (assigned: rounded as Lua rounds it)
+	v := prod / float64(tx)
+	neg := -v
+	sum := float64(p2-a) + v
+	cost := sum + (neg - math.Floor(neg)) // cost - a + v + (-v) % 1
+	if cost != math.Trunc(cost) || cost < 0 || cost >= exact {
+		return 0, 0, 0, false
+	}
+	f = int64(cost)
+	x = max(mx-p2, 0)
+	if f+mx >= exact {
+		return 0, 0, 0, false
+	}
+	return x, f, (f + mx - x + r2 - 1) / r2, true
 }
