@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -541,26 +540,9 @@ func (c *calendarCompare) step() {
 	case op < 8:
 		c.script()
 	case op < 9:
-		n := max(c.pickN(c.one), 1)
-		ro, errO := c.one.Reserve(ctx, "k", n)
-		rg, errG := c.gen.Reserve(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		if errO == nil {
-			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
-			c.pending = append(c.pending, [2]*Reservation{ro, rg})
-		}
+		c.reserve()
 	default:
-		if len(c.pending) == 0 {
-			return
-		}
-		i := c.rng.IntN(len(c.pending))
-		p := c.pending[i]
-		c.pending = slices.Delete(c.pending, i, i+1)
-		used := c.rng.IntN(2*p[0].n + 1)
-		so, errO := p[0].Settle(ctx, used)
-		sg, errG := p[1].Settle(ctx, used)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+		c.settle()
 	}
 	c.compareState()
 }

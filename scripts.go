@@ -206,7 +206,7 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 	}
 	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n" +
 		"local rate = " + strconv.FormatInt(rs.rules[0].args[1].(int64), 10) + "\n" +
-		mustRead("single_calendar.lua")
+		readScripts("single_calendar.lua", "single_window.lua")
 	baked.Lock()
 	defer baked.Unlock()
 	b, ok := baked.m[src]
@@ -224,20 +224,20 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 }
 
 // singleFiles are the scripts specialised for a single rule written in, by
-// strategy ("": none, the general script decides): what a limiter of one
-// strategy runs for its usual call (see singleSource).
-var singleFiles = [...]string{
-	FixedWindow:      "single_fixedwindow.lua",
-	SlidingLog:       "single_slidinglog.lua",
-	SlidingCounter:   "single_slidingcounter.lua",
-	SubWindowCounter: "single_subwindow.lua",
-	TokenBucket:      "single_bucket.lua",
-	LeakyBucket:      "single_bucket.lua",
+// strategy (none: the general script decides): what a limiter of one
+// strategy runs for its usual call (see singleSource), its files in order.
+var singleFiles = [...][]string{
+	FixedWindow:      {"single_fixedwindow.lua", "single_window.lua"},
+	SlidingLog:       {"single_slidinglog.lua"},
+	SlidingCounter:   {"single_slidingcounter.lua"},
+	SubWindowCounter: {"single_subwindow.lua"},
+	TokenBucket:      {"single_bucket.lua"},
+	LeakyBucket:      {"single_bucket.lua"},
 }
 
 // singleSource returns the script specialised for the one rule of rs: the
 // rule's numbers as Lua constants, single_args.lua (the call's arguments
-// and time), then its strategy's file of singleFiles, which decides a call with no penalty block, priority share
+// and time), then its strategy's files of singleFiles, which decide a call with no penalty block, priority share
 // or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
 // a warming bucket's is singleWarmSource's. "" for several rules, a rule
 // per call, or a strategy without one.
@@ -249,7 +249,7 @@ func singleSource(rs *ruleSet) string {
 	if r.alg.warm && !r.perCall {
 		return singleWarmSource(r)
 	}
-	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || singleFiles[r.alg.strategy] == "" {
+	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || len(singleFiles[r.alg.strategy]) == 0 {
 		return ""
 	}
 	var b strings.Builder
@@ -263,7 +263,7 @@ func singleSource(rs *ruleSet) string {
 		b.WriteString(", " + strings.TrimPrefix(px, " = "))
 	}
 	b.WriteString("\n")
-	return b.String() + mustRead("single_args.lua") + mustRead(singleFiles[r.alg.strategy])
+	return b.String() + mustRead("single_args.lua") + readScripts(singleFiles[r.alg.strategy]...)
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

@@ -634,28 +634,39 @@ func (c *singleCompare) step() {
 		require.Equal(c.t, errG, errO, c.what)
 		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
 	case op < 10:
-		n := max(c.pickN(c.one), 1)
-		ro, errO := c.one.Reserve(ctx, "k", n)
-		rg, errG := c.gen.Reserve(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		if errO == nil {
-			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
-			c.pending = append(c.pending, [2]*Reservation{ro, rg})
-		}
+		c.reserve()
 	default:
-		if len(c.pending) == 0 {
-			return
-		}
-		i := c.rng.IntN(len(c.pending))
-		p := c.pending[i]
-		c.pending = slices.Delete(c.pending, i, i+1)
-		used := c.rng.IntN(2*p[0].n + 1)
-		so, errO := p[0].Settle(ctx, used)
-		sg, errG := p[1].Settle(ctx, used)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+		c.settle()
 	}
 	c.compareState()
+}
+
+// reserve reserves the same n on both sides, and compares.
+func (c *singleCompare) reserve() {
+	n := max(c.pickN(c.one), 1)
+	ro, errO := c.one.Reserve(context.Background(), "k", n)
+	rg, errG := c.gen.Reserve(context.Background(), "k", n)
+	require.Equal(c.t, errG, errO, c.what)
+	if errO == nil {
+		require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
+		c.pending = append(c.pending, [2]*Reservation{ro, rg})
+	}
+}
+
+// settle settles one pending pair of reservations with the same use, if
+// there is one, and compares.
+func (c *singleCompare) settle() {
+	if len(c.pending) == 0 {
+		return
+	}
+	i := c.rng.IntN(len(c.pending))
+	p := c.pending[i]
+	c.pending = slices.Delete(c.pending, i, i+1)
+	used := c.rng.IntN(2*p[0].n + 1)
+	so, errO := p[0].Settle(context.Background(), used)
+	sg, errG := p[1].Settle(context.Background(), used)
+	require.Equal(c.t, errG, errO, c.what)
+	require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
 }
 
 // moveClock moves the server's clock: by µs, by up to two periods, or

@@ -10,7 +10,9 @@
 -- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
 -- same state.
 --
--- Before this file, scripts.go writes the rule's rate in:
+-- It reads the window and finds its count; single_window.lua, which
+-- follows it, checks, writes and replies. Before this file, scripts.go
+-- writes the rule's rate in:
 --   local rate = <rate>
 --
 -- KEYS[1]  the window's state key (see calendar.lua for the state)
@@ -52,34 +54,5 @@ if v then
   end
 end
 
--- The check (check_cw): code, remaining, retry after, reset after
--- (common.lua).
-local left = stop - now
-local avail = rate - count
-local code, rem, wait, reset = 0, avail, 0, 0
-if n > avail then
-  reset = left
-  if n > 0 then code, wait = 1, left end
-elseif n > 0 then
-  if count > 0 then
-    if n == 1 then
-      rcall('INCRBY', key, '10')
-    else
-      rcall('INCRBY', key, string.format('%d', n * 10))
-    end
-  else
-    local px = left / 1000
-    px = px + (-px) % 1
-    if px < 1 then px = 1 end
-    rcall('SET', key, string.format('%d', n * 10 + d), 'PX', string.format('%d', px))
-  end
-  rem, reset = avail - n, left
-elseif count > 0 then
-  reset = left
-end
-
-if rem < 0 then rem = 0 end
-rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
-local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
-if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
-return {code, rem, wait, reset, 1}
+-- The window's end and digit, for the check (single_window.lua).
+local left, digit = stop - now, d
