@@ -15,8 +15,11 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/hashslot"
 )
 
 // Keys, n and used come from clients (a header, a request's declared
@@ -427,4 +430,63 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 	require.NoError(t, err, "the reservation after the nil-context calls")
 	require.NoError(t, lease.Extend(ctx), "the lease after the nil-context calls")
 	require.NoError(t, lease.Release(ctx), "the lease after the nil-context calls")
+}
+
+// With WithRegions, a hostile key has a journal and a peer record of its
+// own, in its state's slot and short whatever the key's length; its usage
+// reaches the peer region as any key's does (and no other key's); the
+// empty key and a bad n change neither region's Redis.
+func TestHostileKeysRegions(t *testing.T) {
+	eu, mEU := miniBackend(t) // clocks standing still: nothing refills
+	us, mUS := miniBackend(t)
+	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
+		return newLimiter(t, own, TokenBucket, PerHour(10), WithRegions(Regions{
+			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
+		}))
+	}
+	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
+	ctx := context.Background()
+	keys := hostileKeys()
+	for i, key := range keys {
+		res, err := here.AllowN(ctx, key, 1+i%9)
+		require.NoError(t, err, "key %d (%.20q)", i, key)
+		require.True(t, res.Allowed, "key %d (%.20q)", i, key)
+	}
+	require.Eventually(t, func() bool {
+		for i, key := range keys {
+			res, err := there.AllowN(ctx, key, 0)
+			require.NoError(t, err, "key %d (%.20q)", i, key)
+			if res.Remaining != 10-(1+i%9) {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "every key's usage, and only its own, in the peer region")
+
+	mine := map[string]bool{} // every Redis key the hostile keys may have
+	for _, key := range keys {
+		state := here.stateKey(key)
+		for _, k := range []string{state, here.regions.journalKey(state, here.own), regionKey(state, here.own, peersSuffix)} {
+			mine[k] = true
+			assert.Equal(t, hashslot.Of(state), hashslot.Of(k), "%.40q: not in its state's slot", k)
+			assert.LessOrEqual(t, len(k), 3*MaxKeyLen, "a Redis key of %d bytes: %.40q", len(k), k)
+		}
+		assert.True(t, mEU.Exists(here.regions.journalKey(state, here.own)), "%.20q: no journal", key)
+		assert.True(t, mUS.Exists(regionKey(state, here.own, peersSuffix)), "%.20q: no peer record", key)
+	}
+	for _, m := range []*miniredis.Miniredis{mEU, mUS} {
+		for _, k := range m.Keys() {
+			assert.True(t, mine[k], "%.40q: a Redis key of no key's", k)
+		}
+	}
+
+	before := [2]string{redisState(mEU), redisState(mUS)}
+	_, err := here.AllowN(ctx, "", 1)
+	require.ErrorIs(t, err, ErrInvalidArgument, "the empty key")
+	for _, n := range []int{-1, 11, math.MaxInt} {
+		_, err = here.AllowN(ctx, "k", n)
+		require.Error(t, err, "n %d", n)
+	}
+	time.Sleep(50 * time.Millisecond) // five exchange rounds
+	assert.Equal(t, before, [2]string{redisState(mEU), redisState(mUS)}, "a refused call changed Redis")
 }
