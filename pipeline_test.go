@@ -18,7 +18,10 @@ import (
 type runnerCase struct {
 	name   string
 	runner runner // the runner its rule set must have
-	make   func(t *testing.T, rdb redis.UniversalClient, s Strategy, l Limit, opts ...Option) *RateLimiter
+	// calendar is the runner of a single calendar rule's usual calls: its
+	// own script's (calendarSingleRunner), or with the rules as arguments.
+	calendar runner
+	make     func(t *testing.T, rdb redis.UniversalClient, s Strategy, l Limit, opts ...Option) *RateLimiter
 }
 
 // runnerCases covers every runner: with the rules written in (a script, a
@@ -39,9 +42,9 @@ func runnerCases() []runnerCase {
 		written = functionRunner{}
 	}
 	return []runnerCase{
-		{"written-in script", written, plain},
-		{"Redis Function", functionRunner{}, functions},
-		{"rules as arguments", argsRunner{}, dynamic},
+		{"written-in script", written, calendarSingleRunner{}, plain},
+		{"Redis Function", functionRunner{}, calendarSingleRunner{}, functions},
+		{"rules as arguments", argsRunner{}, calendarRunner{}, dynamic},
 	}
 }
 
@@ -89,7 +92,7 @@ func TestEveryRunnerRemembersAnswersRedis(t *testing.T) {
 			name := rc.name + "/" + l.String()
 			want := reflect.TypeOf(rc.runner)
 			if l.isCalendar() {
-				want = reflect.TypeOf(calendarRunner{})
+				want = reflect.TypeOf(rc.calendar)
 			}
 			run := runnerOf(t, lim, "k")
 			require.Equal(t, want, reflect.TypeOf(run), "%s: the runner", name)
@@ -97,9 +100,9 @@ func TestEveryRunnerRemembersAnswersRedis(t *testing.T) {
 			lims = append(lims, limiterCase{name, lim})
 		}
 	}
-	want := 4 // written-in, Function, arguments, calendar
+	want := 5 // written-in, Function, arguments, calendar, a single calendar rule's
 	if functionsByDefault {
-		want = 3 // the written-in scripts are Functions too
+		want = 4 // the written-in scripts are Functions too
 	}
 	assert.Len(t, kinds, want, "the runners covered: %v", kinds)
 	ctx := t.Context()

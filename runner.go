@@ -113,16 +113,16 @@ func trim(r *request, single bool) {
 
 // trimSingle leaves out the trailing arguments of a script specialised for
 // a single rule that are their defaults, and sends a priority share as
-// -(c + 1), c the capacity it leaves the bucket: in place of n = 1, or else
+// -(c + 1), c the capacity it leaves the rule: in place of n = 1, or else
 // of the number of rules, which that script does not read
-// (scripts/single_bucket.lua; scripts/single_warmup.lua reads only its
-// sign: a warming bucket takes no share). The usual call with a share then sends one
-// argument, not the seven of the general layout and the share, and Redis
-// does no arithmetic for it.
+// (scripts/single_args.lua; a warming bucket takes no share, and its
+// script reads only whether there is one). The usual call with a share
+// then sends one argument, not the seven of the general layout and the
+// share, and Redis does no arithmetic for it.
 func trimSingle(r *request) {
 	a := &r.args
 	if r.share != 0 {
-		c := -shareCapacity(r.rs.rules[0].args[3].(int64), r.share) - 1
+		c := -shareCapacity(int64(r.rs.rules[0].capacity()), r.share) - 1
 		if a.args[0] == defaultArgs[0] {
 			a.args[0] = c
 		} else {

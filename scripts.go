@@ -138,11 +138,9 @@ type bakedRules struct {
 // rs.fn to the same as a Redis Function; it leaves them nil when
 // maxBakedScripts are made already. Limiters with the same rules share
 // them. A single rule whose strategy has a specialised script
-// (singleSource) runs that script for its usual calls (singleRunner),
-// unless cfg gives every call a penalty block, or (but for a bucket's,
-// single_bucket.lua, and a warming bucket's, single_warmup.lua, which
-// takes none: alg.bucket) a priority share, which only the general script
-// handles: decided here, once.
+// (singleSource) runs that script for its usual calls (singleRunner), a
+// priority share or none, unless cfg gives every call a penalty block or
+// regions, which only the general script handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
 		bakeCalendar(rs, cfg)
@@ -189,7 +187,7 @@ func bake(rs *ruleSet, cfg *config) {
 	rs.run = run
 	// (With WithRegions, a call also writes the key's journal, which only
 	// the general script does: scripts/region.lua.)
-	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (!cfg.priority.on || rs.rules[0].alg.bucket) {
+	if b.single != nil && cfg.block == 0 && cfg.regions == nil {
 		rs.run = singleRunner{one: one, general: run}
 	}
 }

@@ -590,8 +590,8 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	c.subWindows = int64(max(sw, 1))
 	one, gen := fmt.Sprintf("r%done", round), fmt.Sprintf("r%dgen", round)
 	opts := []Option{withoutFunctions()}
-	if a.bucket && round%2 == 1 {
-		// A bucket's single script takes a priority share too.
+	if round%2 == 1 {
+		// The single script takes a priority share too.
 		sheddable, normal := 0.1+0.4*rng.Float64(), 0.5+0.5*rng.Float64()
 		opts = append(opts, WithPriorityShares(sheddable, normal))
 		c.shares = []int64{sharePPM(sheddable), sharePPM(normal), 1 + rng.Int64N(999_999)}
@@ -722,7 +722,7 @@ func (c *singleCompare) script() {
 		// A call with a share: the general script's every argument, then
 		// the share; the single script's as trimSingle sends them.
 		share := c.shares[c.rng.IntN(len(c.shares))]
-		argsOne = singleShareArgs(n, shareCapacity(c.one.own.rules[0].args[3].(int64), share), now, maxDelay)
+		argsOne = singleShareArgs(n, shareCapacity(int64(c.one.own.rules[0].capacity()), share), now, maxDelay)
 		args = append(args, 0, "", 0, share)
 	} else if c.rng.IntN(3) > 0 {
 		for len(args) > 0 && fmt.Sprint(args[len(args)-1]) == fmt.Sprint(defaultArgs[len(args)-1]) {
@@ -906,11 +906,11 @@ func (c *singleRedis) play(steps int) {
 		}
 		args := []any{n, 1, now, maxDelay}
 		argsOne := args
-		if c.rs.rules[0].alg.bucket && c.rng.IntN(2) == 0 {
+		if c.rng.IntN(2) == 0 {
 			// A priority share: after the general script's every argument,
 			// and to the single script as trimSingle sends it.
 			share := 1 + c.rng.Int64N(999_999)
-			argsOne = singleShareArgs(n, shareCapacity(c.rs.rules[0].args[3].(int64), share), now, maxDelay)
+			argsOne = singleShareArgs(n, shareCapacity(int64(c.rs.rules[0].capacity()), share), now, maxDelay)
 			args = append(args, 0, "", 0, share)
 		}
 		var cmds [3]*redis.Cmd

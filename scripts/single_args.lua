@@ -8,9 +8,16 @@
 -- ARGV[3]  now in µs, or 0 (absent): the server's TIME
 -- ARGV[4]  max delay in µs, or -1 (absent): none; only a leaky bucket's
 --          Delay reads it
--- Sets rcall, n, now, max_delay, nargs (#ARGV) and skew: false when now
+-- A call with a priority share (WithPriorityShares) sends -(c + 1), c the
+-- capacity the share leaves the rule (floor(share × capacity / 1e6),
+-- capacity being Burst for a bucket, else Rate), computed in Go: in ARGV[1]
+-- for n = 1, or else in ARGV[2], where the general script has the rule
+-- count, which these scripts do not read (see trimSingle in runner.go):
+-- one argument, not eight, and no share arithmetic here.
+-- Sets rcall, n, now, max_delay, nargs (#ARGV), skew: false when now
 -- is the server's time, else 0 (single_bucket.lua reports a clock behind
--- the state's with it).
+-- the state's with it), and shared and share_c: whether the call has a
+-- share, and c.
 
 local rcall = redis.call
 local n, now, max_delay, skew = 1, 0, -1, 0
@@ -22,4 +29,10 @@ if now <= 0 then
   local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
   skew = false
+end
+local shared, share_c = false, 0
+if n < 0 then
+  shared, share_c, n = true, -n - 1, 1
+elseif nargs > 1 and ARGV[2] ~= '1' then
+  shared, share_c = true, -ARGV[2] - 1
 end

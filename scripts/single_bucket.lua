@@ -92,13 +92,8 @@ end
 -- burst / 1e6) of its capacity (see ARGV above); kept is what it leaves
 -- out, added back to tell a denial by the share alone (code 5), and to
 -- the remaining allowance the reply's sixth integer gives.
-local kept, shared = 0, false
-if n < 0 then
-  kept, n, shared = burst + n + 1, 1, true
-elseif nargs > 1 and ARGV[2] ~= '1' then
-  kept, shared = burst + ARGV[2] + 1, true
-end
-burst = burst - kept
+local kept = 0
+if shared then kept, burst = burst - share_c, share_c end
 
 -- The check (check_tb).
 local cap = burst * period

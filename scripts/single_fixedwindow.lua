@@ -1,7 +1,7 @@
 -- single_fixedwindow.lua: a fixed window of one rule written in, the usual
 -- call only: the decision of the general script (common.lua,
 -- fixedwindow.lua, args.lua, decide.lua, check.lua, reply.lua) for one
--- rule with no penalty block, no priority share and no reservation,
+-- rule with no penalty block and no reservation, a priority share or none,
 -- written out in one chunk, as single_bucket.lua is for a bucket (see there
 -- why). Same state, same writes, same reply: a reservation on the same key
 -- runs the general script (singleRunner in runner.go).
@@ -19,10 +19,12 @@
 -- ARGV     as common.lua's, up to ARGV[3]: n, 1, now in µs or 0 (the
 --          server's TIME); trailing defaults left out (ARGV[4], a max
 --          delay, is not read: it bounds only a leaky bucket's Delay; the
---          runner sends no block, reservation or share)
+--          runner sends no block or reservation); a priority share
+--          as single_args.lua reads it
 -- Reply: common.lua's five integers (code, remaining, delay 0 or retry
---   after, reset after, rule 1), packed in one string where Redis has its
---   struct library, else an array.
+--   after, reset after, rule 1), and with a share a sixth, the rule's
+--   whole remaining allowance before the call, packed in one string
+--   where Redis has its struct library, else an array.
 
 
 -- The window's count (fw_read): w is the window now is in, or the key's

@@ -1,7 +1,7 @@
 -- single_slidingcounter.lua: a sliding counter of one rule written in, the
 -- usual call only: the decision of the general script (common.lua,
 -- slidingcounter.lua, args.lua, decide.lua, check.lua, reply.lua) for one
--- rule with no penalty block, no priority share and no reservation,
+-- rule with no penalty block and no reservation, a priority share or none,
 -- written out in one chunk, as single_bucket.lua is for a bucket (see
 -- there why). Same state, same writes, same reply: a reservation on the
 -- same key runs the general script (singleRunner in runner.go).
@@ -17,12 +17,21 @@
 -- ARGV     as common.lua's, up to ARGV[3]: n, 1, now in µs or 0 (the
 --          server's TIME); trailing defaults left out (ARGV[4], a max
 --          delay, is not read: it bounds only a leaky bucket's Delay; the
---          runner sends no block, reservation or share)
+--          runner sends no block or reservation); a priority share
+--          as single_args.lua reads it
 -- Reply: common.lua's five integers (code, remaining, delay 0 or retry
---   after, reset after, rule 1), packed in one string where Redis has its
---   struct library, else an array.
+--   after, reset after, rule 1), and with a share a sixth, the rule's
+--   whole remaining allowance before the call, packed in one string
+--   where Redis has its struct library, else an array.
 -- Exact integer division is written out as in single_bucket.lua.
 
+
+-- A priority share (single_args.lua): the rule counts share_c of its
+-- rate; kept is what it leaves out, added back to tell a denial by the
+-- share alone (code 5), and to the remaining allowance the reply's sixth
+-- integer gives.
+local kept = 0
+if shared then kept, rate = rate - share_c, share_c end
 
 -- The counts (sc_read): cur and prev of window w (the window now is in,
 -- or the key's when it is ahead: the clock went back), and whether the
@@ -115,9 +124,14 @@ elseif n > 0 then
   rem, reset = avail - n, (w + 2) * period - now
 end
 
+if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 if rem < 0 then rem = 0 end
 if reset < 0 then reset = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
+if shared then
+  if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
+  return {code, rem, wait, reset, 1, avail + kept}
+end
 if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
 return {code, rem, wait, reset, 1}

@@ -28,10 +28,9 @@
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
 --          server's TIME), max delay in µs or -1; trailing defaults left
 --          out (the runner sends no block or reservation); a call with a
---          priority share sends -(c + 1) as single_bucket.lua reads it (in
---          ARGV[1] for n = 1, or else in ARGV[2]: see trimSingle in
---          runner.go), and a warming bucket takes no share (check.lua:
---          its capacity is time), so that only its sign is read here
+--          priority share as single_args.lua reads it, and a warming
+--          bucket takes no share (check.lua: its capacity is time): only
+--          whether the call has one (shared) matters here
 -- Reply: common.lua's five integers (code, remaining, delay or retry
 --   after, reset after, rule 1), and with a share a sixth, the remaining
 --   allowance before the call, packed in one string where Redis has its
@@ -41,12 +40,6 @@
 --   q = a / b  q = q - q % 1 (floor) or q + (-q) % 1 (ceil)
 --   then q corrected by one where the double's rounding was off.
 
-local shared = false
-if n < 0 then
-  n, shared = 1, true
-elseif nargs > 1 and ARGV[2] ~= '1' then
-  shared = true
-end
 
 -- The state (warm_read): x, X at now (capped at mx), and f, F from now
 -- (the state's lag folded in).

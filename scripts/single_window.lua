@@ -4,15 +4,23 @@
 -- bakeCalendar in scripts.go), as check_fw and check_cw end the same way
 -- in the general script.
 --
--- Before it, the script has set n, rate and rcall (the call's and the
--- rule's), and
+-- Before it, the script has set n, rate, rcall, shared and share_c (the
+-- call's and the rule's: single_args.lua), and
 --   key    KEYS[1], the window's state key: count * 10 + a digit
 --   count  the window's count
 --   left   µs from now until the window ends
 --   digit  the last digit of the window's index, written with a new count
 -- Reply: common.lua's five integers (code, remaining, delay 0 or retry
---   after, reset after, rule 1), packed in one string where Redis has its
---   struct library, else an array.
+--   after, reset after, rule 1), and with a share a sixth, the rule's
+--   whole remaining allowance before the call, packed in one string
+--   where Redis has its struct library, else an array.
+
+-- A priority share (single_args.lua): the rule counts share_c of its
+-- rate; kept is what it leaves out, added back to tell a denial by the
+-- share alone (code 5), and to the remaining allowance the reply's sixth
+-- integer gives.
+local kept = 0
+if shared then kept, rate = rate - share_c, share_c end
 
 -- The check (check_fw, check_cw): code, remaining, retry after, reset
 -- after (common.lua).
@@ -41,9 +49,14 @@ elseif count > 0 then
   reset = left
 end
 
+if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 if rem < 0 then rem = 0 end
 if reset < 0 then reset = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
+if shared then
+  if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
+  return {code, rem, wait, reset, 1, avail + kept}
+end
 if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
 return {code, rem, wait, reset, 1}
