@@ -21,18 +21,20 @@
 
 local rcall = redis.call
 local n, now, max_delay, skew = 1, 0, -1, 0
+local shared, share_c = false, 0
 local nargs = #ARGV
-if nargs > 0 and ARGV[1] ~= '1' then n = ARGV[1] + 0 end
-if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
-if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
+if nargs > 0 then -- (the usual call sends none)
+  if ARGV[1] ~= '1' then n = ARGV[1] + 0 end
+  if nargs > 2 and ARGV[3] ~= '0' then now = ARGV[3] + 0 end
+  if nargs > 3 and ARGV[4] ~= '-1' then max_delay = ARGV[4] + 0 end
+  if n < 0 then
+    shared, share_c, n = true, -n - 1, 1
+  elseif nargs > 1 and ARGV[2] ~= '1' then
+    shared, share_c = true, -ARGV[2] - 1
+  end
+end
 if now <= 0 then
   local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
   skew = false
-end
-local shared, share_c = false, 0
-if n < 0 then
-  shared, share_c, n = true, -n - 1, 1
-elseif nargs > 1 and ARGV[2] ~= '1' then
-  shared, share_c = true, -ARGV[2] - 1
 end
