@@ -6,9 +6,9 @@
 -- with the rules written in) and reply.lua, which writes only if every rule
 -- allows.
 -- A single-strategy limiter is a policy of one rule; its usual calls (no
--- block or reservation, and no priority share but for a bucket) run a
--- script specialised for it instead, single_<strategy>.lua, which
--- decides and writes as this one does (see singleSource in scripts.go).
+-- block, reservation or regions; a priority share or none) run a script
+-- specialised for it instead, single_<strategy>.lua, which decides and
+-- writes as this one does (see singleSource in scripts.go).
 --
 -- KEYS[1..k]  the rules' state keys, one per rule, all with the same hash
 --             tag (one cluster slot)
