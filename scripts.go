@@ -204,7 +204,7 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 	}
 	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n" +
 		"local rate = " + strconv.FormatInt(rs.rules[0].args[1].(int64), 10) + "\n" +
-		readScripts("single_calendar.lua", "single_window.lua")
+		readScripts("single_calendar.lua", "single_window.lua", "single_reply.lua")
 	baked.Lock()
 	defer baked.Unlock()
 	b, ok := baked.m[src]
@@ -225,12 +225,12 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 // strategy (none: the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource), its files in order.
 var singleFiles = [...][]string{
-	FixedWindow:      {"single_fixedwindow.lua", "single_window.lua"},
-	SlidingLog:       {"single_slidinglog.lua"},
-	SlidingCounter:   {"single_slidingcounter.lua"},
-	SubWindowCounter: {"single_subwindow.lua"},
-	TokenBucket:      {"single_bucket.lua"},
-	LeakyBucket:      {"single_bucket.lua"},
+	FixedWindow:      {"single_fixedwindow.lua", "single_window.lua", "single_reply.lua"},
+	SlidingLog:       {"single_slidinglog.lua", "single_reply.lua"},
+	SlidingCounter:   {"single_slidingcounter.lua", "single_reply.lua"},
+	SubWindowCounter: {"single_subwindow.lua", "single_reply.lua"},
+	TokenBucket:      {"single_bucket.lua", "single_reply.lua"},
+	LeakyBucket:      {"single_bucket.lua", "single_reply.lua"},
 }
 
 // singleSource returns the script specialised for the one rule of rs: the

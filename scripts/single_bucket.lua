@@ -30,6 +30,7 @@
 --   after, reset after, rule 1), and with a share a sixth, the bucket's
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
+-- (single_reply.lua, which follows this file, replies.)
 
 
 -- Exact integer division: common.lua's floor_div and ceil_div, written
@@ -216,10 +217,3 @@ end
 if rem < 0 then rem = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 code = code + (skew or 0)
-local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
-if shared then
-  if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
-  return {code, rem, wait, reset, 1, avail + kept}
-end
-if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
-return {code, rem, wait, reset, 1}

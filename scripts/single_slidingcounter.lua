@@ -24,6 +24,7 @@
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
 -- Exact integer division is written out as in single_bucket.lua.
+-- (single_reply.lua, which follows this file, replies.)
 
 
 -- A priority share (single_args.lua): the rule counts share_c of its
@@ -128,10 +129,3 @@ if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 if rem < 0 then rem = 0 end
 if reset < 0 then reset = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
-local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
-if shared then
-  if pack then return pack.pack('<Bi8i8i8Bi8', code, rem, wait, reset, 1, avail + kept) end
-  return {code, rem, wait, reset, 1, avail + kept}
-end
-if pack then return pack.pack('<Bi8i8i8B', code, rem, wait, reset, 1) end
-return {code, rem, wait, reset, 1}
