@@ -427,12 +427,13 @@ func (r *Reservation) settleReply(out any, report *ruleSet) (Result, error) {
 }
 
 // settleTrailer returns the settle script's arguments after the rules':
-// the events reserved and each rule's tag; then, with now (the rules the
-// reply reports, see settleRedis), their number, which their arguments
-// follow.
+// the events reserved and each rule's tag; the number of the rules the
+// reply reports when they are now's (see settleRedis), else 0; and the
+// reservation lifetime (ms), from which the script knows when the
+// reservation was made. Now's arguments follow.
 func (r *Reservation) settleTrailer(now *ruleSet) []any {
 	k := len(r.rs.rules)
-	t := make([]any, 0, 2+k)
+	t := make([]any, 0, 3+k)
 	t = append(t, r.n)
 	for i := range k {
 		var tag int64 // 0, as the script records a missing one
@@ -441,10 +442,11 @@ func (r *Reservation) settleTrailer(now *ruleSet) []any {
 		}
 		t = append(t, tag)
 	}
+	m := 0
 	if now != nil {
-		t = append(t, len(now.rules))
+		m = len(now.rules)
 	}
-	return t
+	return append(t, m, r.e.cfg.argReserveTTL)
 }
 
 // settleErr wraps a failed settle's error: the caller's context, an outage

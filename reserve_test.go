@@ -1222,6 +1222,47 @@ func TestBucketRefundAfterRefund(t *testing.T) {
 	}
 }
 
+// Four reservations of 10 fill a bucket of 40; the third is cancelled (a
+// gap in the middle of the queue), then the first (a gap at its front),
+// then the second. With no time passed, the second gets all 10 back:
+// taking every gap as passed once the first is gave it none (the failure
+// TestReserveConcurrentRedis found). Half a second on (5 events
+// refilled, the first reservation's), it gets back at least what the
+// refill since its call cannot have paid back of its own (10 - 5), and
+// never more than was not refilled (10: the key as if it had never been
+// taken).
+func TestBucketRefundBehindGaps(t *testing.T) {
+	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
+		for _, tc := range []struct {
+			wait     time.Duration
+			min, max int // remaining after the three cancels
+		}{
+			{0, 30, 30},
+			{500 * time.Millisecond, 25, 30},
+		} {
+			t.Run(fmt.Sprintf("%v/%v", s, tc.wait), func(t *testing.T) {
+				b, _ := miniBackend(t)
+				lim := newLimiter(t, b.rdb, s, Limit{Rate: 10, Period: time.Second, Burst: 40})
+				ctx := t.Context()
+				var rv [4]*Reservation
+				for i := range rv {
+					var err error
+					rv[i], err = lim.Reserve(ctx, "k", 10)
+					require.NoError(t, err)
+					require.True(t, rv[i].Result().Allowed)
+				}
+				b.advance(tc.wait)
+				for _, i := range []int{2, 0, 1} {
+					require.NoError(t, rv[i].Cancel(ctx))
+				}
+				got := remaining(t, lim, "k")
+				assert.GreaterOrEqual(t, got, tc.min, "the second reservation's own events not refilled come back")
+				assert.LessOrEqual(t, got, tc.max, "no refill given back")
+			})
+		}
+	}
+}
+
 func TestBucketRefundAfterRefundRedis(t *testing.T) {
 	for _, s := range []Strategy{TokenBucket, LeakyBucket} {
 		t.Run(s.String(), func(t *testing.T) {

@@ -5,11 +5,13 @@
 -- instead the most entries a charge adds to each sliding log (see
 -- adjust.sl), ARGV[6] the reservation id and ARGV[7] the events really
 -- used; then, after the rules, ARGV[8+4k] the events reserved and
--- ARGV[9+4k ..] each rule's tag from the reservation's reply. What the
--- reply reports (see below) may follow: ARGV[9+5k] m, the number of the
--- key's rules now when they are not the reservation's (WithLimitFunc,
--- WithRulesFunc), then their arguments as a rule's (ARGV[10+5k ..]),
--- with their state keys after the reservations' (KEYS[2k+1 .. 2k+m]);
+-- ARGV[9+4k ..] each rule's tag from the reservation's reply; ARGV[9+5k]
+-- m, the number of the key's rules now when the reply reports them and
+-- they are not the reservation's (WithLimitFunc, WithRulesFunc), else 0;
+-- ARGV[10+5k] the reservation lifetime (ms: the reservation was made that
+-- long before the time its record lapses); then the m rules' arguments
+-- as a rule's (ARGV[11+5k ..]), with their state keys after the
+-- reservations' (KEYS[2k+1 .. 2k+m]);
 -- and last in KEYS, the penalty block key of the key's rules now (with
 -- WithBlock).
 --
@@ -45,7 +47,7 @@ local reserved = tonumber(ARGV[base])
 local m = tonumber(ARGV[base + nrules + 1]) or 0
 local function reported(j)
   if m == 0 then return KEYS[j], rule(j) end
-  local a = base + nrules - 2 + 4 * j
+  local a = base + nrules - 1 + 4 * j
   local code = ARGV[a]
   local per_call = string.byte(code) == STAR
   if per_call then code = string.sub(code, 2) end
@@ -74,6 +76,7 @@ for i = 1, nrules do
 end
 if not lapses or tonumber(lapses) <= now then return {-1} end
 delta = used - reserved
+since = lapses - ARGV[base + nrules + 2] * 1000
 
 local d0 = delta
 for i = 1, nrules do
