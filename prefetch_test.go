@@ -756,10 +756,10 @@ func cpuTime(t *testing.T) time.Duration {
 }
 
 // 1,000 limiters with hot-key prefetching, each used once (a prefetch taken)
-// and then idle, cost no goroutine and under 1% of a core once their
-// prefetches are given back. Before, each kept its sweeper ticking until
-// Close: 1,000 goroutines, 17-20% of a core at maxAge 100 ms, 109-111% at
-// 4 ms.
+// and then idle, cost no goroutine and under 3% of a core once their
+// prefetches are given back (0.2% alone). Before, each kept its sweeper
+// ticking until Close: 1,000 goroutines, 17-20% of a core at maxAge 100 ms,
+// 109-111% at 4 ms.
 func TestPrefetchIdleSweepersRedis(t *testing.T) {
 	testlane.MarkAlone(t)
 	srv := realServer(t)
@@ -777,14 +777,17 @@ func TestPrefetchIdleSweepersRedis(t *testing.T) {
 			// both is theirs (the rest is the runtime's and earlier
 			// tests' background work, which can fade while this test
 			// runs: 2.6% of a core idle against 1.0% once closed, in a
-			// CI run where both were 0.2% alone).
-			// Each is the least of two windows: a spike of that other
+			// CI run where both were 0.2% alone; 2.6% against 1.1% and
+			// 0.4% before in one where a build ran beside the test).
+			// Each is the least of three windows: a spike of that other
 			// work in one window (1.5% of a core once, in CI) is not the
-			// limiters'.
+			// limiters'. The bound, 3% of a core, is a sixth of what the
+			// sweepers cost at 100 ms; the sweepers' count is the exact
+			// check.
 			const window = 1500 * time.Millisecond
 			share := func() (float64, time.Duration) {
 				least, leastCPU := math.Inf(1), time.Duration(0)
-				for range 2 {
+				for range 3 {
 					cpu0, wall0 := cpuTime(t), time.Now()
 					time.Sleep(window)
 					cpu, wall := cpuTime(t)-cpu0, time.Since(wall0)
@@ -850,7 +853,7 @@ func TestPrefetchIdleSweepersRedis(t *testing.T) {
 				limiters, maxAge, left, cpu, window, 100*idle, baseCPU, 100*base, 100*before)
 			base = max(base, before)
 			assert.Zero(t, left, "sweepers of idle limiters")
-			assert.Less(t, idle-base, 0.01, "CPU of %d idle limiters", limiters)
+			assert.Less(t, idle-base, 0.03, "CPU of %d idle limiters", limiters)
 		})
 	}
 }
