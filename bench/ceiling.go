@@ -42,8 +42,11 @@ type CeilingConfig struct {
 	// rounds, so that a change to the scripts is compared with the scripts
 	// in use in one run.
 	Variants []string
-	Seed     uint64
-	Log      io.Writer
+	// More also measures the contenders of More (warm-up, calendar,
+	// priority shares).
+	More bool
+	Seed uint64
+	Log  io.Writer
 }
 
 // CeilingRow is one script on one workload, pipelined.
@@ -216,7 +219,11 @@ func ceilingJobs(ctx context.Context, env *Env, cfg CeilingConfig) []ceilingJob 
 		}
 		return []any{"evalsha", commandsOnly.Hash(), "1", keyPlaceholder}, nil
 	}, always})
-	for _, c := range scriptedContenders(functions) {
+	cs := scriptedContenders(functions)
+	if cfg.More {
+		cs = append(cs, More()...)
+	}
+	for _, c := range cs {
 		jobs = append(jobs, contenderJobs(ctx, env, cfg, c)...)
 	}
 	if cfg.Only == nil {

@@ -50,6 +50,19 @@ func Contenders() []Contender {
 	return cs
 }
 
+// More returns the redlimit contenders beyond Contenders' strategies and
+// policy that a default limiter does not run: each warming bucket, a
+// calendar quota, and each strategy's call with a priority share
+// (Sheddable). cmd/instructions always counts them; cmd/compare measures
+// them with -more.
+func More() []Contender {
+	cs := []Contender{RedlimitWarmUp(redlimit.TokenBucket), RedlimitWarmUp(redlimit.LeakyBucket), Calendar()}
+	for _, s := range redlimit.Strategies() {
+		cs = append(cs, RedlimitSheddable(s))
+	}
+	return cs
+}
+
 // Via chooses the client a contender sends its commands through.
 type Via int
 

@@ -46,6 +46,7 @@ var (
 	depth      = flag.Int("pipeline", 32, "-ceiling: commands per pipeline")
 	conns      = flag.Int("conns", 4, "-ceiling: pipelining goroutines (connections)")
 	rbN        = flag.Int("rb-requests", 100_000, "-ceiling: requests per redis-benchmark run (0 = skip redis-benchmark)")
+	more       = flag.Bool("more", false, "also measure redlimit's warming buckets, calendar quota and each strategy's call with a priority share (bench.More)")
 	variants   = flag.String("variants", "", "comma-separated directories holding other versions of the library's scripts/*.lua: each redlimit contender is also measured with its script built from them, in the same rounds (also with -ceiling)")
 	out        = flag.String("out", "", "also write the Markdown report to this file")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
@@ -165,7 +166,7 @@ func report(ctx context.Context, env *bench.Env, w io.Writer, conc []int, onlyRe
 		rep, err := bench.Ceiling(ctx, env, bench.CeilingConfig{
 			Duration: *duration, Depth: *depth, Conns: *conns, NumKeys: *numKeys,
 			BenchmarkRequests: *rbN, Rounds: *rounds, Only: onlyRe, Seed: *seed, Log: os.Stderr,
-			Variants: splitList(*variants),
+			Variants: splitList(*variants), More: *more,
 		})
 		if err != nil {
 			return err
@@ -186,6 +187,9 @@ func compare(ctx context.Context, env *bench.Env, w io.Writer, conc []int, onlyR
 		NumKeys: *numKeys, HotRate: *hotRate, Seed: *seed, Log: os.Stderr,
 	}
 	cs := bench.Contenders()
+	if *more {
+		cs = append(cs, bench.More()...)
+	}
 	if *autopipe {
 		if err := env.EnableAutoPipeline(); err != nil {
 			return err

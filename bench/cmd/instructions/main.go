@@ -167,12 +167,9 @@ func checkTools() error {
 // a few more of redlimit's, and each scripted one of redlimit's built from
 // each directory of variants (comma-separated), if any.
 func contenders(variants string) []bench.Contender {
-	cs := append(bench.Contenders(), bench.RedlimitClientClock(redlimit.TokenBucket),
-		bench.RedlimitWarmUp(redlimit.TokenBucket), bench.RedlimitWarmUp(redlimit.LeakyBucket), bench.Calendar(),
+	cs := append(bench.Contenders(), bench.More()...)
+	cs = append(cs, bench.RedlimitClientClock(redlimit.TokenBucket),
 		bench.RedlimitRegions(redlimit.TokenBucket), bench.RedlimitRegions(redlimit.FixedWindow))
-	for _, s := range redlimit.Strategies() {
-		cs = append(cs, bench.RedlimitSheddable(s))
-	}
 	if variants == "" {
 		return cs
 	}
