@@ -440,9 +440,7 @@ func TestHostileKeysRegions(t *testing.T) {
 	eu, mEU := miniBackend(t) // clocks standing still: nothing refills
 	us, mUS := miniBackend(t)
 	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
-		return newLimiter(t, own, TokenBucket, PerHour(10), WithRegions(Regions{
-			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
-		}))
+		return newLimiter(t, own, TokenBucket, PerHour(10), peerRegion(self, name, peer))
 	}
 	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
 	ctx := context.Background()

@@ -354,6 +354,12 @@ func TestWithRegionsRefuses(t *testing.T) {
 	require.NoError(t, lim.Close())
 }
 
+// peerRegion is WithRegions for region self with one peer, name, on
+// peer, exchanging every 10 ms.
+func peerRegion(self, name string, peer redis.UniversalClient) Option {
+	return WithRegions(Regions{Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond})
+}
+
 // TestRegionsApplyOnce: what one region admits reaches the other once,
 // however many of its instances deliver it and however often.
 func TestRegionsApplyOnce(t *testing.T) {
@@ -362,9 +368,7 @@ func TestRegionsApplyOnce(t *testing.T) {
 			eu, _ := miniBackend(t) // clocks standing still: nothing refills
 			us, _ := miniBackend(t)
 			in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
-				return newLimiter(t, own, s, PerMinute(100), WithRegions(Regions{
-					Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
-				}))
+				return newLimiter(t, own, s, PerMinute(100), peerRegion(self, name, peer))
 			}
 			eu1, eu2 := in("eu", eu.rdb, us.rdb, "us"), in("eu", eu.rdb, us.rdb, "us")
 			other := in("us", us.rdb, eu.rdb, "eu")
@@ -467,22 +471,19 @@ func TestRegionsClusterRedis(t *testing.T) {
 func TestRegionsPolicyAndCalendar(t *testing.T) {
 	eu, _ := miniBackend(t)
 	us, _ := miniBackend(t)
-	regions := func(self string, peer redis.UniversalClient, name string) Option {
-		return WithRegions(Regions{Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond})
-	}
 	rules := []Rule{
 		{Strategy: TokenBucket, Limit: PerMinute(100)},
 		{Strategy: SlidingCounter, Limit: PerMinute(2), PerCall: true},
 		{Strategy: FixedWindow, Limit: PerHour(1000)},
 	}
-	pe, err := NewPolicy(eu.rdb, rules, regions("eu", us.rdb, "us"))
+	pe, err := NewPolicy(eu.rdb, rules, peerRegion("eu", "us", us.rdb))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pe.Close() })
-	pu, err := NewPolicy(us.rdb, rules, regions("us", eu.rdb, "eu"))
+	pu, err := NewPolicy(us.rdb, rules, peerRegion("us", "eu", eu.rdb))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pu.Close() })
-	ce := newLimiter(t, eu.rdb, FixedWindow, Daily(100, time.UTC), regions("eu", us.rdb, "us"))
-	cu := newLimiter(t, us.rdb, FixedWindow, Daily(100, time.UTC), regions("us", eu.rdb, "eu"))
+	ce := newLimiter(t, eu.rdb, FixedWindow, Daily(100, time.UTC), peerRegion("eu", "us", us.rdb))
+	cu := newLimiter(t, us.rdb, FixedWindow, Daily(100, time.UTC), peerRegion("us", "eu", eu.rdb))
 	ctx := context.Background()
 	res, err := pe.AllowN(ctx, "k", 3)
 	require.NoError(t, err)
@@ -517,9 +518,7 @@ func TestRegionsJournalEpochs(t *testing.T) {
 	eu, _ := miniBackend(t)
 	us, _ := miniBackend(t)
 	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
-		return newLimiter(t, own, TokenBucket, PerMinute(10), WithRegions(Regions{
-			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
-		}))
+		return newLimiter(t, own, TokenBucket, PerMinute(10), peerRegion(self, name, peer))
 	}
 	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
 	ctx := context.Background()
@@ -574,9 +573,7 @@ func TestRegionsBatches(t *testing.T) {
 	eu, _ := miniBackend(t)
 	us, _ := miniBackend(t)
 	in := func(self string, own, peer redis.UniversalClient, name string) *RateLimiter {
-		return newLimiter(t, own, FixedWindow, PerHour(100), WithRegions(Regions{
-			Name: self, Peers: map[string]redis.UniversalClient{name: peer}, Sync: 10 * time.Millisecond,
-		}))
+		return newLimiter(t, own, FixedWindow, PerHour(100), peerRegion(self, name, peer))
 	}
 	here, there := in("eu", eu.rdb, us.rdb, "us"), in("us", us.rdb, eu.rdb, "eu")
 	ctx := context.Background()
