@@ -13,7 +13,10 @@
 -- capacity being Burst for a bucket, else Rate), computed in Go: in ARGV[1]
 -- for n = 1, or else in ARGV[2], where the general script has the rule
 -- count, which these scripts do not read (see trimSingle in runner.go):
--- one argument, not eight, and no share arithmetic here.
+-- one argument, not eight, and no share arithmetic here. Each strategy's
+-- file then lowers the rule's capacity to c and keeps what the share
+-- leaves out in kept, which single_reply.lua adds back to tell a denial by
+-- the share alone (code 5) and in the reply's sixth integer.
 -- Sets rcall, n, now, max_delay, nargs (#ARGV), skew: false when now
 -- is the server's time, else 0 (single_bucket.lua reports a clock behind
 -- the state's with it), and shared and share_c: whether the call has a

@@ -89,10 +89,8 @@ if v then
   end
 end
 
--- A priority share (see common.lua): the bucket counts floor(share ×
--- burst / 1e6) of its capacity (see ARGV above); kept is what it leaves
--- out, added back to tell a denial by the share alone (code 5), and to
--- the remaining allowance the reply's sixth integer gives.
+-- A priority share (single_args.lua): the bucket counts share_c of its
+-- burst.
 local kept = 0
 if shared then kept, burst = burst - share_c, share_c end
 
@@ -142,7 +140,6 @@ elseif leaky and max_delay >= 0 and reset_now > max_delay then
 elseif leaky then
   wait = reset_now
 end
-if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 local admit = n > 0 and code == 0
 if admit then
   wd, wy, wpxs = used + n * period, y + n * period, pxs

@@ -39,10 +39,7 @@ local function score(m)
   return tonumber(string.sub(m, 1, c - 1))
 end
 
--- A priority share (single_args.lua): the rule counts share_c of its
--- rate; kept is what it leaves out, added back to tell a denial by the
--- share alone (code 5), and to the remaining allowance the reply's sixth
--- integer gives.
+-- A priority share (single_args.lua): the rule counts share_c of its rate.
 local kept = 0
 if shared then kept, rate = rate - share_c, share_c end
 
@@ -138,7 +135,6 @@ elseif n > 0 then
   rem, reset = avail - n, last + period - now
 end
 
-if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 if rem < 0 then rem = 0 end
 if reset < 0 then reset = 0 end
 rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1

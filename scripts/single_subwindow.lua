@@ -28,10 +28,7 @@
 -- (single_reply.lua, which follows this file, replies.)
 
 
--- A priority share (single_args.lua): the rule counts share_c of its
--- rate; kept is what it leaves out, added back to tell a denial by the
--- share alone (code 5), and to the remaining allowance the reply's sixth
--- integer gives.
+-- A priority share (single_args.lua): the rule counts share_c of its rate.
 local kept = 0
 if shared then kept, rate = rate - share_c, share_c end
 
@@ -187,5 +184,4 @@ elseif n > 0 then
   end
 end
 
-if code == 1 and kept > 0 and n <= avail + kept then code = 5 end
 if rem < 0 then rem = 0 end
