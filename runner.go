@@ -65,10 +65,11 @@ func (fr functionRunner) run(e *engine, r *request) (any, error) {
 	return fr.script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
 }
 
-// singleRunner runs a single rule's usual calls with the script (or
-// Redis Function) specialised for it (see singleSource in scripts.go),
-// and a reservation, which that script does not make, with the general one
-// (both as bake chose: scripts, or Functions with scripts as fallback).
+// singleRunner runs a single rule's (or a policy's) usual calls with the
+// script (or Redis Function) specialised for it (see singleSource and
+// policySource in scripts.go), and a reservation, which that script does
+// not make, with the general one (both as bake chose: scripts, or
+// Functions with scripts as fallback).
 type singleRunner struct{ one, general runner }
 
 func (sr singleRunner) run(e *engine, r *request) (any, error) {
@@ -112,7 +113,9 @@ func trim(r *request, single bool) {
 }
 
 // trimSingle leaves out the trailing arguments of a script specialised for
-// a single rule that are their defaults, and sends a priority share as
+// a single rule or a policy (scripts/single_args.lua reads them for both)
+// that are their defaults, the number of rules made 1 (a policy's script
+// knows its own), and sends a priority share as
 // -(c + 1), c the capacity it leaves the rule: in place of n = 1, or else
 // of the number of rules, which that script does not read
 // (scripts/single_args.lua; a warming bucket takes no share, and its
@@ -121,6 +124,7 @@ func trim(r *request, single bool) {
 // share, and Redis does no arithmetic for it.
 func trimSingle(r *request) {
 	a := &r.args
+	a.args[1] = defaultArgs[1]
 	if r.share != 0 {
 		c := -shareCapacity(int64(r.rs.rules[0].capacity()), r.share) - 1
 		if a.args[0] == defaultArgs[0] {

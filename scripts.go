@@ -125,8 +125,8 @@ var baked struct {
 }
 
 // bakedRules is what bake makes for one set of rules: the general
-// script and, for a single rule of a strategy that has one, the script
-// specialised for it (see singleSource); with functions, each as a Redis
+// script and, where the rules have one, the script specialised for them
+// (see singleSource and policySource); with functions, each as a Redis
 // Function too.
 type bakedRules struct {
 	script, single *redis.Script
@@ -138,9 +138,11 @@ type bakedRules struct {
 // rs.fn to the same as a Redis Function; it leaves them nil when
 // maxBakedScripts are made already. Limiters with the same rules share
 // them. A single rule whose strategy has a specialised script
-// (singleSource) runs that script for its usual calls (singleRunner), a
-// priority share or none, unless cfg gives every call a penalty block or
-// regions, which only the general script handles: decided here, once.
+// (singleSource), or a policy that has one (policySource), runs that
+// script for its usual calls (singleRunner), a single rule's with a
+// priority share or none, a policy's only where cfg gives none, unless
+// cfg gives every call a penalty block or regions, which only the general
+// script handles: decided here, once.
 func bake(rs *ruleSet, cfg *config) {
 	if rs.calendar {
 		bakeCalendar(rs, cfg)
@@ -156,6 +158,9 @@ func bake(rs *ruleSet, cfg *config) {
 	files := strategyFilesOf(rs.rules)
 	held := heldFiles(rs)
 	single := singleSource(rs)
+	if single == "" {
+		single = policySource(rs)
+	}
 	if !ok {
 		// In a script, written.lua's functions are made by the call's part,
 		// as the whole script runs on every call anyway: made before it,
@@ -187,7 +192,8 @@ func bake(rs *ruleSet, cfg *config) {
 	rs.run = run
 	// (With WithRegions, a call also writes the key's journal, which only
 	// the general script does: scripts/region.lua.)
-	if b.single != nil && cfg.block == 0 && cfg.regions == nil {
+	// (A policy's script takes no priority share: policySource.)
+	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (len(rs.rules) == 1 || !cfg.priority.on) {
 		rs.run = singleRunner{one: one, general: run}
 	}
 }
@@ -204,7 +210,7 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 	}
 	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n" +
 		"local rate = " + strconv.FormatInt(rs.rules[0].args[1].(int64), 10) + "\n" +
-		readScripts("single_calendar.lua", "single_window.lua", "single_reply.lua")
+		readScripts("single_calendar.lua", "single_window.lua", "single_write.lua", "single_reply.lua")
 	baked.Lock()
 	defer baked.Unlock()
 	b, ok := baked.m[src]
@@ -225,12 +231,12 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 // strategy (none: the general script decides): what a limiter of one
 // strategy runs for its usual call (see singleSource), its files in order.
 var singleFiles = [...][]string{
-	FixedWindow:      {"single_fixedwindow.lua", "single_window.lua", "single_reply.lua"},
+	FixedWindow:      {"single_fixedwindow.lua", "single_window.lua", "single_write.lua", "single_reply.lua"},
 	SlidingLog:       {"single_slidinglog.lua", "single_reply.lua"},
-	SlidingCounter:   {"single_slidingcounter.lua", "single_reply.lua"},
+	SlidingCounter:   {"single_slidingcounter.lua", "single_write.lua", "single_reply.lua"},
 	SubWindowCounter: {"single_subwindow.lua", "single_reply.lua"},
-	TokenBucket:      {"single_bucket.lua", "single_reply.lua"},
-	LeakyBucket:      {"single_bucket.lua", "single_reply.lua"},
+	TokenBucket:      {"single_bucket.lua", "single_write.lua", "single_reply.lua"},
+	LeakyBucket:      {"single_bucket.lua", "single_write.lua", "single_reply.lua"},
 }
 
 // singleSource returns the script specialised for the one rule of rs: the
@@ -250,18 +256,77 @@ func singleSource(rs *ruleSet) string {
 	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || len(singleFiles[r.alg.strategy]) == 0 {
 		return ""
 	}
+	return "-- The rule, written in by redlimit (see singleSource in scripts.go).\n" +
+		writtenRule(r, 1) + mustRead("single_args.lua") + readScripts(singleFiles[r.alg.strategy]...)
+}
+
+// writtenRule returns the line that writes rule r, the i-th, into a
+// script specialised for it (singleSource, policySource): its state key
+// and numbers as Lua locals, as scripts/single_args.lua says.
+func writtenRule(r *rule, i int) string {
 	var b strings.Builder
-	b.WriteString("-- The rule, written in by redlimit (see singleSource in scripts.go).\n")
-	b.WriteString("local rate, period, burst, leaky, pxs = ")
+	b.WriteString("local key, rate, period, burst, leaky, pxs = KEYS[" + strconv.Itoa(i) + "]")
 	for _, v := range r.args[1:] { // rate, period, burst: as the arguments would carry them
-		b.WriteString(strconv.FormatInt(v.(int64), 10) + ", ")
+		b.WriteString(", " + strconv.FormatInt(v.(int64), 10))
 	}
-	b.WriteString(strconv.FormatBool(r.alg.strategy == LeakyBucket))
+	b.WriteString(", " + strconv.FormatBool(r.alg.strategy == LeakyBucket))
 	if px := usualPX(r); px != "" {
 		b.WriteString(", " + strings.TrimPrefix(px, " = "))
 	}
 	b.WriteString("\n")
-	return b.String() + mustRead("single_args.lua") + readScripts(singleFiles[r.alg.strategy]...)
+	return b.String()
+}
+
+// maxPolicyScriptRules bounds the rules of a policy that runs the script
+// specialised for it (policySource): the policies most have, whose
+// nested blocks stay well within a Lua function's locals.
+const maxPolicyScriptRules = 4
+
+// policySource returns the script specialised for the usual call of a
+// policy of rs's rules (scripts/policy_head.lua): each rule's files of
+// singleFiles, less the write and the reply, in a block of its own, with
+// policy_rule.lua after it, the blocks nested by their held writes as in
+// writtenChecks; "" for one rule or more than maxPolicyScriptRules, or a
+// rule other than a token bucket, a sliding counter or a fixed window
+// (whose files write at most once), or per call, or warming.
+func policySource(rs *ruleSet) string {
+	k := len(rs.rules)
+	if k < 2 || k > maxPolicyScriptRules {
+		return ""
+	}
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		switch {
+		case r.perCall || r.alg.warm:
+			return ""
+		case r.alg.strategy != TokenBucket && r.alg.strategy != SlidingCounter && r.alg.strategy != FixedWindow:
+			return ""
+		}
+	}
+	var b strings.Builder
+	b.WriteString("-- The rules, written in by redlimit (see policySource in scripts.go).\n")
+	b.WriteString(mustRead("single_args.lua"))
+	b.WriteString(mustRead("policy_head.lua"))
+	tags := make([]string, k)
+	for i := range tags {
+		tags[i] = "a" + strconv.Itoa(i+1)
+	}
+	b.WriteString("local format = '<Bi8i8i8Bi8" + strings.Repeat("i8", k) + "'\n")
+	b.WriteString("local " + strings.Join(tags, ", ") + "\n")
+	for i := range rs.rules {
+		r := &rs.rules[i]
+		files := singleFiles[r.alg.strategy]
+		b.WriteString("do local hc, hk, ha, hb, hx\ndo local i = " + strconv.Itoa(i+1) + "\n")
+		b.WriteString(writtenRule(r, i+1))
+		b.WriteString(readScripts(files[:len(files)-2]...)) // less single_write.lua and single_reply.lua
+		b.WriteString(mustRead("policy_rule.lua"))
+		b.WriteString(tags[i] + " = avail\nend\n")
+	}
+	for range rs.rules {
+		b.WriteString(commitHeld)
+	}
+	b.WriteString(strings.ReplaceAll(mustRead("policy_reply.lua"), "TAGS", strings.Join(tags, ", ")))
+	return b.String()
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:

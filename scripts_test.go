@@ -744,25 +744,26 @@ func (c *singleCompare) compareState() {
 	for _, k := range c.m.Keys() {
 		switch {
 		case strings.HasPrefix(k, prefixOne+":"):
-			one = append(one, c.keyState(k, strings.TrimPrefix(k, prefixOne)))
+			one = append(one, miniKeyState(c.m, k, strings.TrimPrefix(k, prefixOne)))
 		case strings.HasPrefix(k, prefixGen+":"):
-			gen = append(gen, c.keyState(k, strings.TrimPrefix(k, prefixGen)))
+			gen = append(gen, miniKeyState(c.m, k, strings.TrimPrefix(k, prefixGen)))
 		}
 	}
 	require.Equal(c.t, gen, one, "%s: the state at %v", c.what, c.now)
 }
 
-// keyState prints key k (named as name) of miniredis: type, value, TTL.
-func (c *singleCompare) keyState(k, name string) string {
-	s := name + " " + c.m.Type(k) + " ttl " + c.m.TTL(k).String() + ": "
-	switch c.m.Type(k) {
+// miniKeyState prints key k (named as name) of miniredis m: type, value,
+// TTL.
+func miniKeyState(m *miniredis.Miniredis, k, name string) string {
+	s := name + " " + m.Type(k) + " ttl " + m.TTL(k).String() + ": "
+	switch m.Type(k) {
 	case "string":
-		v, _ := c.m.Get(k)
+		v, _ := m.Get(k)
 		s += v
 	case "zset":
-		members, _ := c.m.ZMembers(k)
+		members, _ := m.ZMembers(k)
 		for _, mb := range members {
-			score, _ := c.m.ZScore(k, mb)
+			score, _ := m.ZScore(k, mb)
 			if strings.HasSuffix(k, reserveSuffix) {
 				mb = "id" // a reservation's id is random: its time only
 			} else if dot := strings.Index(mb, "."); dot >= 0 {
@@ -771,9 +772,9 @@ func (c *singleCompare) keyState(k, name string) string {
 			s += fmt.Sprintf("%s=%.0f ", mb, score)
 		}
 	case "hash":
-		fields, _ := c.m.HKeys(k)
+		fields, _ := m.HKeys(k)
 		for _, f := range fields {
-			s += f + "=" + c.m.HGet(k, f) + " "
+			s += f + "=" + m.HGet(k, f) + " "
 		}
 	}
 	return s

@@ -17,12 +17,14 @@
 -- file then lowers the rule's capacity to c and keeps what the share
 -- leaves out in kept, which single_reply.lua adds back to tell a denial by
 -- the share alone (code 5) and in the reply's sixth integer.
--- Sets rcall, n, now, max_delay, nargs (#ARGV), skew: false when now
+-- Sets rcall, policy (false; a policy's script sets it, see
+-- policy_head.lua), n, now, max_delay, nargs (#ARGV), skew: false when now
 -- is the server's time, else 0 (single_bucket.lua reports a clock behind
 -- the state's with it), and shared and share_c: whether the call has a
 -- share, and c.
 
 local rcall = redis.call
+local policy = false
 local n, now, max_delay, skew = 1, 0, -1, 0
 local shared, share_c = false, 0
 local nargs = #ARGV

@@ -14,8 +14,11 @@
 -- Before this file, scripts.go writes the rule in, then single_args.lua
 -- (which reads n, now and max_delay, and takes the server's TIME when now
 -- is 0):
---   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, <leaky>, '<ms>'
+--   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <burst>, <leaky>, '<ms>'
 -- (pxs: the PX of one period, as a string: see common.lua).
+-- A policy's script runs this file once per rule, in a
+-- block of its own, KEYS[i] its key, and makes the rule's write once
+-- every rule has allowed (see policy_head.lua).
 --
 -- KEYS[1]  the bucket's state key (see bucket.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[4]: n, 1, now in µs or 0 (the
@@ -30,7 +33,8 @@
 --   after, reset after, rule 1), and with a share a sixth, the bucket's
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
--- (single_reply.lua, which follows this file, replies.)
+-- (single_write.lua, then single_reply.lua, which follow this file,
+-- write and reply.)
 
 
 -- Exact integer division: common.lua's floor_div and ceil_div, written
@@ -41,7 +45,6 @@
 
 -- The state (bucket_read): used, D at now; lag, how far the state's time
 -- is ahead of now; d0, D as stored; y, Y at now; w, W.
-local key = KEYS[1]
 local used, lag, d0, y, w = 0, 0, 0, 0, nil
 local v = rcall('GET', key)
 if v then
@@ -110,12 +113,15 @@ if used > 0 then
 end
 local over = used + n * period - cap
 -- The value to write, if any: D, Y, and the PX of one period (pxs) where
--- it is the key's life; wd nil: no write.
-local wd, wy, wpxs
-if d0 > rate * (period + 1000) and (n == 0 or over > 0 or
+-- it is the key's life; wd nil: no write. nd, ny: a state to write at
+-- once, before it (below).
+local wd, wy, wpxs, nd, ny
+local wc, wa, wb, wx
+if d0 > rate * (period + 1000) and (policy or n == 0 or over > 0 or
     (leaky and max_delay >= 0 and reset_now > max_delay)) then
   -- A state written at a higher rate (see check_tb): kept until full at
-  -- this rate. This call writes nothing else (n = 0, or a denial).
+  -- this rate, at once. This call writes nothing else (n = 0, or a
+  -- denial), or, in a policy's script, may not (another rule may deny).
   local left = rcall('PTTL', key)
   if left >= 0 and left * 1000 + 1000 + reset_now / 1024 < reset_now then
     if reset_now <= 5000000000 then
@@ -124,7 +130,7 @@ if d0 > rate * (period + 1000) and (n == 0 or over > 0 or
       if px < 1 then px = 1 end
       rcall('PEXPIRE', key, px)
     else
-      wd, wy = used, y -- as text, exact, as of now (see below)
+      nd, ny = used, y -- as text, exact, as of now (see below)
     end
   end
 end
@@ -148,9 +154,19 @@ elseif n == 0 and code ~= 0 then
   code, wait = 0, 0 -- a look is never denied, and has no delay then
 end
 
-if wd then
-  -- bucket_write: the value that stores D = wd, Y = wy and W = w at
-  -- now + lag, and its PX.
+-- The writes: nd, at once, then wd, left in wc, wa, wb, wx (command and
+-- arguments after the key) for single_write.lua, or a policy's script, to
+-- make; each by the code of bucket_write: the value that stores D = wd,
+-- Y = wy and W = w at now + lag, and its PX.
+-- (Not swapped in one assignment: miniredis's Lua assigns a, b = b, a in
+-- turn.)
+local direct = nd ~= nil
+if direct then
+  local ad, ay = wd, wy
+  wd, wy, wpxs = nd, ny, nil
+  nd, ny = ad, ay
+end
+while wd do
   local t = now + lag
   local q = wd / rate
   q = q + (-q) % 1
@@ -197,20 +213,23 @@ if wd then
     px = px + (-px) % 1
     if px < 1 then px = 1 end
   end
-  rcall('SET', key, value, 'PX', px)
-  if admit then
-    -- Remaining is what a call at once finds: D as stored, rounded up.
-    if stored ~= wd then
-      local a = cap - stored
-      local q = a / period
-      q = q - q % 1
-      if q * period > a then q = q - 1 elseif (q + 1) * period <= a then q = q + 1 end
-      rem = q
+  if direct then
+    rcall('SET', key, value, 'PX', px)
+    -- Then the rule's own write, if it allows.
+    direct, wd, wy, wpxs = false, nd, ny, pxs
+  else
+    wc, wa, wb, wx = 'SET', value, 'PX', px
+    if admit then
+      -- Remaining is what a call at once finds: D as stored, rounded up.
+      if stored ~= wd then
+        local a = cap - stored
+        local q = a / period
+        q = q - q % 1
+        if q * period > a then q = q - 1 elseif (q + 1) * period <= a then q = q + 1 end
+        rem = q
+      end
+      reset = life
     end
-    reset = life
+    wd = nil
   end
 end
-
-if rem < 0 then rem = 0 end
-rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
-code = code + (skew or 0)

@@ -30,6 +30,7 @@
 
 local rcall = redis.call
 local shared, share_c = false, 0 -- no priority share (bakeCalendar)
+local skew = 0 -- (single_write.lua adds it to the code)
 local sd, stop, n, now = ARGV[1] + 0, ARGV[2] * 1000000, 1, 0
 local nargs = #ARGV
 if nargs > 2 and ARGV[3] ~= '1' then n = ARGV[3] + 0 end

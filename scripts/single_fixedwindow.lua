@@ -12,8 +12,11 @@
 -- checks, writes and replies. Before this file, scripts.go writes the rule
 -- in, then single_args.lua
 -- (which reads n and now, and takes the server's TIME when now is 0):
---   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false
+--   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <burst>, false
 -- (burst, leaky and pxs unused).
+-- A policy's script runs this file and single_window.lua once per rule, in a
+-- block of its own, KEYS[i] its key, and makes the rule's write once
+-- every rule has allowed (see policy_head.lua).
 --
 -- KEYS[1]  the window's state key (see fixedwindow.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[3]: n, 1, now in µs or 0 (the
@@ -29,7 +32,6 @@
 
 -- The window's count (fw_read): w is the window now is in, or the key's
 -- when it is ahead (the clock went back).
-local key = KEYS[1]
 local w = (now - now % period) / period
 local count = 0
 local v = rcall('GET', key)

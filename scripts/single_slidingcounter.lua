@@ -10,8 +10,11 @@
 --
 -- Before this file, scripts.go writes the rule in, then single_args.lua
 -- (which reads n and now, and takes the server's TIME when now is 0):
---   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false
+--   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <burst>, false
 -- (burst, leaky and pxs unused).
+-- A policy's script runs this file once per rule, in a
+-- block of its own, KEYS[i] its key, and makes the rule's write once
+-- every rule has allowed (see policy_head.lua).
 --
 -- KEYS[1]  the counter's state key (see slidingcounter.lua for the state)
 -- ARGV     as common.lua's, up to ARGV[3]: n, 1, now in µs or 0 (the
@@ -24,7 +27,8 @@
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
 -- Exact integer division is written out as in single_bucket.lua.
--- (single_reply.lua, which follows this file, replies.)
+-- (single_write.lua, then single_reply.lua, which follow this file,
+-- write and reply.)
 
 
 -- A priority share (single_args.lua): the rule counts share_c of its rate.
@@ -34,7 +38,6 @@ if shared then kept, rate = rate - share_c, share_c end
 -- The counts (sc_read): cur and prev of window w (the window now is in,
 -- or the key's when it is ahead: the clock went back), and whether the
 -- stored value is window w's, packed.
-local key = KEYS[1]
 local w = (now - now % period) / period
 local cur, prev, inplace = 0, 0, false
 local v = rcall('GET', key)
@@ -64,6 +67,10 @@ if v then
   end
 end
 
+-- The write, if any, for single_write.lua or a policy's script to make:
+-- command and arguments after the key.
+local wc, wa, wb, wx
+
 -- The check (check_sc): code, remaining, retry after, reset after
 -- (common.lua). reset is sc_reset_after's: until the counts have left the
 -- sliding interval.
@@ -74,12 +81,13 @@ local q = a / period -- ceil(a / period)
 q = q + (-q) % 1
 if q * period < a then q = q + 1 elseif (q - 1) * period >= a then q = q - 1 end
 local avail = rate - cur - q
-local code, rem, wait, reset = 0, avail, 0, 0
+local reset_now = 0
 if cur > 0 then
-  reset = (w + 2) * period - now
+  reset_now = (w + 2) * period - now
 elseif prev > 0 then
-  reset = (w + 1) * period - now
+  reset_now = (w + 1) * period - now
 end
+local code, rem, wait, reset = 0, avail, 0, reset_now
 if n > avail then
   if n > 0 then
     code, wait = 1, reset
@@ -101,9 +109,9 @@ elseif n > 0 then
   if inplace and cur + n < 16777216 then
     -- The key is window w's already, with its expiry: INCRBY n * 10.
     if n == 1 then
-      rcall('INCRBY', key, '10')
+      wc, wa = 'INCRBY', '10'
     else
-      rcall('INCRBY', key, string.format('%d', n * 10))
+      wc, wa = 'INCRBY', string.format('%d', n * 10)
     end
   else
     -- (The numbers printed by string.format, not by Redis 7.0, which
@@ -117,11 +125,7 @@ elseif n > 0 then
     local px = ((w + 2) * period - now) / 1000
     px = px + (-px) % 1
     if px < 1 then px = 1 end
-    rcall('SET', key, value, 'PX', string.format('%d', px))
+    wc, wa, wb, wx = 'SET', value, 'PX', string.format('%d', px)
   end
   rem, reset = avail - n, (w + 2) * period - now
 end
-
-if rem < 0 then rem = 0 end
-if reset < 0 then reset = 0 end
-rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1

@@ -10,7 +10,7 @@
 --
 -- Before this file, scripts.go writes the rule in, then single_args.lua
 -- (which reads n and now, and takes the server's TIME when now is 0):
---   local rate, period, burst, leaky, pxs = <rate>, <µs>, <burst>, false, '<ms>'
+--   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <burst>, false, '<ms>'
 -- (burst and leaky unused; pxs: the usual PX, one period and a ms, as a
 -- string: see slidinglog.lua).
 --
@@ -44,7 +44,6 @@ local kept = 0
 if shared then kept, rate = rate - share_c, share_c end
 
 -- The check (check_sl).
-local key = KEYS[1]
 local count = rcall('ZCOUNT', key, string.format('(%d', now - period), '+inf')
 local newest, newest_member = nil, nil
 if count > 0 then

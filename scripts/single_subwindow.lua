@@ -10,7 +10,7 @@
 --
 -- Before this file, scripts.go writes the rule in, then single_args.lua
 -- (which reads n and now, and takes the server's TIME when now is 0):
---   local rate, period, burst, leaky, pxs = <rate>, <µs>, <s>, false
+--   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <s>, false
 -- (burst: the sub-windows of a period, s; leaky and pxs unused).
 --
 -- KEYS[1]  the counter's state key (see subwindow.lua for the state and
@@ -36,7 +36,7 @@ if shared then kept, rate = rate - share_c, share_c end
 -- period starts ceil(j * period / s) = j * lq + ceil(j * lr / s) into it.
 -- (j * lr is below s^2: ceil(a / s) is floor((a + s - 1) / s), exact in
 -- doubles, where common.lua's ceil_div corrects a quotient.)
-local key, s = KEYS[1], burst
+local s = burst
 local lq = (period - period % s) / s
 local lr = period - lq * s
 local r = now % period

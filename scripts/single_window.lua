@@ -14,39 +14,39 @@
 --   after, reset after, rule 1), and with a share a sixth, the rule's
 --   whole remaining allowance before the call, packed in one string
 --   where Redis has its struct library, else an array.
--- (single_reply.lua, which follows this file, replies.)
+-- (single_write.lua, then single_reply.lua, which follow this file,
+-- write and reply.)
 
 -- A priority share (single_args.lua): the rule counts share_c of its rate.
 local kept = 0
 if shared then kept, rate = rate - share_c, share_c end
 
+-- The write, if any, for single_write.lua or a policy's script to make:
+-- command and arguments after the key.
+local wc, wa, wb, wx
+
 -- The check (check_fw, check_cw): code, remaining, retry after, reset
 -- after (common.lua).
 local avail = rate - count
-local code, rem, wait, reset = 0, avail, 0, 0
+local reset_now = 0
+if count > 0 or n > avail then reset_now = left end
+local code, rem, wait, reset = 0, avail, 0, reset_now
 if n > avail then
-  reset = left
   if n > 0 then code, wait = 1, left end
 elseif n > 0 then
   -- (The numbers printed by string.format, not by Redis 7.0, which
   -- converts a number argument with '%.17g': the same digits, for less.)
   if count > 0 then
     if n == 1 then
-      rcall('INCRBY', key, '10')
+      wc, wa = 'INCRBY', '10'
     else
-      rcall('INCRBY', key, string.format('%d', n * 10))
+      wc, wa = 'INCRBY', string.format('%d', n * 10)
     end
   else
     local px = left / 1000
     px = px + (-px) % 1
     if px < 1 then px = 1 end
-    rcall('SET', key, string.format('%d', n * 10 + digit), 'PX', string.format('%d', px))
+    wc, wa, wb, wx = 'SET', string.format('%d', n * 10 + digit), 'PX', string.format('%d', px)
   end
   rem, reset = avail - n, left
-elseif count > 0 then
-  reset = left
 end
-
-if rem < 0 then rem = 0 end
-if reset < 0 then reset = 0 end
-rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1

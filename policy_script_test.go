@@ -1,0 +1,337 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/testlane"
+)
+
+// policyScriptStrategies are the strategies a policy's script writes out
+// (policySource).
+var policyScriptStrategies = []Strategy{TokenBucket, SlidingCounter, FixedWindow}
+
+// policyScriptRules returns 2 to maxPolicyScriptRules random rules of
+// policyScriptStrategies, of distinct strategy and period, and the same
+// rules with limits three times as high (sharing their state), each valid.
+func policyScriptRules(rng *rand.Rand) (rules, higher []Rule) {
+	periods := []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 2 * time.Hour}
+	seen := map[[2]int64]bool{}
+	count := 2 + rng.IntN(maxPolicyScriptRules-1)
+	for len(rules) < count {
+		s := policyScriptStrategies[rng.IntN(len(policyScriptStrategies))]
+		l := randomLimit(rng, s)
+		l.Period = periods[rng.IntN(len(periods))]
+		if _, err := newRule("", algorithms[s], l); err != nil || seen[[2]int64{int64(s), int64(l.Period)}] {
+			continue
+		}
+		h := Limit{Rate: min(3*l.Rate, MaxRate), Period: l.Period, Burst: min(3*max(l.Burst, l.Rate), MaxRate)}
+		if s != TokenBucket {
+			h.Burst = 0
+		}
+		if _, err := newRule("", algorithms[s], h); err != nil {
+			h = l
+		}
+		seen[[2]int64{int64(s), int64(l.Period)}] = true
+		rules = append(rules, Rule{Strategy: s, Limit: l})
+		higher = append(higher, Rule{Strategy: s, Limit: h})
+	}
+	return rules, higher
+}
+
+// A policy of two to four rules (token buckets, sliding counters, fixed
+// windows) runs, for its usual call, the script specialised for it
+// (policySource); it must decide as the general script with the same
+// rules written in: the same reply (code, remaining, retry, reset, the
+// deciding rule and its reset, each rule's remaining) and the same state
+// and TTL of every key, for random policies (rates up to MaxRate, periods
+// of a ms to two hours, a bucket's state as text), n from 0 to the
+// capacity, at the server's time and at a client's (behind it or ahead),
+// the clock moving forward and back, reservations (the general script's,
+// which leave a bucket's state with gaps) taken and settled on the same
+// keys, and a higher limit sharing the state (which a look, n = 0, finds
+// over the allowance). The policies themselves, one on singleRunner and one
+// on the general script, return the same Results.
+func TestPolicyScriptDecidesAsGeneral(t *testing.T) {
+	testlane.MarkHeavy(t)
+	b, m := miniBackend(t)
+	rng := rand.New(rand.NewPCG(44, 45))
+	for round := range 40 {
+		c := newPolicyCompare(t, b, m, rng, round)
+		for range 150 {
+			c.step()
+		}
+	}
+}
+
+// policyCompare plays one round of TestPolicyScriptDecidesAsGeneral: the
+// same calls on two keys, one decided by the policy's script and one by
+// the general script.
+type policyCompare struct {
+	t         *testing.T
+	b         *backend
+	m         *miniredis.Miniredis
+	rng       *rand.Rand
+	what      string
+	one, gen  *Policy // singleRunner, and the general script
+	higherOne *Policy // a higher limit on one's keys, and on gen's:
+	higherGen *Policy // both on the general script
+	script    *redis.Script
+	keysOne   []string
+	keysGen   []string
+	pending   [][2]*Reservation
+	now       time.Duration // the server's clock, from t0
+	period    time.Duration // the longest rule's
+	prefixOne string
+	prefixGen string
+}
+
+func newPolicyCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, round int) *policyCompare {
+	rules, higher := policyScriptRules(rng)
+	c := &policyCompare{t: t, b: b, m: m, rng: rng, what: fmt.Sprintf("round %d, %v", round, rules)}
+	c.prefixOne, c.prefixGen = fmt.Sprintf("p%done", round), fmt.Sprintf("p%dgen", round)
+	c.one = newPolicy(t, b.rdb, rules, WithPrefix(c.prefixOne), withoutFunctions())
+	c.gen = newPolicy(t, b.rdb, rules, WithPrefix(c.prefixGen), withoutFunctions())
+	c.higherOne = newPolicy(t, b.rdb, higher, WithPrefix(c.prefixOne), withoutFunctions())
+	c.higherGen = newPolicy(t, b.rdb, higher, WithPrefix(c.prefixGen), withoutFunctions())
+	sr, ok := c.one.own.run.(singleRunner)
+	require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
+	c.script = sr.one.(writtenRunner).script
+	require.Equal(t, redis.NewScript(policySource(c.one.own)).Hash(), c.script.Hash(), "%s: not the policy's script", c.what)
+	for _, p := range []*Policy{c.gen, c.higherOne, c.higherGen} {
+		p.own.run = writtenRunner{script: p.own.script}
+	}
+	first := c.one.stateKey("k", &c.one.own.rules[0])
+	firstGen := c.gen.stateKey("k", &c.gen.own.rules[0])
+	for i, r := range c.one.own.rules {
+		c.keysOne = append(c.keysOne, ruleKey(first, c.one.own, i))
+		c.keysGen = append(c.keysGen, ruleKey(firstGen, c.gen.own, i))
+		c.period = max(c.period, r.limit.Period)
+	}
+	return c
+}
+
+// step moves the clock or makes one call on both sides, and compares.
+func (c *policyCompare) step() {
+	ctx := context.Background()
+	switch op := c.rng.IntN(12); {
+	case op < 3:
+		c.moveClock()
+	case op < 7:
+		c.call()
+	case op < 8:
+		n := c.pickN(c.one)
+		ro, errO := c.one.AllowN(ctx, "k", n)
+		rg, errG := c.gen.AllowN(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
+	case op < 9:
+		n := c.pickN(c.higherOne)
+		ro, errO := c.higherOne.AllowN(ctx, "k", n)
+		rg, errG := c.higherGen.AllowN(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
+	case op < 10:
+		n := max(c.pickN(c.one), 1)
+		ro, errO := c.one.Reserve(ctx, "k", n)
+		rg, errG := c.gen.Reserve(ctx, "k", n)
+		require.Equal(c.t, errG, errO, c.what)
+		if errO == nil {
+			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
+			c.pending = append(c.pending, [2]*Reservation{ro, rg})
+		}
+	default:
+		if len(c.pending) == 0 {
+			return
+		}
+		i := c.rng.IntN(len(c.pending))
+		p := c.pending[i]
+		c.pending = slices.Delete(c.pending, i, i+1)
+		used := c.rng.IntN(2*p[0].n + 1)
+		so, errO := p[0].Settle(ctx, used)
+		sg, errG := p[1].Settle(ctx, used)
+		require.Equal(c.t, errG, errO, c.what)
+		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+	}
+	c.compareState()
+}
+
+// moveClock moves the server's clock: by µs, by up to two of the longest
+// period, to the start of a window of a rule, or back (a little, or by
+// more than a second: a clock stepped back).
+func (c *policyCompare) moveClock() {
+	var d time.Duration
+	switch c.rng.IntN(7) {
+	case 0, 1:
+		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
+	case 2, 3:
+		d = time.Duration(1 + c.rng.Int64N(int64(2*c.period)))
+	case 4:
+		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
+	case 5:
+		r := c.one.own.rules[c.rng.IntN(len(c.one.own.rules))]
+		now := t0.Add(c.now).UnixMicro()
+		d = time.Duration(nextStart(now, int64(r.limit.Period/time.Microsecond), 1)-now) * time.Microsecond
+	default:
+		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
+	}
+	c.now += d
+	c.b.setClock(c.now)
+}
+
+// pickN returns an n that p accepts: often 0 to 2, else up to its
+// capacity.
+func (c *policyCompare) pickN(p *Policy) int {
+	if c.rng.IntN(2) == 0 {
+		return c.rng.IntN(3)
+	}
+	return c.rng.IntN(p.own.maxN + 1)
+}
+
+// call runs one call on both scripts, with the arguments the runners send
+// (the policy's script's as trimSingle leaves them; the general script's
+// as trimDefaults does, or all of them), at the server's time or a
+// client's, and compares the replies.
+func (c *policyCompare) call() {
+	ctx := context.Background()
+	now := int64(0) // the server's TIME
+	if c.rng.IntN(3) == 0 {
+		offsets := []time.Duration{0, time.Microsecond, -time.Microsecond, -50 * time.Millisecond, -150 * time.Millisecond, -2 * time.Second, 3 * time.Second}
+		now = t0.Add(c.now).Add(offsets[c.rng.IntN(len(offsets))]).UnixMicro()
+	}
+	n := c.pickN(c.one)
+	k := len(c.keysOne)
+	args, argsOne := []any{n, k, now, -1}, []any{n, 1, now}
+	if c.rng.IntN(3) > 0 {
+		for len(argsOne) > 0 && fmt.Sprint(argsOne[len(argsOne)-1]) == fmt.Sprint(defaultArgs[len(argsOne)-1]) {
+			argsOne = argsOne[:len(argsOne)-1]
+		}
+	}
+	ro, errO := c.script.Run(ctx, c.b.rdb, c.keysOne, argsOne...).Result()
+	rg, errG := c.gen.own.script.Run(ctx, c.b.rdb, c.keysGen, args...).Result()
+	require.NoError(c.t, errG, c.what)
+	require.NoError(c.t, errO, c.what)
+	require.Equal(c.t, rg, ro, "%s: arguments %v at %v", c.what, args, c.now)
+}
+
+// compareState requires the same keys, values and TTLs on both sides.
+func (c *policyCompare) compareState() {
+	var one, gen []string
+	for _, k := range c.m.Keys() {
+		switch {
+		case strings.HasPrefix(k, c.prefixOne+":"):
+			one = append(one, miniKeyState(c.m, k, strings.TrimPrefix(k, c.prefixOne)))
+		case strings.HasPrefix(k, c.prefixGen+":"):
+			gen = append(gen, miniKeyState(c.m, k, strings.TrimPrefix(k, c.prefixGen)))
+		}
+	}
+	require.Equal(c.t, gen, one, "%s: the state at %v", c.what, c.now)
+}
+
+// On real Redis (Lua 5.1, struct.pack), a policy's script, as a script and
+// as a Redis Function (Redis 7 and later), replies as the general script
+// does and leaves the same state and TTL in every rule's key, for random
+// policies of periods of a minute and more (no key expires during the
+// test) and random calls at a client's time, moving forward and back by
+// up to 2 s, and a higher limit sharing the state on the general script.
+func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
+	_, rdb, hasFunctions := ownServer(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(46, 47))
+	long := func(rules []Rule) {
+		for i := range rules {
+			rules[i].Limit.Period = []time.Duration{time.Minute, time.Hour, 2 * time.Hour}[i%3]
+		}
+	}
+	for round := range 12 {
+		rules, higher := policyScriptRules(rng)
+		long(rules)
+		long(higher)
+		rs, err := policyRules(rules)
+		require.NoError(t, err)
+		hs, err := policyRules(higher)
+		require.NoError(t, err)
+		bake(rs, &config{functions: hasFunctions})
+		bake(hs, &config{})
+		what := fmt.Sprintf("round %d, %v", round, rules)
+		sr, ok := rs.run.(singleRunner)
+		require.True(t, ok, "%s: runner %T", what, rs.run)
+		// keys[0]: the general script; keys[1]: the policy's; keys[2]: its Function.
+		var keys [3][]string
+		for side := range keys {
+			for i := range rs.rules {
+				keys[side] = append(keys[side], fmt.Sprintf("{p%d.%d}%s", round, side, rs.rules[i].suffix))
+			}
+		}
+		var script *redis.Script
+		var fn *redisFunction
+		switch one := sr.one.(type) {
+		case writtenRunner:
+			script = one.script
+		case functionRunner:
+			script, fn = one.script, one.fn
+			require.NoError(t, rdb.FunctionLoadReplace(ctx, fn.code).Err(), what)
+		}
+		require.Equal(t, redis.NewScript(policySource(rs)).Hash(), script.Hash(), what)
+		for _, s := range []*redis.Script{rs.script, hs.script, script} {
+			require.NoError(t, s.Load(ctx, rdb).Err(), what)
+		}
+		now := t0.UnixMicro()
+		for step := range 200 {
+			switch rng.IntN(8) {
+			case 0:
+				now -= 1 + rng.Int64N(2_000_000)
+			case 1, 2:
+				now += 1 + rng.Int64N(int64(2*time.Minute/time.Microsecond))
+			default:
+				now += rng.Int64N(1000)
+			}
+			n := []int{0, 1, 1, 1, 2, 3, rng.IntN(rs.maxN + 1)}[rng.IntN(7)]
+			if rng.IntN(6) == 0 {
+				// The higher limit, on the general script, on every side's keys.
+				for side := range keys {
+					require.NoError(t, hs.script.Run(ctx, rdb, keys[side], n, len(rules), now).Err(), what)
+				}
+			}
+			args, argsOne := []any{n, len(rules), now}, []any{n, 1, now}
+			var cmds [3]*redis.Cmd
+			var ttls [3][]*redis.DurationCmd
+			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				cmds[0] = p.EvalSha(ctx, rs.script.Hash(), keys[0], args...)
+				cmds[1] = p.EvalSha(ctx, script.Hash(), keys[1], argsOne...)
+				if fn != nil {
+					cmds[2] = p.FCall(ctx, fn.name, keys[2], argsOne...)
+				}
+				for side := range keys {
+					for _, k := range keys[side] {
+						ttls[side] = append(ttls[side], p.PTTL(ctx, k))
+					}
+				}
+				return nil
+			})
+			require.NoError(t, err, what)
+			where := fmt.Sprintf("%s, step %d: %v", what, step, args)
+			sides := 2
+			if fn != nil {
+				sides = 3
+			}
+			for side := 1; side < sides; side++ {
+				require.Equal(t, cmds[0].Val(), cmds[side].Val(), "%s, side %d", where, side)
+				for i := range rs.rules {
+					require.Equal(t, dumpState(t, rdb, keys[0][i]), dumpState(t, rdb, keys[side][i]), "%s, side %d, rule %d", where, side, i+1)
+					// (Redis's clock moves between the commands of a transaction.)
+					require.InDelta(t, ttls[0][i].Val(), ttls[side][i].Val(), float64(20*time.Millisecond), "%s, side %d, rule %d", where, side, i+1)
+				}
+			}
+		}
+	}
+}
