@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -129,72 +127,31 @@ func (c *policyCompare) step() {
 	case op < 7:
 		c.call()
 	case op < 8:
-		n := c.pickN(c.one)
+		n := pickUpTo(c.rng, c.one.own.maxN)
 		ro, errO := c.one.AllowN(ctx, "k", n)
 		rg, errG := c.gen.AllowN(ctx, "k", n)
 		require.Equal(c.t, errG, errO, c.what)
 		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
 	case op < 9:
-		n := c.pickN(c.higherOne)
+		n := pickUpTo(c.rng, c.higherOne.own.maxN)
 		ro, errO := c.higherOne.AllowN(ctx, "k", n)
 		rg, errG := c.higherGen.AllowN(ctx, "k", n)
 		require.Equal(c.t, errG, errO, c.what)
 		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
 	case op < 10:
-		n := max(c.pickN(c.one), 1)
-		ro, errO := c.one.Reserve(ctx, "k", n)
-		rg, errG := c.gen.Reserve(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		if errO == nil {
-			require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
-			c.pending = append(c.pending, [2]*Reservation{ro, rg})
-		}
+		reserveBoth(c.t, c.what, c.one, c.gen, max(pickUpTo(c.rng, c.one.own.maxN), 1), &c.pending)
 	default:
-		if len(c.pending) == 0 {
-			return
-		}
-		i := c.rng.IntN(len(c.pending))
-		p := c.pending[i]
-		c.pending = slices.Delete(c.pending, i, i+1)
-		used := c.rng.IntN(2*p[0].n + 1)
-		so, errO := p[0].Settle(ctx, used)
-		sg, errG := p[1].Settle(ctx, used)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+		settleBoth(c.t, c.what, c.rng, &c.pending)
 	}
 	c.compareState()
 }
 
-// moveClock moves the server's clock: by µs, by up to two of the longest
-// period, to the start of a window of a rule, or back (a little, or by
-// more than a second: a clock stepped back).
+// moveClock moves the server's clock (clockStep), to the start of a
+// window of a rule at random among its steps.
 func (c *policyCompare) moveClock() {
-	var d time.Duration
-	switch c.rng.IntN(7) {
-	case 0, 1:
-		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
-	case 2, 3:
-		d = time.Duration(1 + c.rng.Int64N(int64(2*c.period)))
-	case 4:
-		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
-	case 5:
-		r := c.one.own.rules[c.rng.IntN(len(c.one.own.rules))]
-		now := t0.Add(c.now).UnixMicro()
-		d = time.Duration(nextStart(now, int64(r.limit.Period/time.Microsecond), 1)-now) * time.Microsecond
-	default:
-		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
-	}
-	c.now += d
+	r := c.one.own.rules[c.rng.IntN(len(c.one.own.rules))]
+	c.now += clockStep(c.rng, t0.Add(c.now).UnixMicro(), c.period, r.limit.Period, 1)
 	c.b.setClock(c.now)
-}
-
-// pickN returns an n that p accepts: often 0 to 2, else up to its
-// capacity.
-func (c *policyCompare) pickN(p *Policy) int {
-	if c.rng.IntN(2) == 0 {
-		return c.rng.IntN(3)
-	}
-	return c.rng.IntN(p.own.maxN + 1)
 }
 
 // call runs one call on both scripts, with the arguments the runners send
@@ -208,7 +165,7 @@ func (c *policyCompare) call() {
 		offsets := []time.Duration{0, time.Microsecond, -time.Microsecond, -50 * time.Millisecond, -150 * time.Millisecond, -2 * time.Second, 3 * time.Second}
 		now = t0.Add(c.now).Add(offsets[c.rng.IntN(len(offsets))]).UnixMicro()
 	}
-	n := c.pickN(c.one)
+	n := pickUpTo(c.rng, c.one.own.maxN)
 	k := len(c.keysOne)
 	args, argsOne := []any{n, k, now, -1}, []any{n, 1, now}
 	if c.rng.IntN(3) > 0 {
@@ -225,16 +182,7 @@ func (c *policyCompare) call() {
 
 // compareState requires the same keys, values and TTLs on both sides.
 func (c *policyCompare) compareState() {
-	var one, gen []string
-	for _, k := range c.m.Keys() {
-		switch {
-		case strings.HasPrefix(k, c.prefixOne+":"):
-			one = append(one, miniKeyState(c.m, k, strings.TrimPrefix(k, c.prefixOne)))
-		case strings.HasPrefix(k, c.prefixGen+":"):
-			gen = append(gen, miniKeyState(c.m, k, strings.TrimPrefix(k, c.prefixGen)))
-		}
-	}
-	require.Equal(c.t, gen, one, "%s: the state at %v", c.what, c.now)
+	requireSameState(c.t, c.m, c.prefixOne, c.prefixGen, fmt.Sprintf("%s: the state at %v", c.what, c.now))
 }
 
 // On real Redis (Lua 5.1, struct.pack), a policy's script, as a script and

@@ -641,63 +641,82 @@ func (c *singleCompare) step() {
 	c.compareState()
 }
 
-// reserve reserves the same n on both sides, and compares.
+// reserve reserves the same n on both sides, and compares (reserveBoth).
 func (c *singleCompare) reserve() {
-	n := max(c.pickN(c.one), 1)
-	ro, errO := c.one.Reserve(context.Background(), "k", n)
-	rg, errG := c.gen.Reserve(context.Background(), "k", n)
-	require.Equal(c.t, errG, errO, c.what)
+	reserveBoth(c.t, c.what, c.one, c.gen, max(c.pickN(c.one), 1), &c.pending)
+}
+
+// settle settles a pending pair of reservations (settleBoth).
+func (c *singleCompare) settle() {
+	settleBoth(c.t, c.what, c.rng, &c.pending)
+}
+
+// reserveBoth reserves n on key "k" of one and of gen, requires the same
+// results, and adds the pair to pending when granted.
+func reserveBoth(t *testing.T, what string, one, gen reserver, n int, pending *[][2]*Reservation) {
+	t.Helper()
+	ro, errO := one.Reserve(context.Background(), "k", n)
+	rg, errG := gen.Reserve(context.Background(), "k", n)
+	require.Equal(t, errG, errO, what)
 	if errO == nil {
-		require.Equal(c.t, rg.Result(), ro.Result(), "%s: Reserve(%d)", c.what, n)
-		c.pending = append(c.pending, [2]*Reservation{ro, rg})
+		require.Equal(t, rg.Result(), ro.Result(), "%s: Reserve(%d)", what, n)
+		*pending = append(*pending, [2]*Reservation{ro, rg})
 	}
 }
 
-// settle settles one pending pair of reservations with the same use, if
-// there is one, and compares.
-func (c *singleCompare) settle() {
-	if len(c.pending) == 0 {
+// settleBoth settles one pending pair of reservations, at random, with
+// the same use, if there is one, and requires the same results.
+func settleBoth(t *testing.T, what string, rng *rand.Rand, pending *[][2]*Reservation) {
+	t.Helper()
+	if len(*pending) == 0 {
 		return
 	}
-	i := c.rng.IntN(len(c.pending))
-	p := c.pending[i]
-	c.pending = slices.Delete(c.pending, i, i+1)
-	used := c.rng.IntN(2*p[0].n + 1)
+	i := rng.IntN(len(*pending))
+	p := (*pending)[i]
+	*pending = slices.Delete(*pending, i, i+1)
+	used := rng.IntN(2*p[0].n + 1)
 	so, errO := p[0].Settle(context.Background(), used)
 	sg, errG := p[1].Settle(context.Background(), used)
-	require.Equal(c.t, errG, errO, c.what)
-	require.Equal(c.t, sg, so, "%s: Settle(%d)", c.what, used)
+	require.Equal(t, errG, errO, what)
+	require.Equal(t, sg, so, "%s: Settle(%d)", what, used)
 }
 
-// moveClock moves the server's clock: by µs, by up to two periods, or
-// back (a little, or by more than a second: a clock stepped back).
+// moveClock moves the server's clock (clockStep).
 func (c *singleCompare) moveClock() {
-	period := c.one.limit.Period
-	var d time.Duration
-	switch c.rng.IntN(7) {
-	case 0, 1:
-		d = time.Duration(1+c.rng.IntN(1000)) * time.Microsecond
-	case 2, 3:
-		d = time.Duration(1 + c.rng.Int64N(int64(2*period)))
-	case 4:
-		d = -time.Duration(1+c.rng.IntN(900_000)) * time.Microsecond
-	case 5: // to the µs a sub-window (or a window) starts
-		now := t0.Add(c.now).UnixMicro()
-		d = time.Duration(nextStart(now, int64(period/time.Microsecond), c.subWindows)-now) * time.Microsecond
-	default:
-		d = -time.Duration(1+c.rng.IntN(5)) * time.Second
-	}
-	c.now += d
+	c.now += clockStep(c.rng, t0.Add(c.now).UnixMicro(), c.one.limit.Period, c.one.limit.Period, c.subWindows)
 	c.b.setClock(c.now)
 }
 
-// pickN returns an n that lim accepts: often 0 to 2, else up to its
-// capacity.
-func (c *singleCompare) pickN(lim *RateLimiter) int {
-	if c.rng.IntN(2) == 0 {
-		return c.rng.IntN(3)
+// clockStep returns a random step of a clock at now (µs): by µs, by up
+// to two of period, to the µs one of the s sub-windows of a period of
+// grid starts (nextStart), or back (a little, or by more than a second:
+// a clock stepped back).
+func clockStep(rng *rand.Rand, now int64, period, grid time.Duration, s int64) time.Duration {
+	switch rng.IntN(7) {
+	case 0, 1:
+		return time.Duration(1+rng.IntN(1000)) * time.Microsecond
+	case 2, 3:
+		return time.Duration(1 + rng.Int64N(int64(2*period)))
+	case 4:
+		return -time.Duration(1+rng.IntN(900_000)) * time.Microsecond
+	case 5:
+		return time.Duration(nextStart(now, int64(grid/time.Microsecond), s)-now) * time.Microsecond
 	}
-	return c.rng.IntN(lim.own.maxN + 1)
+	return -time.Duration(1+rng.IntN(5)) * time.Second
+}
+
+// pickN returns an n that lim accepts (pickUpTo).
+func (c *singleCompare) pickN(lim *RateLimiter) int {
+	return pickUpTo(c.rng, lim.own.maxN)
+}
+
+// pickUpTo returns an n for a limit of capacity maxN: often 0 to 2, else
+// up to maxN.
+func pickUpTo(rng *rand.Rand, maxN int) int {
+	if rng.IntN(2) == 0 {
+		return rng.IntN(3)
+	}
+	return rng.IntN(maxN + 1)
 }
 
 // script runs one call on both scripts, with the arguments a runner
@@ -740,16 +759,23 @@ func (c *singleCompare) script() {
 // compareState requires the same keys, values and TTLs on both sides.
 func (c *singleCompare) compareState() {
 	prefixOne, prefixGen := c.keyOne[:strings.Index(c.keyOne, ":")], c.keyGen[:strings.Index(c.keyGen, ":")]
-	var one, gen []string
-	for _, k := range c.m.Keys() {
+	requireSameState(c.t, c.m, prefixOne, prefixGen, fmt.Sprintf("%s: the state at %v", c.what, c.now))
+}
+
+// requireSameState requires the same keys, values and TTLs in miniredis
+// m under prefix one and under prefix gen.
+func requireSameState(t *testing.T, m *miniredis.Miniredis, one, gen, what string) {
+	t.Helper()
+	var ones, gens []string
+	for _, k := range m.Keys() {
 		switch {
-		case strings.HasPrefix(k, prefixOne+":"):
-			one = append(one, miniKeyState(c.m, k, strings.TrimPrefix(k, prefixOne)))
-		case strings.HasPrefix(k, prefixGen+":"):
-			gen = append(gen, miniKeyState(c.m, k, strings.TrimPrefix(k, prefixGen)))
+		case strings.HasPrefix(k, one+":"):
+			ones = append(ones, miniKeyState(m, k, strings.TrimPrefix(k, one)))
+		case strings.HasPrefix(k, gen+":"):
+			gens = append(gens, miniKeyState(m, k, strings.TrimPrefix(k, gen)))
 		}
 	}
-	require.Equal(c.t, gen, one, "%s: the state at %v", c.what, c.now)
+	require.Equal(t, gens, ones, what)
 }
 
 // miniKeyState prints key k (named as name) of miniredis m: type, value,
