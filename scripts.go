@@ -111,8 +111,8 @@ func mustRead(name string) string {
 }
 
 // maxBakedScripts bounds the rule sets whose scripts have their rules
-// written in that one process makes (two scripts for a single rule with a
-// specialised one), and so what its limiters can add to Redis's script
+// written in that one process makes (two scripts for a single rule or a
+// policy with a specialised one), and so what its limiters can add to Redis's script
 // cache, which Redis before 7.4 never evicts. Limiters made past it pass their
 // rules as arguments, as limits from WithLimitFunc always do. (A variable
 // for the tests.)
