@@ -49,13 +49,13 @@ func runnerCases() []runnerCase {
 }
 
 // runnerOf returns the runner that decides key's usual calls on lim: for
-// a single rule's specialised script, the one inside singleRunner (a
+// a single rule's specialised script, the one inside specialisedRunner (a
 // written-in script's or a Redis Function's, as for the general script).
 func runnerOf(t *testing.T, lim *RateLimiter, key string) runner {
 	t.Helper()
 	rs, err := lim.rulesFor(t.Context(), key)
 	require.NoError(t, err)
-	if sr, ok := rs.run.(singleRunner); ok {
+	if sr, ok := rs.run.(specialisedRunner); ok {
 		return sr.one
 	}
 	return rs.run

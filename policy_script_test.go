@@ -57,7 +57,7 @@ func policyScriptRules(rng *rand.Rand) (rules, higher []Rule) {
 // the clock moving forward and back, reservations (the general script's,
 // which leave a bucket's state with gaps) taken and settled on the same
 // keys, and a higher limit sharing the state (which a look, n = 0, finds
-// over the allowance). The policies themselves, one on singleRunner and one
+// over the allowance). The policies themselves, one on specialisedRunner and one
 // on the general script, return the same Results.
 func TestPolicyScriptDecidesAsGeneral(t *testing.T) {
 	testlane.MarkHeavy(t)
@@ -80,7 +80,7 @@ type policyCompare struct {
 	m         *miniredis.Miniredis
 	rng       *rand.Rand
 	what      string
-	one, gen  *Policy // singleRunner, and the general script
+	one, gen  *Policy // specialisedRunner, and the general script
 	higherOne *Policy // a higher limit on one's keys, and on gen's:
 	higherGen *Policy // both on the general script
 	script    *redis.Script
@@ -101,7 +101,7 @@ func newPolicyCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	c.gen = newPolicy(t, b.rdb, rules, WithPrefix(c.prefixGen), withoutFunctions())
 	c.higherOne = newPolicy(t, b.rdb, higher, WithPrefix(c.prefixOne), withoutFunctions())
 	c.higherGen = newPolicy(t, b.rdb, higher, WithPrefix(c.prefixGen), withoutFunctions())
-	sr, ok := c.one.own.run.(singleRunner)
+	sr, ok := c.one.own.run.(specialisedRunner)
 	require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
 	c.script = sr.one.(writtenRunner).script
 	require.Equal(t, redis.NewScript(policySource(c.one.own)).Hash(), c.script.Hash(), "%s: not the policy's script", c.what)
@@ -128,16 +128,10 @@ func (c *policyCompare) step() {
 		c.call()
 	case op < 8:
 		n := pickUpTo(c.rng, c.one.own.maxN)
-		ro, errO := c.one.AllowN(ctx, "k", n)
-		rg, errG := c.gen.AllowN(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: AllowN(%d)", c.what, n)
+		allowBoth(ctx, c.t, c.one, c.gen, n, fmt.Sprintf("%s: AllowN(%d)", c.what, n))
 	case op < 9:
 		n := pickUpTo(c.rng, c.higherOne.own.maxN)
-		ro, errO := c.higherOne.AllowN(ctx, "k", n)
-		rg, errG := c.higherGen.AllowN(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
+		allowBoth(ctx, c.t, c.higherOne, c.higherGen, n, fmt.Sprintf("%s: the higher limit's AllowN(%d)", c.what, n))
 	case op < 10:
 		reserveBoth(c.t, c.what, c.one, c.gen, max(pickUpTo(c.rng, c.one.own.maxN), 1), &c.pending)
 	default:
@@ -211,7 +205,7 @@ func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
 		bake(rs, &config{functions: hasFunctions})
 		bake(hs, &config{})
 		what := fmt.Sprintf("round %d, %v", round, rules)
-		sr, ok := rs.run.(singleRunner)
+		sr, ok := rs.run.(specialisedRunner)
 		require.True(t, ok, "%s: runner %T", what, rs.run)
 		// keys[0]: the general script; keys[1]: the policy's; keys[2]: its Function.
 		var keys [3][]string

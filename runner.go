@@ -65,14 +65,14 @@ func (fr functionRunner) run(e *engine, r *request) (any, error) {
 	return fr.script.Run(r.ctx, e.rdb, a.keys, a.args...).Result()
 }
 
-// singleRunner runs a single rule's (or a policy's) usual calls with the
-// script (or Redis Function) specialised for it (see singleSource and
-// policySource in scripts.go), and a reservation, which that script does
-// not make, with the general one (both as bake chose: scripts, or
-// Functions with scripts as fallback).
-type singleRunner struct{ one, general runner }
+// specialisedRunner runs a single rule's (or a policy's) usual calls
+// with the script (or Redis Function) specialised for it (see
+// singleSource and policySource in scripts.go), and a reservation, which
+// that script does not make, with the general one (both as bake chose:
+// scripts, or Functions with scripts as fallback).
+type specialisedRunner struct{ one, general runner }
 
-func (sr singleRunner) run(e *engine, r *request) (any, error) {
+func (sr specialisedRunner) run(e *engine, r *request) (any, error) {
 	if r.rc != nil {
 		return sr.general.run(e, r)
 	}

@@ -139,7 +139,7 @@ type bakedRules struct {
 // maxBakedScripts are made already. Limiters with the same rules share
 // them. A single rule whose strategy has a specialised script
 // (singleSource), or a policy that has one (policySource), runs that
-// script for its usual calls (singleRunner), a single rule's with a
+// script for its usual calls (specialisedRunner), a single rule's with a
 // priority share or none, a policy's only where cfg gives none, unless
 // cfg gives every call a penalty block or regions, which only the general
 // script handles: decided here, once.
@@ -194,7 +194,7 @@ func bake(rs *ruleSet, cfg *config) {
 	// the general script does: scripts/region.lua.)
 	// (A policy's script takes no priority share: policySource.)
 	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (len(rs.rules) == 1 || !cfg.priority.on) {
-		rs.run = singleRunner{one: one, general: run}
+		rs.run = specialisedRunner{one: one, general: run}
 	}
 }
 

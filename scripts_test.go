@@ -496,7 +496,7 @@ return out`)
 // settled on the same key (the general script's, which leave a state
 // with gaps, "<D>:<t>:<Y>:<W>") and a higher limit sharing the state (a
 // state the rule must keep alive longer). The limiters themselves, one
-// on singleRunner and one on the general script, return the same
+// on specialisedRunner and one on the general script, return the same
 // Results.
 func TestSingleScriptDecidesAsGeneral(t *testing.T) {
 	testlane.MarkHeavy(t)
@@ -537,7 +537,7 @@ type singleCompare struct {
 	m              *miniredis.Miniredis
 	rng            *rand.Rand
 	what           string
-	one, gen       *RateLimiter // singleRunner, and the general script
+	one, gen       *RateLimiter // specialisedRunner, and the general script
 	higherOne      *RateLimiter // a higher limit on one's keys, and on gen's:
 	higherGen      *RateLimiter // both on the general script
 	single         *redis.Script
@@ -601,7 +601,7 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	c.gen = newLimiter(t, b.rdb, s, l, append(opts, WithPrefix(gen))...)
 	c.higherOne = newLimiter(t, b.rdb, s, higher, WithPrefix(one), withoutFunctions())
 	c.higherGen = newLimiter(t, b.rdb, s, higher, WithPrefix(gen), withoutFunctions())
-	sr, ok := c.one.own.run.(singleRunner)
+	sr, ok := c.one.own.run.(specialisedRunner)
 	require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
 	c.single = sr.one.(writtenRunner).script
 	for _, lim := range []*RateLimiter{c.gen, c.higherOne, c.higherGen} {
@@ -622,17 +622,10 @@ func (c *singleCompare) step() {
 	case op < 8:
 		n := c.pickN(c.one)
 		p := Priority(1 + c.rng.IntN(int(Critical)))
-		ctx := ContextWithPriority(ctx, p)
-		ro, errO := c.one.AllowN(ctx, "k", n)
-		rg, errG := c.gen.AllowN(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: AllowN(%d) at %v", c.what, n, p)
+		allowBoth(ContextWithPriority(ctx, p), c.t, c.one, c.gen, n, fmt.Sprintf("%s: AllowN(%d) at %v", c.what, n, p))
 	case op < 9:
 		n := c.pickN(c.higherOne)
-		ro, errO := c.higherOne.AllowN(ctx, "k", n)
-		rg, errG := c.higherGen.AllowN(ctx, "k", n)
-		require.Equal(c.t, errG, errO, c.what)
-		require.Equal(c.t, rg, ro, "%s: the higher limit's AllowN(%d)", c.what, n)
+		allowBoth(ctx, c.t, c.higherOne, c.higherGen, n, fmt.Sprintf("%s: the higher limit's AllowN(%d)", c.what, n))
 	case op < 10:
 		c.reserve()
 	default:
@@ -649,6 +642,16 @@ func (c *singleCompare) reserve() {
 // settle settles a pending pair of reservations (settleBoth).
 func (c *singleCompare) settle() {
 	settleBoth(c.t, c.what, c.rng, &c.pending)
+}
+
+// allowBoth asks one and gen for n on key "k" and requires the same
+// Results and errors.
+func allowBoth(ctx context.Context, t *testing.T, one, gen Limiter, n int, what string) {
+	t.Helper()
+	ro, errO := one.AllowN(ctx, "k", n)
+	rg, errG := gen.AllowN(ctx, "k", n)
+	require.Equal(t, errG, errO, what)
+	require.Equal(t, rg, ro, what)
 }
 
 // reserveBoth reserves n on key "k" of one and of gen, requires the same
@@ -827,7 +830,7 @@ func TestSingleScriptDecidesAsGeneralRedis(t *testing.T) {
 			}
 			rs := newRuleSet([]rule{r})
 			bake(rs, &config{functions: hasFunctions})
-			sr, ok := rs.run.(singleRunner)
+			sr, ok := rs.run.(specialisedRunner)
 			if !ok {
 				continue // no specialised script
 			}

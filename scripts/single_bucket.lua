@@ -8,8 +8,8 @@
 -- two functions with no upvalues, and decides and replies directly. Same
 -- state, same writes, same reply: a limiter whose rule runs this script
 -- runs the general one for a reservation, on the same key
--- (singleRunner in runner.go). TestSingleScriptDecidesAsGeneral holds them
--- to the same Results and the same state.
+-- (specialisedRunner in runner.go). TestSingleScriptDecidesAsGeneral
+-- holds them to the same Results and the same state.
 --
 -- Before this file, scripts.go writes the rule in, then single_args.lua
 -- (which reads n, now and max_delay, and takes the server's TIME when now

@@ -4,7 +4,7 @@
 -- rule with no penalty block and no reservation, a priority share or none,
 -- written out in one chunk, as single_bucket.lua is for a bucket (see there
 -- why). Same state, same writes, same reply: a reservation on the same key
--- runs the general script (singleRunner in runner.go).
+-- runs the general script (specialisedRunner in runner.go).
 -- TestSingleScriptDecidesAsGeneral holds them to the same Results and the
 -- same state.
 --

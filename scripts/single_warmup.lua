@@ -5,7 +5,7 @@
 -- priority share or none, written out in one chunk, as single_bucket.lua
 -- is for a plain bucket (see there why): no function is made or called
 -- here but the string library's. Same state, same writes, same reply: a
--- reservation on the same key runs the general script (singleRunner in
+-- reservation on the same key runs the general script (specialisedRunner in
 -- runner.go). TestSingleScriptDecidesAsGeneral holds them to the same
 -- Results and the same state.
 --
