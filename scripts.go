@@ -429,15 +429,18 @@ func strategyFilesOf(rules []rule) []string {
 
 // usualPX returns " = '<ms>'" to set pxs (see common.lua), the PX of one
 // period of rule r as a string, where r's check takes one: a bucket, and a
-// sliding log, whose PX is a ms more (see slidinglog.lua); else "". The ms
-// are common.lua's ms(period): rounded up.
+// sliding log, whose PX is an expiry cell and a ms more (see
+// slidinglog.lua's sl_cell); else "". The ms are common.lua's ms: rounded
+// up.
 func usualPX(r *rule) string {
 	period := r.args[2].(int64) // µs, as the script's period
-	px := (period + 999) / 1000
+	var px int64
 	switch {
 	case r.alg.strategy == SlidingLog:
-		px++
-	case !r.alg.bucket:
+		px = (period+max(period/64, 1000)+999)/1000 + 1
+	case r.alg.bucket:
+		px = (period + 999) / 1000
+	default:
 		return ""
 	}
 	return " = '" + strconv.FormatInt(px, 10) + "'"

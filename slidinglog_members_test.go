@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The sliding log's members: "<µs>" for the first event of a microsecond,
@@ -51,38 +54,48 @@ func TestSlidingLogMembersSameMicrosecond(t *testing.T) {
 	}
 }
 
-// An event in the same ms as the newest keeps the expiry that the newest set
-// (the same, to the ms: a period and a ms); one in a later ms moves it.
+// The log's expiry moves only when an admission's newest event was in
+// another expiry cell (a 64th of the period, here 15.625 ms, from t0, a
+// cell's start): to a period, a cell and a ms (1.017 s) ahead. An event
+// late in the cell, which left it as it was, still counts until it leaves
+// the window.
 func TestSlidingLogExpiryFollowsNewest(t *testing.T) {
 	b, _ := miniBackend(t)
 	lim := newLimiter(t, b.rdb, SlidingLog, Limit{Rate: 100, Period: time.Second})
 	ctx := context.Background()
 	key := lim.stateKey("k")
-	ttl := func() time.Duration {
-		t.Helper()
-		d, err := b.rdb.PTTL(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	const px = 1017 * time.Millisecond
+	var at, set time.Duration // the clock from t0, and when the expiry was set
 	for _, step := range []struct {
-		advance time.Duration
-		want    time.Duration // PTTL after the call
+		at    time.Duration
+		moves bool
 	}{
-		{0, time.Second + time.Millisecond},
-		{300 * time.Microsecond, time.Second + time.Millisecond}, // same ms: expiry kept, PTTL rounds to 1.001s
-		{2 * time.Millisecond, time.Second + time.Millisecond},   // later ms: moved
-		{500 * time.Millisecond, time.Second + time.Millisecond},
+		{0, true},
+		{300 * time.Microsecond, false}, // the same cell
+		{15500 * time.Microsecond, false},
+		{15700 * time.Microsecond, true}, // the next cell
+		{500 * time.Millisecond, true},
+		{510 * time.Millisecond, false},
 	} {
-		b.advance(step.advance)
-		if res, err := lim.Allow(ctx, "k"); err != nil || !res.Allowed {
-			t.Fatalf("Allow: %+v, %v", res, err)
+		b.advance(step.at - at)
+		at = step.at
+		res, err := lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		if step.moves {
+			set = at
 		}
-		if got := ttl(); got < step.want-time.Millisecond || got > step.want {
-			t.Fatalf("after +%v: PTTL %v, want %v (within 1ms)", step.advance, got, step.want)
-		}
+		got, err := b.rdb.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		want := px - (at - set)
+		assert.InDelta(t, want, got, float64(time.Millisecond), "at %v", at)
 	}
+	// Just before the event at 510 ms leaves the window, the log still
+	// counts it (and the one at 500 ms is gone).
+	b.advance(1509*time.Millisecond + 900*time.Microsecond - at)
+	res, err := lim.AllowN(ctx, "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, 99, res.Remaining)
 }
 
 // Expired members are trimmed when an admission's newest is in another

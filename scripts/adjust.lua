@@ -85,10 +85,11 @@ adjust.sl = function(key, rate, period, tag)
   -- key owes at most one full window; a refund finds only its entries
   -- still kept.
   redis.call('ZREMRANGEBYRANK', key, 0, -(math.max(rate, in_window) + 1))
-  -- A period and a ms, as slidinglog.lua's expiry: an event admitted
-  -- later in this ms leaves it as it is.
+  -- A period, a cell and a ms, as slidinglog.lua's expiry: an event
+  -- admitted later in this expiry cell leaves it as it is.
+  local px = ms(period + sl_cell(period))
   local ttl = redis.call('PTTL', key)
-  if ttl <= ms(period) then redis.call('PEXPIRE', key, ms(period) + 1) end
+  if ttl <= px then redis.call('PEXPIRE', key, px + 1) end
 end
 adjust.tb = function(key, rate, period, tag, taken)
   local d, lag, _, y, w = bucket_read(key, rate)

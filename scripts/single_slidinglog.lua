@@ -120,11 +120,14 @@ elseif n > 0 then
   end
   local last = now
   if newest ~= nil and newest > now then last = newest end
-  if newest == nil or newest > now or newest - newest % 1000 ~= now - now % 1000 then
-    -- A ms more than a period from the newest event (see check_sl).
+  -- The expiry cell (slidinglog.lua's sl_cell).
+  local cell = (period - period % 64) / 64
+  if cell < 1000 then cell = 1000 end
+  if newest == nil or newest > now or newest - newest % cell ~= now - now % cell then
+    -- A period, a cell and a ms from the newest event (see check_sl).
     local px = pxs
     if last > now then
-      px = (last + period - now) / 1000
+      px = (last + period + cell - now) / 1000
       px = px + (-px) % 1
       if px < 1 then px = 1 end
       px = px + 1

@@ -18,11 +18,15 @@
 -- window's events the set holds fewer than 64 expired ones, or those of
 -- less than period / 8 before the window, or a backlog left by events
 -- that left the window together, which each admission shrinks by at least
--- n + 64. The key expires a ms after its newest event
--- leaves the window (at least 2 ms after the write); an event admitted in
--- the same ms as the newest, which set that expiry, leaves it as it is:
--- the ms more keeps it counted where a key expires at exactly its write
--- time plus PX (miniredis; Redis expires it at the end of that ms).
+-- n + 64. The key's expiry is set by an admission whose newest event was
+-- in another expiry cell (cells of max(period / 64, 1000) µs, sl_cell):
+-- one period, one cell and a ms ahead, so that it outlives by a ms every
+-- event admitted in the same cell, which leaves it as it is (an expiry a
+-- call for a hot log would be a write a call, and one to every replica).
+-- The key outlives its newest event's window by at most a cell and two
+-- ms; the ms more keeps an event counted where a key expires at exactly
+-- its write time plus PX (miniredis; Redis expires it at the end of that
+-- ms).
 -- Burst is ignored. Tag (for a reservation): the admission time.
 
 -- member returns the member of the event of index i admitted at nowstr.
@@ -46,6 +50,14 @@ local function score(m)
   local c = string.find(m, ':', 1, true)
   if c == nil or (d ~= nil and d < c) then c = d end
   return tonumber(string.sub(m, 1, c - 1))
+end
+
+-- sl_cell returns the expiry cell of a log of the given period, in µs (see
+-- above; usualPX in scripts.go writes the usual PX with the same cell).
+local function sl_cell(period)
+  local c = (period - period % 64) / 64
+  if c < 1000 then return 1000 end
+  return c
 end
 
 -- next_index returns the index after that of member m, the newest of its
@@ -135,17 +147,17 @@ local function check_sl(key, rate, period, burst, code, pxs)
     end
     local last = now
     if newest ~= nil and newest > now then last = newest end
-    if newest == nil or newest > now or newest - newest % 1000 ~= now - now % 1000 then
-      -- One period from the newest event, and the rest of its ms (see
-      -- above): a ms more. So at least 2 ms, as it must be: Redis 7.0's
-      -- PEXPIRE deletes the key at once when the expiry is not after its
-      -- clock, which it reads twice, so PEXPIRE 1 can delete the log when
-      -- a ms ticks in between (SET PX has no such check). pxs (see
-      -- common.lua) is the usual one, one period and a ms, as a string
-      -- (usualPX in scripts.go).
+    local cell = sl_cell(period)
+    if newest == nil or newest > now or newest - newest % cell ~= now - now % cell then
+      -- One period and one cell from the newest event, and a ms more (see
+      -- above). So at least 2 ms, as it must be: Redis 7.0's PEXPIRE
+      -- deletes the key at once when the expiry is not after its clock,
+      -- which it reads twice, so PEXPIRE 1 can delete the log when a ms
+      -- ticks in between (SET PX has no such check). pxs (see common.lua)
+      -- is the usual one, as a string (usualPX in scripts.go).
       local px = pxs
       if not px or last > now then
-        px = ms(last + period - now) + 1
+        px = ms(last + period + cell - now) + 1
       end
       write('PEXPIRE', key, px)
     end

@@ -105,8 +105,9 @@ func TestInspectStrategies(t *testing.T) {
 		// Window of [0s, 2s) at 0.25s: the counter expires at its end. Its
 		// value is count*10 + the window's last digit (here 0).
 		{redlimit.FixedWindow, "p:{u}:fw2000000", "string 1.75s 20", "2", "1.75s"},
-		// The log lives a period and a ms after its newest event (see slidinglog.lua).
-		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2.001s 2 members", "2", "2s"},
+		// The log lives a period, an expiry cell (a 64th of it) and a ms
+		// after the newest event that set its expiry (see slidinglog.lua).
+		{redlimit.SlidingLog, "p:{u}:sl2000000", "zset 2.033s 2 members", "2", "2s"},
 		// The counter's two counts are packed in one integer (here c=2, p=0),
 		// then the window's last digit.
 		{redlimit.SlidingCounter, "p:{u}:sc2000000", "string 3.75s 20", "2", "3.75s"},
