@@ -21,7 +21,7 @@ import (
 // both hemispheres, a 30-minute shift (Lord Howe), none (Tokyo), a
 // half-hour offset (Kolkata), and an offset of 13 hours (Auckland's
 // summer), where a local midnight is near noon UTC.
-var calendarZones = []string{"America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Tokyo", "Asia/Kolkata", "Pacific/Auckland"}
+var calendarZones = []string{"America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Tokyo", "Asia/Kolkata", "Pacific/Auckland", "UTC"}
 
 func loadZone(t testing.TB, name string) *time.Location {
 	t.Helper()
@@ -395,10 +395,10 @@ func TestCalendarFallback(t *testing.T) {
 // same, and costs one more call only.
 func TestCalendarWindowMiss(t *testing.T) {
 	b, _ := miniBackend(t)
-	tokyo := loadZone(t, "Asia/Tokyo")
-	at := time.Date(2030, 6, 1, 12, 0, 0, 0, tokyo)
+	london := loadZone(t, "Europe/London") // (a zone of one offset sends no window)
+	at := time.Date(2030, 6, 1, 12, 0, 0, 0, london)
 	b.at(at)
-	lim := newLimiter(t, b.rdb, FixedWindow, Daily(2, tokyo))
+	lim := newLimiter(t, b.rdb, FixedWindow, Daily(2, london))
 	require.NoError(t, lim.own.run.(calendarSingleRunner).one.Load(t.Context(), b.rdb).Err())
 	var calls atomic.Int64
 	b.rdb.AddHook(countHook{n: &calls})
@@ -486,12 +486,15 @@ func TestCalendarPrefetch(t *testing.T) {
 }
 
 // A single calendar rule's usual calls run single_calendar.lua
-// (calendarSingleRunner), its reservations the general script: the same
+// (calendarSingleRunner), or for a day or a week in a zone of one offset
+// (Tokyo, Kolkata, UTC) the fixed window's script, shifted
+// (specialisedRunner), its reservations the general script: the same
 // calls on a limiter whose every call runs the general script
 // (calendarRunner) get the same Results and leave the same state, across
 // window boundaries and clocks stepped back, with misses of the window
 // (the process's clock is not miniredis's) and direct calls at a client's
-// time in or out of the window sent.
+// time in or out of the window sent (the fixed window's script is sent
+// none).
 func TestSingleCalendarDecidesAsGeneral(t *testing.T) {
 	b, m := miniBackend(t)
 	rng := rand.New(rand.NewPCG(41, 42))
@@ -502,9 +505,7 @@ func TestSingleCalendarDecidesAsGeneral(t *testing.T) {
 		c := &calendarCompare{singleCompare: singleCompare{t: t, b: b, m: m, rng: rng, what: fmt.Sprintf("round %d, %v", round, l)}}
 		c.one = newLimiter(t, b.rdb, FixedWindow, l, WithPrefix(fmt.Sprintf("r%done", round)), withoutFunctions())
 		c.gen = newLimiter(t, b.rdb, FixedWindow, l, WithPrefix(fmt.Sprintf("r%dgen", round)), withoutFunctions())
-		sr, ok := c.one.own.run.(calendarSingleRunner)
-		require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
-		c.single = sr.one
+		c.single, c.fixed = calendarSingle(t, l, c.one.own.run)
 		c.gen.own.run = calendarRunner{}
 		c.keyOne, c.keyGen = c.one.stateKey("k"), c.gen.stateKey("k")
 		for range 300 {
@@ -515,7 +516,31 @@ func TestSingleCalendarDecidesAsGeneral(t *testing.T) {
 
 // calendarCompare plays TestSingleCalendarDecidesAsGeneral's calls on one
 // (the specialised script) and gen (the general script).
-type calendarCompare struct{ singleCompare }
+type calendarCompare struct {
+	singleCompare
+	fixed bool // one's script is the fixed window's (calendar.Fixed)
+}
+
+// calendarSingle returns the script that run, the runner of a single
+// calendar rule of limit l, gives l's usual calls, and whether it is the
+// fixed window's: which it must be where l's calendar is a fixed window
+// (calendar.Fixed).
+func calendarSingle(t *testing.T, l Limit, run runner) (*redis.Script, bool) {
+	t.Helper()
+	_, _, fixed := l.cal.Fixed(time.Now())
+	if fixed {
+		sr, ok := run.(specialisedRunner)
+		require.True(t, ok, "%v: runner %T", l, run)
+		wr, ok := sr.one.(writtenRunner)
+		require.True(t, ok && wr.single, "%v: runner %T", l, sr.one)
+		_, ok = sr.general.(calendarRunner)
+		require.True(t, ok, "%v: reservations' runner %T", l, sr.general)
+		return wr.script, true
+	}
+	sr, ok := run.(calendarSingleRunner)
+	require.True(t, ok, "%v: runner %T", l, run)
+	return sr.one, false
+}
 
 func (c *calendarCompare) step() {
 	ctx := context.Background()
@@ -558,15 +583,25 @@ func (c *calendarCompare) script() {
 		now = server.Add(time.Duration(c.rng.IntN(5)-2) * time.Microsecond).UnixMicro()
 	}
 	at := server.Add(time.Duration(c.rng.IntN(5)-2) * time.Microsecond).UnixMicro()
-	sd, end := c.one.limit.cal.Args(at)
 	n := c.pickN(c.one)
+	var argsOne []any
+	if c.fixed {
+		// No window sent; the general script's is the call's own.
+		argsOne, at = []any{n, 1, now}, server.UnixMicro()
+		if now != 0 {
+			at = now
+		}
+	}
+	sd, end := c.one.limit.cal.Args(at)
 	r := &c.one.own.rules[0]
-	sdOne, endOne := singleWindowArgs(sd, end)
-	argsOne := []any{sdOne, endOne, n, now}
-	if now == 0 && c.rng.IntN(2) == 0 {
-		argsOne = argsOne[:3] // as the runner sends them: n only if not 1
-		if n == 1 {
-			argsOne = argsOne[:2]
+	if !c.fixed {
+		sdOne, endOne := singleWindowArgs(sd, end)
+		argsOne = []any{sdOne, endOne, n, now}
+		if now == 0 && c.rng.IntN(2) == 0 {
+			argsOne = argsOne[:3] // as the runner sends them: n only if not 1
+			if n == 1 {
+				argsOne = argsOne[:2]
+			}
 		}
 	}
 	ro, errO := c.single.Run(ctx, c.b.rdb, []string{c.keyOne}, argsOne...).Result()
@@ -596,11 +631,10 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 		l := []Limit{Daily(rate, loc), Weekly(rate, loc, time.Sunday), Monthly(rate, loc, 30)}[round%3]
 		rs := newRuleSet([]rule{mustRule(t, FixedWindow, l)})
 		bake(rs, &config{})
-		sr, ok := rs.run.(calendarSingleRunner)
-		require.True(t, ok, "%v: runner %T", l, rs.run)
+		single, fixed := calendarSingle(t, l, rs.run)
 		keys := []string{fmt.Sprintf("{c%d}gen", round), fmt.Sprintf("{c%d}one", round)}
 		require.NoError(t, rs.calScript.Load(ctx, rdb).Err())
-		require.NoError(t, sr.one.Load(ctx, rdb).Err())
+		require.NoError(t, single.Load(ctx, rdb).Err())
 		r := &rs.rules[0]
 		now := t0.UnixMicro()
 		misses := 0
@@ -616,14 +650,22 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 			default:
 				now += rng.Int64N(1000)
 			}
-			sd, stop := l.cal.Args(now + rng.Int64N(5) - 2)
+			at := now + rng.Int64N(5) - 2
+			if fixed {
+				at = now // (the fixed window's script is sent no window)
+			}
+			sd, stop := l.cal.Args(at)
 			sdOne, stopOne := singleWindowArgs(sd, stop)
 			n := []int{0, 1, 1, 2, rng.IntN(rate + 1)}[rng.IntN(5)]
+			argsOne := []any{sdOne, stopOne, n, now}
+			if fixed {
+				argsOne = []any{n, 1, now}
+			}
 			var cmds [2]*redis.Cmd
 			var ttls [2]*redis.DurationCmd
 			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				cmds[0] = p.EvalSha(ctx, rs.calScript.Hash(), keys[:1], n, 1, now, -1, 0, "", 0, r.args[0], r.args[1], sd, stop)
-				cmds[1] = p.EvalSha(ctx, sr.one.Hash(), keys[1:], sdOne, stopOne, n, now)
+				cmds[1] = p.EvalSha(ctx, single.Hash(), keys[1:], argsOne...)
 				for i := range ttls {
 					ttls[i] = p.PTTL(ctx, keys[i])
 				}
@@ -653,6 +695,8 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 			}
 			require.Equal(t, dumpState(t, rdb, keys[0]), dumpState(t, rdb, keys[1]), where)
 		}
-		require.Positive(t, misses, "%v: no call missed its window", l)
+		if !fixed {
+			require.Positive(t, misses, "%v: no call missed its window", l)
+		}
 	}
 }

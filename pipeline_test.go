@@ -87,7 +87,7 @@ func TestEveryRunnerRemembersAnswersRedis(t *testing.T) {
 	var lims []limiterCase
 	kinds := map[string]bool{}
 	for _, rc := range runnerCases() {
-		for _, l := range []Limit{PerHour(30), Daily(30, nil)} {
+		for _, l := range []Limit{PerHour(30), Daily(30, loadZone(t, "America/New_York"))} {
 			lim := rc.make(t, rdb, FixedWindow, l, WithPingInterval(time.Hour))
 			name := rc.name + "/" + l.String()
 			want := reflect.TypeOf(rc.runner)

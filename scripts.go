@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -199,18 +200,32 @@ func bake(rs *ruleSet, cfg *config) {
 }
 
 // bakeCalendar gives a single calendar rule's usual calls (no penalty
-// block, priority share or regions: decided here, once) the script
-// specialised for it, scripts/single_calendar.lua with the rule's rate
-// written in (calendarSingleRunner); other rule sets with a calendar rule
-// keep the general script, the rules as arguments (calendarScript), and so
-// does a single rule once maxBakedScripts are made.
+// block, priority share or regions: decided here, once) a script
+// specialised for it, and its reservations the general one: for a day or
+// a week in a zone that keeps one offset (calendar.Fixed: UTC,
+// Asia/Tokyo), which is a fixed window of a day or a week, shifted, the
+// fixed window's (single_fixedwindow.lua, with calendar.lua's state: the
+// same windows' indexes, from the server's time, no window sent and none
+// missed); else scripts/single_calendar.lua with the rule's rate written
+// in, sent the window of the call's time (calendarSingleRunner). Other
+// rule sets with a calendar rule keep the general script, the rules as
+// arguments (calendarScript), and so does a single rule once
+// maxBakedScripts are made.
 func bakeCalendar(rs *ruleSet, cfg *config) {
 	if len(rs.rules) != 1 || cfg.block != 0 || cfg.regions != nil || cfg.priority.on {
 		return
 	}
-	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n" +
-		"local rate = " + strconv.FormatInt(rs.rules[0].args[1].(int64), 10) + "\n" +
-		readScripts("single_calendar.lua", "single_window.lua", "single_write.lua", "single_reply.lua")
+	rate := strconv.FormatInt(rs.rules[0].args[1].(int64), 10)
+	period, shift, fixed := rs.rules[0].limit.cal.Fixed(time.Now())
+	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n"
+	if fixed {
+		src += "local key, rate, period, burst, leaky, pxs = KEYS[1], " + rate + ", " + strconv.FormatInt(period, 10) + ", 0, false\n" +
+			"local shift, calendar = " + strconv.FormatInt(shift, 10) + ", true\n" +
+			mustRead("single_args.lua") + readScripts(singleFiles[FixedWindow]...)
+	} else {
+		src += "local rate = " + rate + "\n" +
+			readScripts("single_calendar.lua", "single_window.lua", "single_write.lua", "single_reply.lua")
+	}
 	baked.Lock()
 	defer baked.Unlock()
 	b, ok := baked.m[src]
@@ -223,6 +238,10 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 			baked.m = make(map[string]bakedRules)
 		}
 		baked.m[src] = b
+	}
+	if fixed {
+		rs.run = specialisedRunner{one: writtenRunner{script: b.single, single: true}, general: calendarRunner{}}
+		return
 	}
 	rs.run = calendarSingleRunner{one: b.single}
 }
@@ -274,6 +293,9 @@ func writtenRule(r *rule, i int) string {
 		b.WriteString(", " + strings.TrimPrefix(px, " = "))
 	}
 	b.WriteString("\n")
+	if r.alg.strategy == FixedWindow {
+		b.WriteString("local shift, calendar = 0, false\n")
+	}
 	return b.String()
 }
 

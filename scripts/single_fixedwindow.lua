@@ -13,7 +13,12 @@
 -- in, then single_args.lua
 -- (which reads n and now, and takes the server's TIME when now is 0):
 --   local key, rate, period, burst, leaky, pxs = KEYS[1], <rate>, <µs>, <burst>, false
--- (burst, leaky and pxs unused).
+--   local shift, calendar = <µs>, <bool>
+-- (burst, leaky and pxs unused). shift moves the windows' starts: 0, or a
+-- calendar's day or week in a zone of one offset, where calendar is true
+-- (see bakeCalendar in scripts.go): then a key ahead (the clock went back)
+-- counts in now's window, as calendar.lua's cw_read counts it, whose
+-- script knows no other window's end.
 -- A policy's script runs this file and single_window.lua once per rule, in a
 -- block of its own, KEYS[i] its key, and makes the rule's write once
 -- every rule has allowed (see policy_head.lua).
@@ -31,8 +36,10 @@
 
 
 -- The window's count (fw_read): w is the window now is in, or the key's
--- when it is ahead (the clock went back).
-local w = (now - now % period) / period
+-- when it is ahead (the clock went back). Windows start at multiples of
+-- period since the epoch, less shift.
+local at = now + shift
+local w = (at - at % period) / period
 local count = 0
 local v = rcall('GET', key)
 if v then
@@ -41,9 +48,10 @@ if v then
   if d == 0 then
     count = (x - x % 10) / 10
   elseif d >= 5 then -- ahead: the clock went back
-    count, w = (x - x % 10) / 10, w + 10 - d
+    count = (x - x % 10) / 10
+    if not calendar then w = w + 10 - d end
   end
 end
 
 -- The window's end and digit, for the check (single_window.lua).
-local left, digit = (w + 1) * period - now, w % 10
+local left, digit = (w + 1) * period - at, w % 10

@@ -197,6 +197,31 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
+// Fixed returns, for a day or a week in a zone that keeps one offset from t
+// on (ZoneBounds: no change ahead, as in UTC or Asia/Tokyo), the length of
+// its windows and the shift, both in µs, that make them fixed windows: from
+// the start of the zone's period that holds t, the window that holds an
+// instant u is the one of index floor((u + shift) / period) (µs), as Window
+// gives it, and ends at (index + 1) × period − shift. ok is false for a
+// month, or where the zone changes its offset after t.
+func (c Calendar) Fixed(t time.Time) (period, shift int64, ok bool) {
+	_, end := t.In(c.Loc).ZoneBounds()
+	if c.Kind == Month || !end.IsZero() {
+		return 0, 0, false
+	}
+	_, offset := t.In(c.Loc).Zone()
+	const day = int64(86400 * time.Second / time.Microsecond)
+	shift = int64(offset) * int64(time.Second/time.Microsecond)
+	if c.Kind == Day {
+		return day, shift, true
+	}
+	// A week's index is its first date's number (CivilDay) over 7, floored:
+	// weeks start on the dates whose number is r modulo 7 (1970-01-01, day
+	// 0, was a Thursday).
+	r := int64(c.Day-int(time.Thursday)+7) % 7
+	return 7 * day, shift - r*day, true
+}
+
 // Args returns the period and burst arguments of a calendar rule
 // for a call whose time is about nowUS (µs): its window's start, plus the
 // last digit of the window's index (a start is a whole second, whose last

@@ -1,6 +1,7 @@
 package calendar
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -47,4 +48,58 @@ func TestCheckAndNames(t *testing.T) {
 	assert.Equal(t, MonthPeriod, Calendar{Kind: Month, Day: 1}.Period())
 	assert.Equal(t, int64(0), CivilDay(1970, 1, 1))
 	assert.Equal(t, int64(-1), CivilDay(1969, 12, 31))
+}
+
+// A day or a week in a zone of one offset is a fixed window, shifted: at
+// random instants over two centuries from 1970, and at windows' edges,
+// Fixed's index, start and end are Window's. A month, or a zone with
+// changes ahead, is not.
+func TestFixed(t *testing.T) {
+	now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	var zones []*time.Location
+	for _, name := range []string{"UTC", "Asia/Tokyo", "Asia/Kolkata"} {
+		loc, err := time.LoadLocation(name)
+		require.NoError(t, err)
+		zones = append(zones, loc)
+	}
+	zones = append(zones, time.FixedZone("-03:30", -(3*3600+1800)), time.FixedZone("+14", 14*3600))
+	rng := rand.New(rand.NewPCG(7, 12))
+	for _, loc := range zones {
+		cals := []Calendar{{Kind: Day, Loc: loc}}
+		for d := range 7 {
+			cals = append(cals, Calendar{Kind: Week, Day: d, Loc: loc})
+		}
+		for _, c := range cals {
+			period, shift, ok := c.Fixed(now)
+			require.True(t, ok, "%v", c)
+			check := func(u time.Time) {
+				s, e, idx := c.Window(u)
+				us := u.UnixMicro()
+				w := us + shift
+				i := w / period
+				if w%period < 0 {
+					i--
+				}
+				require.Equal(t, idx, i, "%v at %v", c, u)
+				require.Equal(t, s.UnixMicro(), i*period-shift, "%v at %v: start", c, u)
+				require.Equal(t, e.UnixMicro(), (i+1)*period-shift, "%v at %v: end", c, u)
+			}
+			for range 2000 {
+				u := time.Unix(rng.Int64N(200*365*86400), rng.Int64N(1e9)).UTC()
+				if s, _ := now.In(loc).ZoneBounds(); u.Before(s) {
+					continue // before the zone's last change (Tokyo: 1951)
+				}
+				check(u)
+				_, e, _ := c.Window(u)
+				check(e)
+				check(e.Add(-time.Microsecond))
+			}
+		}
+	}
+	ny, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
+	for _, c := range []Calendar{{Kind: Day, Loc: ny}, {Kind: Week, Day: 1, Loc: ny}, {Kind: Month, Day: 1, Loc: time.UTC}} {
+		_, _, ok := c.Fixed(now)
+		assert.False(t, ok, "%v", c)
+	}
 }
