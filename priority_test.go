@@ -87,6 +87,49 @@ func TestPrioritySharesSplit(t *testing.T) {
 	}
 }
 
+// A single rule's call with a priority share runs the rule's script with
+// the capacity the share leaves written in (bakeShares): every call of
+// sharesSplit, Sheddable, Normal or Critical, sends Redis no argument, and
+// the shares hold.
+func TestPrioritySharesWrittenIn(t *testing.T) {
+	for s, l := range capacity100 {
+		t.Run(s.String(), func(t *testing.T) {
+			b, _ := miniBackend(t)
+			argv := &argvHook{}
+			b.rdb.AddHook(argv)
+			lim := newLimiter(t, b.rdb, s, l, WithPriorityShares(0.5, 0.8), withoutFunctions())
+			sharesSplit(t, lim, "k")
+			argv.mu.Lock()
+			defer argv.mu.Unlock()
+			require.NotEmpty(t, argv.counts, "no script call seen")
+			for i, n := range argv.counts {
+				assert.Zero(t, n, "script call %d: arguments sent", i)
+			}
+		})
+	}
+}
+
+// argvHook records how many arguments (ARGV) each script call sends.
+type argvHook struct {
+	passHooks // only ProcessHook does something
+	mu        sync.Mutex
+	counts    []int
+}
+
+func (h *argvHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			args := cmd.Args() // name, script, numkeys, keys, ARGV
+			if nk, ok := args[2].(int); ok {
+				h.mu.Lock()
+				h.counts = append(h.counts, len(args)-3-nk)
+				h.mu.Unlock()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
 // A Sheddable call denied by its share is told to retry when it fits in
 // its share, exactly: a µs earlier it is denied again, then admitted. A
 // window's share fits again when the window ends; a bucket's when the

@@ -67,16 +67,40 @@ func (fr functionRunner) run(e *engine, r *request) (any, error) {
 
 // specialisedRunner runs a single rule's (or a policy's) usual calls
 // with the script (or Redis Function) specialised for it (see
-// singleSource and policySource in scripts.go), and a reservation, which
-// that script does not make, with the general one (both as bake chose:
-// scripts, or Functions with scripts as fallback).
-type specialisedRunner struct{ one, general runner }
+// singleSource and policySource in scripts.go), a call with a priority
+// share with the same script with that share written in, where bake made
+// one (shares, by share: bakeShares), and a reservation, which that script
+// does not make, with the general one (all as bake chose: scripts, or
+// Functions with scripts as fallback).
+type specialisedRunner struct {
+	one, general runner
+	shares       map[int64]runner
+}
 
 func (sr specialisedRunner) run(e *engine, r *request) (any, error) {
 	if r.rc != nil {
 		return sr.general.run(e, r)
 	}
+	if r.share != 0 {
+		if one, ok := sr.shares[r.share]; ok {
+			return one.run(e, r)
+		}
+	}
 	return sr.one.run(e, r)
+}
+
+// sharedRunner runs a call with a priority share on the script with that
+// share written in (bakeShares), sending none: the reply is still one of
+// a call with a share (a sixth integer), as the rest of the call expects
+// of r.share.
+type sharedRunner struct{ one runner }
+
+func (sr sharedRunner) run(e *engine, r *request) (any, error) {
+	share := r.share
+	r.share = 0 // (for trimSingle: not sent)
+	reply, err := sr.one.run(e, r)
+	r.share = share
+	return reply, err
 }
 
 // calendarRunner runs the script of rules with a calendar rule among them:

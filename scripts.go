@@ -113,10 +113,11 @@ func mustRead(name string) string {
 
 // maxBakedScripts bounds the rule sets whose scripts have their rules
 // written in that one process makes (two scripts for a single rule or a
-// policy with a specialised one), and so what its limiters can add to Redis's script
-// cache, which Redis before 7.4 never evicts. Limiters made past it pass their
-// rules as arguments, as limits from WithLimitFunc always do. (A variable
-// for the tests.)
+// policy with a specialised one; a single rule's script with a priority
+// share written in counts as one more, see bakeShares), and so what its
+// limiters can add to Redis's script cache, which Redis before 7.4 never
+// evicts. Limiters made past it pass their rules as arguments, as limits
+// from WithLimitFunc always do. (A variable for the tests.)
 var maxBakedScripts = 128
 
 // baked holds the scripts with rules written in, by their rules' part.
@@ -158,7 +159,7 @@ func bake(rs *ruleSet, cfg *config) {
 	}
 	files := strategyFilesOf(rs.rules)
 	held := heldFiles(rs)
-	single := singleSource(rs)
+	single := singleSource(rs, -1)
 	if single == "" {
 		single = policySource(rs)
 	}
@@ -195,8 +196,48 @@ func bake(rs *ruleSet, cfg *config) {
 	// the general script does: scripts/region.lua.)
 	// (A policy's script takes no priority share: policySource.)
 	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (len(rs.rules) == 1 || !cfg.priority.on) {
-		rs.run = specialisedRunner{one: one, general: run}
+		rs.run = specialisedRunner{one: one, general: run, shares: bakeShares(rs, cfg)}
 	}
+}
+
+// bakeShares returns the runners of a single rule's usual calls with a
+// priority share of cfg, by share (ppm): the rule's script with the
+// capacity the share leaves it written in (singleSource), which the call
+// sends no argument for it (sharedRunner), and which Redis then neither
+// reads nor converts; nil without shares or for several rules. A share
+// whose script would pass maxBakedScripts has none: its calls send it to
+// the rule's script. baked is locked.
+func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
+	if !cfg.priority.on || len(rs.rules) != 1 {
+		return nil
+	}
+	var shares map[int64]runner
+	for _, ppm := range cfg.priority.ppm {
+		if ppm == 0 || shares[ppm] != nil {
+			continue
+		}
+		src := singleSource(rs, shareCapacity(int64(rs.rules[0].capacity()), ppm))
+		b, ok := baked.m[src]
+		if !ok {
+			if len(baked.m) >= maxBakedScripts {
+				break
+			}
+			b.single = redis.NewScript(src)
+		}
+		var one runner = writtenRunner{script: b.single, single: true}
+		if cfg.functions {
+			if b.singleFn == nil {
+				b.singleFn = newFunction("", src)
+			}
+			one = functionRunner{fn: b.singleFn, script: b.single, single: true}
+		}
+		baked.m[src] = b
+		if shares == nil {
+			shares = make(map[int64]runner, 2)
+		}
+		shares[ppm] = sharedRunner{one: one}
+	}
+	return shares
 }
 
 // bakeCalendar gives a single calendar rule's usual calls (no penalty
@@ -262,21 +303,34 @@ var singleFiles = [...][]string{
 // rule's numbers as Lua constants, single_args.lua (the call's arguments
 // and time), then its strategy's files of singleFiles, which decide a call with no penalty block, priority share
 // or reservation as the general script does (TestSingleScriptDecidesAsGeneral);
-// a warming bucket's is singleWarmSource's. "" for several rules, a rule
-// per call, or a strategy without one.
-func singleSource(rs *ruleSet) string {
+// a warming bucket's is singleWarmSource's. With share >= 0, the script of
+// the calls with a priority share that leaves the rule that capacity
+// (sharedLine). "" for several rules, a rule per call, or a strategy
+// without one.
+func singleSource(rs *ruleSet, share int64) string {
 	if len(rs.rules) != 1 {
 		return ""
 	}
 	r := &rs.rules[0]
 	if r.alg.warm && !r.perCall {
-		return singleWarmSource(r)
+		return singleWarmSource(r, share)
 	}
 	if r.perCall || int(r.alg.strategy) >= len(singleFiles) || len(singleFiles[r.alg.strategy]) == 0 {
 		return ""
 	}
 	return "-- The rule, written in by redlimit (see singleSource in scripts.go).\n" +
-		writtenRule(r, 1) + mustRead("single_args.lua") + readScripts(singleFiles[r.alg.strategy]...)
+		writtenRule(r, 1) + mustRead("single_args.lua") + sharedLine(share) + readScripts(singleFiles[r.alg.strategy]...)
+}
+
+// sharedLine returns the line that writes a priority share into a single
+// rule's script after single_args.lua, share_c the capacity it leaves the
+// rule, as single_args.lua would read it from a call (see bakeShares);
+// "" for share < 0, none.
+func sharedLine(share int64) string {
+	if share < 0 {
+		return ""
+	}
+	return "shared, share_c = true, " + strconv.FormatInt(share, 10) + " -- (written in: bakeShares)\n"
 }
 
 // writtenRule returns the line that writes rule r, the i-th, into a

@@ -506,7 +506,7 @@ func TestSingleScriptDecidesAsGeneral(t *testing.T) {
 	}
 	for _, a := range algs {
 		s := a.strategy
-		src := singleSource(&ruleSet{rules: []rule{{alg: a, args: [4]any{a.code + "1", int64(1), int64(1000), int64(1)}}}})
+		src := singleSource(&ruleSet{rules: []rule{{alg: a, args: [4]any{a.code + "1", int64(1), int64(1000), int64(1)}}}}, -1)
 		if src == "" {
 			continue // no specialised script: the general one decides
 		}
@@ -604,6 +604,13 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 	sr, ok := c.one.own.run.(specialisedRunner)
 	require.True(t, ok, "%s: runner %T", c.what, c.one.own.run)
 	c.single = sr.one.(writtenRunner).script
+	if len(c.shares) > 0 {
+		// Each share's calls run their own script, the share written in.
+		for _, ppm := range c.shares[:2] {
+			_, ok := sr.shares[ppm]
+			require.Equal(t, ppm != 0, ok, "%s: the script of share %d", c.what, ppm)
+		}
+	}
 	for _, lim := range []*RateLimiter{c.gen, c.higherOne, c.higherGen} {
 		lim.own.run = writtenRunner{script: lim.own.script}
 	}

@@ -90,7 +90,7 @@ func warmScript() *redis.Script {
 // writes (coldWrite) computed here, then single_args.lua and
 // single_warmup.lua. W is read from the rule's code, as the general script
 // reads it; "" if it is not there.
-func singleWarmSource(r *rule) string {
+func singleWarmSource(r *rule, share int64) string {
 	code, _ := r.args[0].(string)
 	if len(code) < 3 {
 		return ""
@@ -113,7 +113,7 @@ func singleWarmSource(r *rule) string {
 		num(2*burst*period) + "\n" +
 		"local mpat, wfmt, zfmt = '^(%d+):(%d+):(%d+):" + num(rate) + "$', '%d:%d:%d:" + num(rate) + "', '0:%d:%d:" + num(rate) + "'\n" +
 		"local cfmt, cpx, clife = " + cold + "\n" +
-		mustRead("single_args.lua") + mustRead("single_warmup.lua")
+		mustRead("single_args.lua") + sharedLine(share) + mustRead("single_warmup.lua")
 }
 
 // coldWrite returns what a call of 1 on a cold warming bucket (threshold

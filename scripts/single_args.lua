@@ -13,7 +13,9 @@
 -- capacity being Burst for a bucket, else Rate), computed in Go: in ARGV[1]
 -- for n = 1, or else in ARGV[2], where the general script has the rule
 -- count, which these scripts do not read (see trimSingle in runner.go):
--- one argument, not eight, and no share arithmetic here. Each strategy's
+-- one argument, not eight, and no share arithmetic here. The script of a
+-- share that bakeShares made has it written in instead, after this file
+-- (shared, share_c = true, c): its calls send none. Each strategy's
 -- file then lowers the rule's capacity to c and keeps what the share
 -- leaves out in kept, which single_reply.lua adds back to tell a denial by
 -- the share alone (code 5) and in the reply's sixth integer.
