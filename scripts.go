@@ -201,12 +201,12 @@ func bake(rs *ruleSet, cfg *config) {
 }
 
 // bakeShares returns the runners of a single rule's usual calls with a
-// priority share of cfg, by share (ppm): the rule's script with the
-// capacity the share leaves it written in (singleSource), which the call
-// sends no argument for it (sharedRunner), and which Redis then neither
-// reads nor converts; nil without shares or for several rules. A share
-// whose script would pass maxBakedScripts has none: its calls send it to
-// the rule's script. baked is locked.
+// priority share of cfg, by share (ppm): each runs the rule's script with
+// the capacity the share leaves written in (singleSource), and sends the
+// share no more (sharedRunner), so that Redis neither reads nor converts
+// it; nil without shares or for several rules. A share whose script would
+// pass maxBakedScripts has none: its calls send it to the rule's script.
+// baked is locked.
 func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
 	if !cfg.priority.on || len(rs.rules) != 1 {
 		return nil

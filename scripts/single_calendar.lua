@@ -1,6 +1,7 @@
 -- single_calendar.lua: a calendar quota of one rule (redlimit.Daily,
 -- Weekly, Monthly; a day or a week in a zone of one offset runs
--- single_fixedwindow.lua instead, see bakeCalendar), the usual call only: the decision of the general
+-- single_fixedwindow.lua instead, see bakeCalendar), the usual call only:
+-- the decision of the general
 -- script (common.lua, calendar.lua, args.lua, decide.lua, check.lua,
 -- reply.lua) for one calendar rule with no penalty block, no priority
 -- share and no reservation, written out in one chunk, as
