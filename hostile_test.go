@@ -24,17 +24,19 @@ import (
 
 // Keys, n and used come from clients (a header, a request's declared
 // size): on the newer limiters (calendar quotas, warm-up buckets,
-// priority shares, concurrency) a bad one is an error wrapping the
+// priority shares, concurrency, a policy's written-out script) a bad one is an error wrapping the
 // documented sentinel, never a panic, and changes nothing in Redis.
 
-// hostileLimiter is one of the newer limiters on its own miniredis, and
-// the context its calls are made with (a priority).
+// hostileLimiter is one of the newer limiters on its own miniredis (a
+// RateLimiter's or a Policy's engine), and the context its calls are made
+// with (a priority).
 type hostileLimiter struct {
-	name string
-	lim  *RateLimiter
-	m    *miniredis.Miniredis
-	ctx  context.Context
-	most int // the most n a call may ask for: its capacity, or its share
+	name   string
+	lim    *engine
+	m      *miniredis.Miniredis
+	ctx    context.Context
+	most   int // the most n a call may ask for: its capacity, or its share
+	states int // the Redis keys of one limited key: one per rule
 }
 
 func hostileLimiters(t *testing.T) []hostileLimiter {
@@ -58,9 +60,18 @@ func hostileLimiters(t *testing.T) []hostileLimiter {
 		{"sheddable-share-daily", FixedWindow, Daily(10, tokyo), sheddable, 5, []Option{WithPriorityShares(0.5, 0.8)}},
 	} {
 		b, m := miniBackend(t)
-		out = append(out, hostileLimiter{c.name, newLimiter(t, b.rdb, c.s, c.l, c.opts...), m, c.ctx, c.most})
+		out = append(out, hostileLimiter{c.name, &newLimiter(t, b.rdb, c.s, c.l, c.opts...).engine, m, c.ctx, c.most, 1})
 	}
-	return out
+	// A policy on the script written out for its rules (policySource).
+	b, m := miniBackend(t) // a clock standing still: nothing refills
+	p := newPolicy(t, b.rdb, []Rule{
+		{Strategy: TokenBucket, Limit: Limit{Rate: 5, Period: time.Second, Burst: 5}},
+		{Strategy: SlidingCounter, Limit: PerMinute(50)},
+		{Strategy: FixedWindow, Limit: PerHour(500)},
+	})
+	_, ok := p.own.run.(specialisedRunner)
+	require.True(t, ok, "the policy's runner %T", p.own.run)
+	return append(out, hostileLimiter{"policy-script", &p.engine, m, context.Background(), 5, 3})
 }
 
 // redisState is every key's value and TTL on m: what a refused call must
@@ -238,7 +249,7 @@ func TestHostileKeys(t *testing.T) {
 			for _, k := range h.m.Keys() {
 				assert.LessOrEqual(t, len(k), 3*MaxKeyLen, "a Redis key of %d bytes: %.40q", len(k), k)
 			}
-			assert.Len(t, h.m.Keys(), len(hostileKeys())+1, "one state per key")
+			assert.Len(t, h.m.Keys(), h.states*(len(hostileKeys())+1), "one state per rule and key")
 
 			state := redisState(h.m)
 			_, err = h.lim.AllowN(h.ctx, "", 1)

@@ -3,14 +3,12 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/testlane"
@@ -278,56 +276,4 @@ func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
 			}
 		}
 	}
-}
-
-// Hostile input on a policy that runs its written-out script: n below 0
-// or past the capacity is refused with its sentinel and writes nothing;
-// every hostile key has states of its own (one per rule, shared with no
-// other key), whose Redis keys stay short; the empty key is
-// ErrInvalidArgument and writes nothing.
-func TestHostilePolicyScript(t *testing.T) {
-	b, m := miniBackend(t) // a clock standing still: nothing refills
-	p := newPolicy(t, b.rdb, []Rule{
-		{Strategy: TokenBucket, Limit: Limit{Rate: 5, Period: time.Second, Burst: 5}},
-		{Strategy: SlidingCounter, Limit: PerMinute(50)},
-		{Strategy: FixedWindow, Limit: PerHour(500)},
-	})
-	_, ok := p.own.run.(specialisedRunner)
-	require.True(t, ok, "runner %T", p.own.run)
-	ctx := context.Background()
-	const most = 5
-	res, err := p.AllowN(ctx, "a", most)
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
-	state := redisState(m)
-	for _, c := range []struct {
-		n    int
-		want error
-	}{
-		{-1, ErrInvalidArgument},
-		{math.MinInt, ErrInvalidArgument},
-		{most + 1, ErrExceedsLimit},
-		{math.MaxInt, ErrExceedsLimit},
-	} {
-		var err error
-		require.NotPanics(t, func() { _, err = p.AllowN(ctx, "a", c.n) }, "AllowN(n = %d)", c.n)
-		require.ErrorIs(t, err, c.want, "AllowN(n = %d): %v", c.n, err)
-		require.Equal(t, state, redisState(m), "AllowN(n = %d) changed Redis", c.n)
-	}
-	for i, key := range hostileKeys() {
-		res, err := p.AllowN(ctx, key, most)
-		require.NoError(t, err, "key %d (%.20q)", i, key)
-		assert.True(t, res.Allowed, "key %d (%.20q): states of its own", i, key)
-		res, err = p.Allow(ctx, key)
-		require.NoError(t, err, "key %d (%.20q)", i, key)
-		assert.False(t, res.Allowed, "key %d (%.20q): its bucket used", i, key)
-	}
-	for _, k := range m.Keys() {
-		assert.LessOrEqual(t, len(k), 3*MaxKeyLen, "a Redis key of %d bytes: %.40q", len(k), k)
-	}
-	assert.Len(t, m.Keys(), 3*(len(hostileKeys())+1), "one state per rule and key")
-	state = redisState(m)
-	_, err = p.AllowN(ctx, "", 1)
-	require.ErrorIs(t, err, ErrInvalidArgument, "the empty key")
-	assert.Equal(t, state, redisState(m), "the empty key changed Redis")
 }
