@@ -135,6 +135,37 @@ type bakedRules struct {
 	fn, singleFn   *redisFunction
 }
 
+// singleRunner returns the runner of b's specialised script: the script,
+// or with functions its Redis Function, the script as fallback.
+func (b bakedRules) singleRunner(functions bool) runner {
+	if functions {
+		return functionRunner{fn: b.singleFn, script: b.single, single: true}
+	}
+	return writtenRunner{script: b.single, single: true}
+}
+
+// bakeSingle returns the baked entry whose specialised script is src (a
+// calendar rule's, or a single rule's with a priority share written in),
+// made once and kept by its source, with its Redis Function where
+// functions; ok is false once maxBakedScripts are made. baked is locked.
+func bakeSingle(src string, functions bool) (b bakedRules, ok bool) {
+	b, ok = baked.m[src]
+	if !ok {
+		if len(baked.m) >= maxBakedScripts {
+			return b, false
+		}
+		b.single = redis.NewScript(src)
+	}
+	if functions && b.singleFn == nil {
+		b.singleFn = newFunction("", src)
+	}
+	if baked.m == nil {
+		baked.m = make(map[string]bakedRules)
+	}
+	baked.m[src] = b
+	return b, true
+}
+
 // bake sets rs.script to the decision script with the rules of rs written
 // in (see writtenChecks) and, with functions (WithRedisFunctions) only,
 // rs.fn to the same as a Redis Function; it leaves them nil when
@@ -185,18 +216,17 @@ func bake(rs *ruleSet, cfg *config) {
 	}
 	baked.m[checks] = b
 	rs.script = b.script
-	var run, one runner = writtenRunner{script: b.script}, writtenRunner{script: b.single, single: true}
+	var run runner = writtenRunner{script: b.script}
 	if cfg.functions {
 		rs.fn = b.fn
 		run = functionRunner{fn: b.fn, script: b.script}
-		one = functionRunner{fn: b.singleFn, script: b.single, single: true}
 	}
 	rs.run = run
 	// (With WithRegions, a call also writes the key's journal, which only
 	// the general script does: scripts/region.lua.)
 	// (A policy's script takes no priority share: policySource.)
 	if b.single != nil && cfg.block == 0 && cfg.regions == nil && (len(rs.rules) == 1 || !cfg.priority.on) {
-		rs.run = specialisedRunner{one: one, general: run, shares: bakeShares(rs, cfg)}
+		rs.run = specialisedRunner{one: b.singleRunner(cfg.functions), general: run, shares: bakeShares(rs, cfg)}
 	}
 }
 
@@ -216,26 +246,14 @@ func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
 		if ppm == 0 || shares[ppm] != nil {
 			continue
 		}
-		src := singleSource(rs, shareCapacity(int64(rs.rules[0].capacity()), ppm))
-		b, ok := baked.m[src]
+		b, ok := bakeSingle(singleSource(rs, shareCapacity(int64(rs.rules[0].capacity()), ppm)), cfg.functions)
 		if !ok {
-			if len(baked.m) >= maxBakedScripts {
-				break
-			}
-			b.single = redis.NewScript(src)
+			break
 		}
-		var one runner = writtenRunner{script: b.single, single: true}
-		if cfg.functions {
-			if b.singleFn == nil {
-				b.singleFn = newFunction("", src)
-			}
-			one = functionRunner{fn: b.singleFn, script: b.single, single: true}
-		}
-		baked.m[src] = b
 		if shares == nil {
 			shares = make(map[int64]runner, 2)
 		}
-		shares[ppm] = sharedRunner{one: one}
+		shares[ppm] = sharedRunner{one: b.singleRunner(cfg.functions)}
 	}
 	return shares
 }
@@ -261,27 +279,19 @@ func bakeCalendar(rs *ruleSet, cfg *config) {
 	src := "-- The rule, written in by redlimit (see bakeCalendar in scripts.go).\n"
 	if fixed {
 		src += "local key, rate, period, burst, leaky, pxs = KEYS[1], " + rate + ", " + strconv.FormatInt(period, 10) + ", 0, false\n" +
-			"local shift, calendar = " + strconv.FormatInt(shift, 10) + ", true\n" +
-			mustRead("single_args.lua") + readScripts(singleFiles[FixedWindow]...)
+			shiftLine(shift, true) + mustRead("single_args.lua") + readScripts(singleFiles[FixedWindow]...)
 	} else {
 		src += "local rate = " + rate + "\n" +
 			readScripts("single_calendar.lua", "single_window.lua", "single_write.lua", "single_reply.lua")
 	}
 	baked.Lock()
 	defer baked.Unlock()
-	b, ok := baked.m[src]
+	b, ok := bakeSingle(src, false)
 	if !ok {
-		if len(baked.m) >= maxBakedScripts {
-			return
-		}
-		b.single = redis.NewScript(src)
-		if baked.m == nil {
-			baked.m = make(map[string]bakedRules)
-		}
-		baked.m[src] = b
+		return
 	}
 	if fixed {
-		rs.run = specialisedRunner{one: writtenRunner{script: b.single, single: true}, general: calendarRunner{}}
+		rs.run = specialisedRunner{one: b.singleRunner(false), general: calendarRunner{}}
 		return
 	}
 	rs.run = calendarSingleRunner{one: b.single}
@@ -348,9 +358,15 @@ func writtenRule(r *rule, i int) string {
 	}
 	b.WriteString("\n")
 	if r.alg.strategy == FixedWindow {
-		b.WriteString("local shift, calendar = 0, false\n")
+		b.WriteString(shiftLine(0, false))
 	}
 	return b.String()
+}
+
+// shiftLine returns the line that writes a fixed window's shift and
+// whether it is a calendar's (see single_fixedwindow.lua).
+func shiftLine(shift int64, calendar bool) string {
+	return "local shift, calendar = " + strconv.FormatInt(shift, 10) + ", " + strconv.FormatBool(calendar) + "\n"
 }
 
 // maxPolicyScriptRules bounds the rules of a policy that runs the script

@@ -205,11 +205,11 @@ func floorDiv(a, b int64) int64 {
 // gives it, and ends at (index + 1) × period − shift. ok is false for a
 // month, or where the zone changes its offset after t.
 func (c Calendar) Fixed(t time.Time) (period, shift int64, ok bool) {
-	_, end := t.In(c.Loc).ZoneBounds()
-	if c.Kind == Month || !end.IsZero() {
+	t = t.In(c.Loc)
+	if _, end := t.ZoneBounds(); c.Kind == Month || !end.IsZero() {
 		return 0, 0, false
 	}
-	_, offset := t.In(c.Loc).Zone()
+	_, offset := t.Zone()
 	const day = int64(86400 * time.Second / time.Microsecond)
 	shift = int64(offset) * int64(time.Second/time.Microsecond)
 	if c.Kind == Day {
