@@ -283,7 +283,9 @@ func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w
 // library loads the Redis Functions library in file and prints the
 // instructions per call of each of its functions that names lists: called
 // with FCALL, or with eval, its body run as a script by EVALSHA; on the
-// same nkeys keys every call, or with fresh, new keys for each call.
+// same nkeys keys every call, or with fresh, new keys for each call. Each
+// function's script runs on a fresh Lua interpreter, as each contender's
+// does.
 func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, eval bool, n int) error {
 	if nkeys < 1 || nkeys > 3 {
 		return fmt.Errorf("-keys %d: want 1 to 3", nkeys)
@@ -300,6 +302,9 @@ func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, e
 	calls := 0
 	for _, name := range strings.Split(names, ",") {
 		if err := env.Admin.FlushAll(ctx).Err(); err != nil { // keeps the library
+			return err
+		}
+		if err := env.Admin.ScriptFlush(ctx).Err(); err != nil { // each body on a fresh interpreter
 			return err
 		}
 		call := func(keys []string) *redis.Cmd { return env.Admin.FCall(ctx, name, keys) }
