@@ -291,6 +291,13 @@ func TestCalendarPolicy(t *testing.T) {
 		{Strategy: FixedWindow, Limit: Monthly(2, tokyo, 1), PerCall: true},
 	})
 	assert.Equal(t, 2, allowedOfN(t, pc, "pc", 50, 4))
+	// So does a policy of one per-call calendar rule, whichever script its
+	// calendar would otherwise get (bakeCalendar): a day in a zone of one
+	// offset, a day with daylight saving, a month.
+	for _, l := range []Limit{Daily(2, tokyo), Daily(2, loadZone(t, "America/New_York")), Monthly(2, tokyo, 1)} {
+		one := newPolicy(t, b.rdb, []Rule{{Strategy: FixedWindow, Limit: l, PerCall: true}})
+		assert.Equal(t, 2, allowedOfN(t, one, "one", 50, 4), "%v", l)
+	}
 }
 
 func allowedOfN(t *testing.T, lim Limiter, key string, n, calls int) int {

@@ -259,7 +259,7 @@ func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
 }
 
 // bakeCalendar gives a single calendar rule's usual calls (no penalty
-// block, priority share or regions: decided here, once) a script
+// block, priority share or regions, and not per call: decided here, once) a script
 // specialised for it, and its reservations the general one: for a day or
 // a week in a zone that keeps one offset (calendar.Fixed: UTC,
 // Asia/Tokyo), which is a fixed window of a day or a week, shifted, the
@@ -271,8 +271,8 @@ func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
 // arguments (calendarScript), and so does a single rule once
 // maxBakedScripts are made.
 func bakeCalendar(rs *ruleSet, cfg *config) {
-	if len(rs.rules) != 1 || cfg.block != 0 || cfg.regions != nil || cfg.priority.on {
-		return
+	if len(rs.rules) != 1 || rs.rules[0].perCall || cfg.block != 0 || cfg.regions != nil || cfg.priority.on {
+		return // (the specialised scripts count n: a rule per call counts 1)
 	}
 	rate := strconv.FormatInt(rs.rules[0].args[1].(int64), 10)
 	period, shift, fixed := rs.rules[0].limit.cal.Fixed(time.Now())
