@@ -22,7 +22,11 @@ var policyScriptStrategies = []Strategy{TokenBucket, SlidingCounter, FixedWindow
 // policyScriptStrategies, of distinct strategy and period, and the same
 // rules with limits three times as high (sharing their state), each valid.
 func policyScriptRules(rng *rand.Rand) (rules, higher []Rule) {
-	periods := []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 2 * time.Hour}
+	// (1.234567 s and 333,333 µs: not multiples of a power of ten, so a
+	// bucket's compact state rounds its debt up, which a call's remaining
+	// must count.)
+	periods := []time.Duration{time.Millisecond, 7 * time.Millisecond, 333333 * time.Microsecond, time.Second,
+		1234567 * time.Microsecond, time.Minute, 2 * time.Hour}
 	seen := map[[2]int64]bool{}
 	count := 2 + rng.IntN(maxPolicyScriptRules-1)
 	for len(rules) < count {
@@ -71,6 +75,25 @@ func TestPolicyScriptDecidesAsGeneral(t *testing.T) {
 	}
 }
 
+// A bucket's compact state keeps its debt rounded up to 8 digits, so that
+// where its period is no multiple of the power of ten a call's debt is
+// stored a little higher: the policy's script must count the remaining
+// that leaves, as the general script does, in its Result when the bucket
+// decides, and in the bucket's remaining in the reply (the fallback's
+// memory) when another rule does.
+func TestPolicyScriptRoundedDebt(t *testing.T) {
+	b, m := miniBackend(t)
+	bucket := Rule{Strategy: TokenBucket, Limit: Limit{Rate: 1000, Period: 1234567 * time.Microsecond, Burst: 2000}}
+	for i, window := range []Limit{{Rate: 100_000, Period: time.Second}, {Rate: 1000, Period: time.Second}} {
+		rules := []Rule{bucket, {Strategy: FixedWindow, Limit: window}}
+		c := newPolicyCompareOf(t, b, m, rand.New(rand.NewPCG(1, 2)), i, rules, rules)
+		c.callN(662, 0) // 662 × 1,234,567 has 12 digits: stored rounded up
+		c.compareState()
+		allowBoth(t.Context(), t, c.one, c.gen, 662, c.what+": AllowN(662)")
+		c.compareState()
+	}
+}
+
 // policyCompare plays one round of TestPolicyScriptDecidesAsGeneral: the
 // same calls on two keys, one decided by the policy's script and one by
 // the general script.
@@ -95,6 +118,12 @@ type policyCompare struct {
 
 func newPolicyCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, round int) *policyCompare {
 	rules, higher := policyScriptRules(rng)
+	return newPolicyCompareOf(t, b, m, rng, round, rules, higher)
+}
+
+// newPolicyCompareOf is newPolicyCompare of the given rules, and the higher
+// limits sharing their state.
+func newPolicyCompareOf(t *testing.T, b *backend, m *miniredis.Miniredis, rng *rand.Rand, round int, rules, higher []Rule) *policyCompare {
 	c := &policyCompare{t: t, b: b, m: m, rng: rng, what: fmt.Sprintf("round %d, %v", round, rules)}
 	c.prefixOne, c.prefixGen = fmt.Sprintf("p%done", round), fmt.Sprintf("p%dgen", round)
 	c.one = newPolicy(t, b.rdb, rules, WithPrefix(c.prefixOne), withoutFunctions())
@@ -153,13 +182,18 @@ func (c *policyCompare) moveClock() {
 // as trimDefaults does, or all of them), at the server's time or a
 // client's, and compares the replies.
 func (c *policyCompare) call() {
-	ctx := context.Background()
 	now := int64(0) // the server's TIME
 	if c.rng.IntN(3) == 0 {
 		offsets := []time.Duration{0, time.Microsecond, -time.Microsecond, -50 * time.Millisecond, -150 * time.Millisecond, -2 * time.Second, 3 * time.Second}
 		now = t0.Add(c.now).Add(offsets[c.rng.IntN(len(offsets))]).UnixMicro()
 	}
-	n := pickUpTo(c.rng, c.one.own.maxN)
+	c.callN(pickUpTo(c.rng, c.one.own.maxN), now)
+}
+
+// callN runs a call of n at now (0: the server's TIME) on both scripts, as
+// call does.
+func (c *policyCompare) callN(n int, now int64) {
+	ctx := context.Background()
 	k := len(c.keysOne)
 	args, argsOne := []any{n, k, now, -1}, []any{n, 1, now}
 	if c.rng.IntN(3) > 0 {

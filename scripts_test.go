@@ -528,6 +528,28 @@ func TestSingleScriptDecidesAsGeneral(t *testing.T) {
 	}
 }
 
+// A call with a priority share on a single bucket whose compact state
+// rounds its debt up (TestPolicyScriptRoundedDebt) replies, as its sixth
+// integer, the bucket's whole remaining as stored, as the general script
+// does.
+func TestSingleScriptRoundedDebtShare(t *testing.T) {
+	b, m := miniBackend(t)
+	ctx := t.Context()
+	l := Limit{Rate: 1000, Period: 1234567 * time.Microsecond, Burst: 2000}
+	one := newLimiter(t, b.rdb, TokenBucket, l, withoutFunctions(), WithPriorityShares(0.5, 1), WithPrefix("one"))
+	gen := newLimiter(t, b.rdb, TokenBucket, l, withoutFunctions(), WithPriorityShares(0.5, 1), WithPrefix("gen"))
+	single := one.own.run.(specialisedRunner).one.(writtenRunner).script
+	ppm := sharePPM(0.5)
+	for range 2 { // 662 × 1,234,567 has 12 digits: stored rounded up
+		ro, err := single.Run(ctx, b.rdb, []string{one.stateKey("k")}, singleShareArgs(662, shareCapacity(2000, ppm), 0, -1)...).Result()
+		require.NoError(t, err)
+		rg, err := gen.own.script.Run(ctx, b.rdb, []string{gen.stateKey("k")}, 662, 1, 0, -1, 0, "", 0, ppm).Result()
+		require.NoError(t, err)
+		require.Equal(t, rg, ro)
+		requireSameState(t, m, "one", "gen", "after AllowN(662)")
+	}
+}
+
 // singleCompare plays one round of TestSingleScriptDecidesAsGeneral: the
 // same calls on two keys, one decided by the specialised script and one
 // by the general script.

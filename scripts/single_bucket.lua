@@ -220,13 +220,15 @@ while wd do
   else
     wc, wa, wb, wx = 'SET', value, 'PX', px
     if admit then
-      -- Remaining is what a call at once finds: D as stored, rounded up.
+      -- Remaining is what a call at once finds: D as stored, rounded up;
+      -- and so is the rule's remaining before the call, which a policy's
+      -- script and a share's reply give (bucket.lua's check_tb).
       if stored ~= wd then
         local a = cap - stored
         local q = a / period
         q = q - q % 1
         if q * period > a then q = q - 1 elseif (q + 1) * period <= a then q = q + 1 end
-        rem = q
+        rem, avail = q, q + n
       end
       reset = life
     end
