@@ -632,6 +632,15 @@ func newSingleCompare(t *testing.T, b *backend, m *miniredis.Miniredis, rng *ran
 			_, ok := sr.shares[ppm]
 			require.Equal(t, ppm != 0, ok, "%s: the script of share %d", c.what, ppm)
 		}
+		if l.WarmUp > 0 { // a warming bucket takes no share: one script for all
+			hashes := map[string]bool{}
+			for _, run := range sr.shares {
+				if w, ok := run.(sharedRunner).one.(writtenRunner); ok {
+					hashes[w.script.Hash()] = true
+				}
+			}
+			assert.LessOrEqual(t, len(hashes), 1, "%s: a warming bucket's scripts of its shares", c.what)
+		}
 	}
 	for _, lim := range []*RateLimiter{c.gen, c.higherOne, c.higherGen} {
 		lim.own.run = writtenRunner{script: lim.own.script}

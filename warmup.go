@@ -89,7 +89,9 @@ func warmScript() *redis.Script {
 // warm-up in µs, and the others) and what a call of 1 on a cold bucket
 // writes (coldWrite) computed here, then single_args.lua and
 // single_warmup.lua. W is read from the rule's code, as the general script
-// reads it; "" if it is not there.
+// reads it; "" if it is not there. A warming bucket takes no share (its
+// capacity is time): the script of every share is the same, with a
+// capacity of 0 that it does not read, so that bakeShares makes it once.
 func singleWarmSource(r *rule, share int64) string {
 	code, _ := r.args[0].(string)
 	if len(code) < 3 {
@@ -113,7 +115,7 @@ func singleWarmSource(r *rule, share int64) string {
 		num(2*burst*period) + "\n" +
 		"local mpat, wfmt, zfmt = '^(%d+):(%d+):(%d+):" + num(rate) + "$', '%d:%d:%d:" + num(rate) + "', '0:%d:%d:" + num(rate) + "'\n" +
 		"local cfmt, cpx, clife = " + cold + "\n" +
-		mustRead("single_args.lua") + sharedLine(share) + mustRead("single_warmup.lua")
+		mustRead("single_args.lua") + sharedLine(min(share, 0)) + mustRead("single_warmup.lua")
 }
 
 // coldWrite returns what a call of 1 on a cold warming bucket (threshold
