@@ -18,7 +18,8 @@
 -- 10 + d, expiring at the window's end (PX, rounded up to the ms): the digit
 -- tells a key left over from the previous window (it can outlive it by up
 -- to 1 ms) from the current one; a key of a window ahead (the clock went
--- back) keeps counting, so a clock step never admits more.
+-- back) keeps counting, so a clock step never admits more (within 5
+-- windows, see docs/clock.md).
 -- Retry after and reset after: until the window ends. Burst is unused.
 -- Tag (for a reservation): the window's start.
 

@@ -6,7 +6,8 @@
 -- up to the ms). The last digit tells the key's window from a key left over
 -- from the previous one (a key can outlive its window by up to 1 ms), and
 -- from a window ahead of now (the clock went back: the count is kept until
--- its window ends, so a clock step never admits more). INCRBY n * 10 adds
+-- its window ends, so a clock step never admits more; within 5 windows,
+-- see docs/clock.md). INCRBY n * 10 adds
 -- to the count and keeps the digit and the expiry. An integer value keeps
 -- the key at 88 bytes.
 -- Retry after and reset after: until the window ends. Burst is ignored.

@@ -9,7 +9,8 @@
 -- stores it as an integer: 88 bytes a key), else the text "c:p:w". The key
 -- expires at the end of window w+1 (PX). The digit tells how far the key's
 -- window is behind now (or ahead, when the clock went back: then the counts
--- are kept as they are, so a clock step never admits more).
+-- are kept as they are, so a clock step never admits more; within 4
+-- windows when packed, see docs/clock.md).
 -- Burst is ignored. Tag (for a reservation): the window index.
 --
 -- Arithmetic is scaled by period so that it stays in integers:
