@@ -300,6 +300,40 @@ func TestCalendarPolicy(t *testing.T) {
 	}
 }
 
+// A calendar quota's key ahead of now (the server's clock stepped back)
+// keeps counting however far back, as a fixed window's does
+// (TestClockSteps): days in a zone of one offset (the fixed window's
+// script) and in one with daylight saving (single_calendar.lua), and the
+// general script's (a policy).
+func TestCalendarClockStepBack(t *testing.T) {
+	ny := loadZone(t, "America/New_York")
+	for _, back := range []int{1, 5, 6, 7, 8, 9, 10, 16} {
+		for _, zone := range []*time.Location{time.UTC, ny} {
+			l := Daily(5, zone)
+			b, m := miniBackend(t)
+			at := time.Date(2030, 6, 20, 12, 0, 0, 0, zone)
+			b.at(at)
+			lim := newLimiter(t, b.rdb, FixedWindow, l)
+			pol := newPolicy(t, b.rdb, []Rule{{Strategy: FixedWindow, Limit: l}, {Strategy: TokenBucket, Limit: PerSecond(100)}}, WithPrefix("p"))
+			for _, one := range []Limiter{lim, pol} {
+				res, err := one.AllowN(t.Context(), "k", 5)
+				require.NoError(t, err)
+				require.True(t, res.Allowed, "%v", l)
+			}
+			step := time.Duration(back) * 24 * time.Hour
+			b.at(at.Add(-step))
+			for _, k := range m.Keys() { // Redis keeps expiries as times: they move away
+				m.SetTTL(k, m.TTL(k)+step)
+			}
+			for _, one := range []Limiter{lim, pol} {
+				res, err := one.Allow(t.Context(), "k")
+				require.NoError(t, err)
+				assert.False(t, res.Allowed, "%v: %d days back: %T admitted", l, back, one)
+			}
+		}
+	}
+}
+
 func allowedOfN(t *testing.T, lim Limiter, key string, n, calls int) int {
 	t.Helper()
 	allowed := 0

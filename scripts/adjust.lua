@@ -13,7 +13,7 @@ local since
 local adjust = {}
 adjust.fw = function(key, rate, period, tag)
   local cw = math.floor(now / period)
-  local count, w = fw_read(key, cw)
+  local count, w = fw_read(key, cw, period)
   if delta < 0 then
     if w == tag and count > 0 then
       redis.call('DECRBY', key, math.min(-delta, count) * 10)
@@ -26,7 +26,7 @@ adjust.fw = function(key, rate, period, tag)
 end
 adjust.sc = function(key, rate, period, tag)
   local cw = math.floor(now / period)
-  local cur, prev, w = sc_read(key, cw)
+  local cur, prev, w = sc_read(key, cw, period)
   if delta < 0 then
     if tag == w then
       cur = cur - math.min(-delta, cur)

@@ -18,8 +18,7 @@
 -- 10 + d, expiring at the window's end (PX, rounded up to the ms): the digit
 -- tells a key left over from the previous window (it can outlive it by up
 -- to 1 ms) from the current one; a key of a window ahead (the clock went
--- back) keeps counting, so a clock step never admits more (within 5
--- windows, see docs/clock.md).
+-- back) keeps counting, so a clock step never admits more (see cw_read).
 -- Retry after and reset after: until the window ends. Burst is unused.
 -- Tag (for a reservation): the window's start.
 
@@ -34,13 +33,16 @@ local function cw_window(sd, stop)
   return start, stop, d
 end
 
--- cw_read returns the count of the window whose digit is d.
-local function cw_read(key, d)
+-- cw_read returns the count of the window whose digit is d, which ends at
+-- stop: the key's, or one ahead's (the clock went back), whose digit tells
+-- it 1 to 5 windows ahead, and its PTTL 6 to 9 (or 10 more...), as
+-- fixedwindow.lua's fw_read tells it.
+local function cw_read(key, d, stop)
   local v = rcall('GET', key)
   if v then
     local x = v + 0
     local behind = (d - x) % 10 -- windows the key is behind now
-    if behind == 0 or behind >= 5 then -- the current one, or ahead
+    if behind == 0 or behind >= 5 or rcall('PTTL', key) * 1000 > stop - now + 1000 then
       return (x - x % 10) / 10
     end
   end
@@ -49,7 +51,7 @@ end
 
 local function check_cw(key, rate, sd, stop)
   local start, stop, d = cw_window(sd, stop)
-  local count = cw_read(key, d)
+  local count = cw_read(key, d, stop)
   local left = stop - now
   local avail = rate - count
   if n > avail then
@@ -73,7 +75,7 @@ end
 -- one, and charges more into the current window.
 local function adjust_cw(key, sd, stop, tag, delta)
   local start, stop, d = cw_window(sd, stop)
-  local count = cw_read(key, d)
+  local count = cw_read(key, d, stop)
   if delta < 0 then
     if tag == start and count > 0 then
       rcall('DECRBY', key, math.min(-delta, count) * 10)

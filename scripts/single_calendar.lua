@@ -53,7 +53,8 @@ local v = rcall('GET', key)
 if v then
   local x = v + 0
   local behind = (d - x) % 10 -- windows the key is behind now
-  if behind == 0 or behind >= 5 then -- the current one, or ahead
+  if behind == 0 or behind >= 5 or rcall('PTTL', key) * 1000 > stop - now + 1000 then
+    -- the current one, or ahead (see calendar.lua's cw_read)
     count = (x - x % 10) / 10
   end
 end

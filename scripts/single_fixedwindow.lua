@@ -47,7 +47,10 @@ if v then
   local d = (w - x) % 10 -- how many windows the key is behind now
   if d == 0 then
     count = (x - x % 10) / 10
-  elseif d >= 5 then -- ahead: the clock went back
+  elseif d >= 5 or rcall('PTTL', key) * 1000 > (w + 1) * period - at + 1000 then
+    -- ahead: the clock went back (a key 1 to 4 windows behind is left over
+    -- from the previous window, by up to 1 ms, or 6 to 9 windows ahead, or
+    -- 10 more...: its PTTL tells, as in fw_read)
     count = (x - x % 10) / 10
     if not calendar then w = w + 10 - d end
   end

@@ -62,7 +62,8 @@ if v then
     cur, prev = c, p
   elseif d == 1 then
     prev = c
-  elseif d >= 6 then -- ahead: the clock went back
+  elseif d >= 6 or rcall('PTTL', key) * 1000 > (w + 1) * period - now + 1000 then
+    -- ahead: the clock went back (see slidingcounter.lua's sc_read)
     cur, prev, w = c, p, w + 10 - d
   end
 end

@@ -9,8 +9,8 @@
 -- stores it as an integer: 88 bytes a key), else the text "c:p:w". The key
 -- expires at the end of window w+1 (PX). The digit tells how far the key's
 -- window is behind now (or ahead, when the clock went back: then the counts
--- are kept as they are, so a clock step never admits more; within 4
--- windows when packed, see docs/clock.md).
+-- are kept as they are, so a clock step never admits more, but 9 windows
+-- back (or 19...) when packed: see sc_read and docs/clock.md).
 -- Burst is ignored. Tag (for a reservation): the window index.
 --
 -- Arithmetic is scaled by period so that it stays in integers:
@@ -22,7 +22,7 @@ local PACK = 16777216 -- 2^24
 -- sc_read returns the current window cw's counts: cur, prev, the window w
 -- they belong to (w > cw when the clock went back), and whether the stored
 -- value is window cw's, packed (so that INCRBY n * 10 adds n to cur).
-local function sc_read(key, cw)
+local function sc_read(key, cw, period)
   local cur, prev, w, inplace = 0, 0, cw, false
   local v = rcall('GET', key)
   if v then
@@ -46,7 +46,10 @@ local function sc_read(key, cw)
       cur, prev = c, p
     elseif d == 1 then
       prev = c
-    elseif d >= 6 then -- ahead: the clock went back
+    elseif d >= 6 or rcall('PTTL', key) * 1000 > (cw + 1) * period - now + 1000 then
+      -- ahead: the clock went back (2 to 5 windows behind is a key left
+      -- over, by up to 1 ms, or one 5 to 8 windows ahead, or 10 more...:
+      -- its PTTL tells them apart; asked only then, which is rare)
       cur, prev, w = c, p, cw + 10 - d
     end
   end
@@ -73,7 +76,7 @@ end
 
 local function check_sc(key, rate, period, burst)
   local cw = (now - now % period) / period
-  local cur, prev, w, inplace = sc_read(key, cw)
+  local cur, prev, w, inplace = sc_read(key, cw, period)
 
   local elapsed = now - w * period
   if elapsed < 0 then elapsed = 0 end
