@@ -52,6 +52,15 @@ func miniBackend(t testing.TB) (*backend, *miniredis.Miniredis) {
 	}, m
 }
 
+// moveExpiries moves the expiry of every key on m d later: what a step
+// back of the server's clock by d does to Redis, which keeps expiries as
+// times, where miniredis keeps what is left of them.
+func moveExpiries(m *miniredis.Miniredis, d time.Duration) {
+	for _, k := range m.Keys() {
+		m.SetTTL(k, m.TTL(k)+d)
+	}
+}
+
 // newLimiter builds a limiter and closes it at the end of the test.
 func newLimiter(t testing.TB, rdb redis.UniversalClient, s Strategy, l Limit, opts ...Option) *RateLimiter {
 	t.Helper()

@@ -23,9 +23,10 @@ import (
 )
 
 // Keys, n and used come from clients (a header, a request's declared
-// size): on the newer limiters (calendar quotas, warm-up buckets,
-// priority shares, concurrency, a policy's written-out script) a bad one is an error wrapping the
-// documented sentinel, never a panic, and changes nothing in Redis.
+// size): on the newer limiters (calendar quotas, warm-up buckets, priority
+// shares, concurrency, a policy's written-out script) a bad one is an
+// error wrapping the documented sentinel, never a panic, and changes
+// nothing in Redis.
 
 // hostileLimiter is one of the newer limiters on its own miniredis (a
 // RateLimiter's or a Policy's engine), and the context its calls are made

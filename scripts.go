@@ -259,9 +259,9 @@ func bakeShares(rs *ruleSet, cfg *config) map[int64]runner {
 }
 
 // bakeCalendar gives a single calendar rule's usual calls (no penalty
-// block, priority share or regions, and not per call: decided here, once) a script
-// specialised for it, and its reservations the general one: for a day or
-// a week in a zone that keeps one offset (calendar.Fixed: UTC,
+// block, priority share or regions, and not per call: decided here, once)
+// a script specialised for it, and its reservations the general one: for
+// a day or a week in a zone that keeps one offset (calendar.Fixed: UTC,
 // Asia/Tokyo), which is a fixed window of a day or a week, shifted, the
 // fixed window's (single_fixedwindow.lua, with calendar.lua's state: the
 // same windows' indexes, from the server's time, no window sent and none
