@@ -6,8 +6,8 @@
 //	go run ./cmd/instructions [-n 2000] [-workload one] [-only regexp] [-out instructions.md] [-keep dir] [-variants dir,...]
 //	go run ./cmd/instructions -library cmd/instructions/costs.lua -functions ret,floor10,mod10 [-n 2000] [-workload keys] [-eval]
 //
-// With -keep, each contender's callgrind dump is kept in dir (named after
-// the contender) for callgrind_annotate, which shows where its
+// With -keep, each contender's (or -library function's) callgrind dump is
+// kept in dir (named after it) for callgrind_annotate, which shows where its
 // instructions went, function by function.
 //
 // With -variants, each redlimit contender that runs a script is also
@@ -122,7 +122,7 @@ func run() error {
 	}
 	defer env.Close()
 	if *flags.library != "" {
-		return srv.library(env, *flags.library, *flags.functions, *flags.nkeys, w.Name == "keys", *flags.eval, *flags.n)
+		return srv.library(env, *flags.library, *flags.functions, *flags.nkeys, w.Name == "keys", *flags.eval, *flags.n, *flags.keep)
 	}
 
 	table, err := srv.table(env, w, match)
@@ -286,7 +286,7 @@ func (s *server) count(ctx context.Context, env *bench.Env, c bench.Contender, w
 // same nkeys keys every call, or with fresh, new keys for each call. Each
 // function's script runs on a fresh Lua interpreter, as each contender's
 // does.
-func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, eval bool, n int) error {
+func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, eval bool, n int, keep string) error {
 	if nkeys < 1 || nkeys > 3 {
 		return fmt.Errorf("-keys %d: want 1 to 3", nkeys)
 	}
@@ -316,7 +316,7 @@ func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, e
 			script := redis.NewScript(body)
 			call = func(keys []string) *redis.Cmd { return script.Run(ctx, env.Admin, keys) }
 		}
-		per, _, err := s.measure(func(k int) error {
+		per, dump, err := s.measure(func(k int) error {
 			for range k {
 				if fresh {
 					calls++
@@ -331,6 +331,11 @@ func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, e
 		}, n)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
+		}
+		if keep != "" {
+			if err := keepDump(dump, keep, name); err != nil {
+				return err
+			}
 		}
 		fmt.Printf("%-12s %8.0f\n", name, per)
 	}
