@@ -3,12 +3,16 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/testlane"
@@ -309,5 +313,74 @@ func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A policy's script nests each rule's block in the block of the rule
+// before it (policySource), so a rule's file reads the names of
+// single_args.lua and policy_head.lua only while no file before it has
+// declared one of them: no strategy file of a policy may.
+func TestPolicyScriptFilesKeepHeadNames(t *testing.T) {
+	// declared returns the names file declares; with top, only those of
+	// its outermost block (a line's first word).
+	declared := func(file string, top bool) map[string]bool {
+		names := map[string]bool{}
+		for _, line := range strings.Split(mustRead(file), "\n") {
+			code, _, _ := strings.Cut(line, "--")
+			if top && !strings.HasPrefix(code, "local ") {
+				continue
+			}
+			for _, m := range localDecl.FindAllStringSubmatch(code, -1) {
+				for _, name := range strings.Split(m[1], ",") {
+					names[strings.TrimSpace(name)] = true
+				}
+			}
+		}
+		return names
+	}
+	head := declared("single_args.lua", true)
+	maps.Copy(head, declared("policy_head.lua", true))
+	for _, name := range []string{"format", "a1", "a2", "a3", "a4"} { // policySource's own lines
+		head[name] = true
+	}
+	require.Contains(t, head, "now")
+	require.Contains(t, head, "min_now")
+	files := []string{"policy_rule.lua", "policy_write.lua"}
+	for _, s := range policyScriptStrategies {
+		files = append(files, singleFiles[s]...)
+	}
+	for _, file := range files {
+		for name := range declared(file, false) {
+			assert.False(t, head[name], "%s declares %q, a name of the policy script's head", file, name)
+		}
+	}
+}
+
+// localDecl matches a Lua declaration of locals ("local a, b = ...",
+// "local function f"), its names in group 1.
+var localDecl = regexp.MustCompile(`\blocal\s+(?:function\s+)?([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)`)
+
+// A policy's script of maxPolicyScriptRules rules of one strategy loads
+// and decides on real Redis: its nested blocks hold every rule's locals at
+// once, within Lua 5.1's bounds (200 locals, 250 registers a function).
+func TestPolicyScriptMaxRulesRedis(t *testing.T) {
+	_, rdb, _ := ownServer(t)
+	ctx := context.Background()
+	for _, s := range policyScriptStrategies {
+		rules := make([]Rule, maxPolicyScriptRules)
+		for i := range rules {
+			rules[i] = Rule{Strategy: s, Limit: Limit{Rate: 10, Period: time.Duration(i+1) * time.Minute}}
+		}
+		rs, err := policyRules(rules)
+		require.NoError(t, err)
+		src := policySource(rs)
+		require.NotEmpty(t, src, "%v", s)
+		require.NoError(t, rdb.ScriptLoad(ctx, src).Err(), "%v", s)
+		p, err := NewPolicy(rdb, rules, WithPrefix("max"+s.String()))
+		require.NoError(t, err)
+		res, err := p.Allow(ctx, "k")
+		p.Close()
+		require.NoError(t, err, "%v", s)
+		assert.True(t, res.Allowed, "%v", s)
 	}
 }

@@ -371,16 +371,18 @@ func shiftLine(shift int64, calendar bool) string {
 
 // maxPolicyScriptRules bounds the rules of a policy that runs the script
 // specialised for it (policySource): the policies most have, whose
-// nested blocks stay well within a Lua function's locals.
+// nested blocks, which hold every rule's locals at once, stay within a Lua
+// function's bounds (TestPolicyScriptMaxRulesRedis).
 const maxPolicyScriptRules = 4
 
 // policySource returns the script specialised for the usual call of a
 // policy of rs's rules (scripts/policy_head.lua): each rule's files of
 // singleFiles, less the write and the reply, in a block of its own, with
-// policy_rule.lua after it, the blocks nested by their held writes as in
-// writtenChecks; "" for one rule or more than maxPolicyScriptRules, or a
-// rule other than a token bucket, a sliding counter or a fixed window
-// (whose files write at most once), or per call, or warming.
+// policy_rule.lua after it, each rule's block nested in the block of the
+// rule before it and ended by policy_write.lua; "" for one rule or more
+// than maxPolicyScriptRules, or a rule other than a token bucket, a
+// sliding counter or a fixed window (whose files write at most once), or
+// per call, or warming.
 func policySource(rs *ruleSet) string {
 	k := len(rs.rules)
 	if k < 2 || k > maxPolicyScriptRules {
@@ -408,14 +410,14 @@ func policySource(rs *ruleSet) string {
 	for i := range rs.rules {
 		r := &rs.rules[i]
 		files := singleFiles[r.alg.strategy]
-		b.WriteString("do local hc, hk, ha, hb, hx\ndo local i = " + strconv.Itoa(i+1) + "\n")
+		b.WriteString("do local i = " + strconv.Itoa(i+1) + "\n")
 		b.WriteString(writtenRule(r, i+1))
 		b.WriteString(readScripts(files[:len(files)-2]...)) // less single_write.lua and single_reply.lua
 		b.WriteString(mustRead("policy_rule.lua"))
-		b.WriteString(tags[i] + " = avail\nend\n")
+		b.WriteString(tags[i] + " = avail\n")
 	}
 	for range rs.rules {
-		b.WriteString(commitHeld)
+		b.WriteString(mustRead("policy_write.lua") + "end\n")
 	}
 	b.WriteString(strings.ReplaceAll(mustRead("policy_reply.lua"), "TAGS", strings.Join(tags, ", ")))
 	return b.String()

@@ -5,11 +5,13 @@
 -- and single_window.lua) in a block of its own, with the rule written in
 -- (its key KEYS[i], i its number), then policy_rule.lua, which gathers
 -- what the rule found as check.lua and decide.lua do in the general
--- script. Each rule's write, which the file leaves for single_write.lua
--- in a single rule's script, is held in a block around the rules after it
--- and made on the way out only if every rule allowed, as in the general
--- script with the rules written in (writtenChecks); policy_reply.lua
--- replies. Same decisions, writes and reply as the general script
+-- script. The rules' blocks nest, each in the block of the rule before
+-- it, so that each rule's write, which the file leaves for
+-- single_write.lua in a single rule's script, stays in its block, made on
+-- the way out (policy_write.lua) only if every rule allowed, as in the
+-- general script with the rules written in (writtenChecks);
+-- policy_reply.lua replies. No file declares a name that this head or
+-- single_args.lua declares, so a rule's block reads theirs. Same decisions, writes and reply as the general script
 -- (TestPolicyScriptDecidesAsGeneral); it makes one function, not the
 -- general script's dozen, and runs no loop or rule table.
 -- For the usual call only (no penalty block, priority share, reservation

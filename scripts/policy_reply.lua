@@ -5,18 +5,18 @@
 -- each rule's remaining before the call. policySource writes in format,
 -- the reply's struct layout for its rules, and each rule's remaining
 -- (its locals a1, a2, ...) in place of the last name of each return.
+-- The rules' figures are whole numbers already (a bucket's times are
+-- rounded up by its file; a window's are differences of whole µs): unlike
+-- single_write.lua, this file rounds none.
 
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
-local code, rem, wait, reset, rule, rule_reset
-if denied and n > 0 then
+local code, rem, wait, reset, rule, rule_reset = 0, min_now - n, 0, reset_ok, fewest, fewest_reset
+if n == 0 then
+  reset = reset_denied
+elseif denied then
   code, rem, wait, reset, rule, rule_reset = 1, min_now, retry, reset_denied, slowest, slowest_reset
-elseif n == 0 then
-  code, rem, wait, reset, rule, rule_reset = 0, min_now, 0, reset_denied, fewest, fewest_reset
-else
-  code, rem, wait, reset, rule, rule_reset = 0, min_now - n, 0, reset_ok, fewest, fewest_reset
 end
-code = code + (skew or 0)
+if skew then code = code + skew end
 if rem < 0 then rem = 0 end
-rem, wait, reset, rule_reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1, rule_reset + (-rule_reset) % 1
 if pack then return pack.pack(format, code, rem, wait, reset, rule, rule_reset, TAGS) end
 return {code, rem, wait, reset, rule, rule_reset, TAGS}

@@ -4,9 +4,9 @@
 -- the rule has left before the call; wait, its retry when it denies (no
 -- rule here delays a call it allows: no leaky bucket);
 -- reset_now, its reset after before the call; reset, after it if the rule
--- allows), and takes the rule's write (wc, wa, wb, wx, see
--- single_write.lua) into the locals of the block around it (hc, hk, ha,
--- hb, hx), to be made once every rule has allowed.
+-- allows). The rule's write (wc, wa, wb, wx, see single_write.lua) stays
+-- in the rule's block, which holds the blocks of the rules after it, for
+-- policy_write.lua to make once every rule has allowed.
 -- The rule allows when n fits (check.lua's ok): a look (n = 0) at a rule
 -- over its allowance (a lowered limit) makes no write, as in the general
 -- script, though the reply does not deny it.
@@ -19,4 +19,3 @@ if n > avail then
 elseif reset > reset_ok then
   reset_ok = reset
 end
-hc, hk, ha, hb, hx = wc, key, wa, wb, wx
