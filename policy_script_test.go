@@ -317,54 +317,102 @@ func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
 }
 
 // A policy's script nests each rule's block in the block of the rule
-// before it (policySource), so a rule's file reads the names of
-// single_args.lua and policy_head.lua only while no file before it has
-// declared one of them: no strategy file of a policy may.
-func TestPolicyScriptFilesKeepHeadNames(t *testing.T) {
-	// declared returns the names file declares; with top, only those of
-	// its outermost block (a line's first word).
-	declared := func(file string, top bool) map[string]bool {
-		names := map[string]bool{}
-		for _, line := range strings.Split(mustRead(file), "\n") {
-			code, _, _ := strings.Cut(line, "--")
-			if top && !strings.HasPrefix(code, "local ") {
-				continue
-			}
-			for _, m := range localDecl.FindAllStringSubmatch(code, -1) {
-				for _, name := range strings.Split(m[1], ",") {
-					names[strings.TrimSpace(name)] = true
-				}
-			}
-		}
-		return names
-	}
-	head := declared("single_args.lua", true)
-	maps.Copy(head, declared("policy_head.lua", true))
+// before it (policySource), so a rule's files see every name the blocks
+// before it declared. Each block, as policySource writes it (the rule
+// written in, its strategy's files less the write and the reply,
+// policy_rule.lua) and ended by policy_write.lua, must therefore declare
+// no name of the script's head, and use no name before declaring it but
+// the head's and Lua's and Redis's globals.
+func TestPolicyScriptBlocksKeepTheirNames(t *testing.T) {
+	head := luaNames(mustRead("single_args.lua")+mustRead("policy_head.lua"), true).declared
 	for _, name := range []string{"format", "a1", "a2", "a3", "a4"} { // policySource's own lines
 		head[name] = true
 	}
 	require.Contains(t, head, "now")
 	require.Contains(t, head, "min_now")
-	files := []string{"policy_rule.lua", "policy_write.lua"}
+	blocks := map[Strategy]luaScope{}
+	ours := map[string]bool{} // every name some block declares
 	for _, s := range policyScriptStrategies {
-		files = append(files, singleFiles[s]...)
+		rs, err := policyRules([]Rule{{Strategy: s, Limit: PerMinute(10)}, {Strategy: s, Limit: PerHour(100)}})
+		require.NoError(t, err)
+		files := singleFiles[s]
+		blocks[s] = luaNames("local i = 1\n"+writtenRule(&rs.rules[0], 1)+readScripts(files[:len(files)-2]...)+
+			mustRead("policy_rule.lua")+mustRead("policy_write.lua"), false)
+		maps.Copy(ours, blocks[s].declared)
 	}
-	for _, file := range files {
-		for name := range declared(file, false) {
-			assert.False(t, head[name], "%s declares %q, a name of the policy script's head", file, name)
+	for s, b := range blocks {
+		for name := range b.declared {
+			assert.False(t, head[name], "%v's block declares %q, a name of the script's head", s, name)
+		}
+		for name := range b.free {
+			assert.False(t, ours[name] && !head[name], "%v's block uses %q before declaring it: a block before it may have", s, name)
 		}
 	}
 }
 
-// localDecl matches a Lua declaration of locals ("local a, b = ...",
-// "local function f"), its names in group 1.
-var localDecl = regexp.MustCompile(`\blocal\s+(?:function\s+)?([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)`)
+// luaScope is what luaNames found in a piece of Lua.
+type luaScope struct {
+	declared map[string]bool // by local (with top: only at the line's start, the outermost block)
+	free     map[string]bool // used before the piece declares them
+}
+
+// luaNames reads the names a piece of Lua declares and uses, line by line
+// (a name counts as declared from its declaration on, whatever block it
+// is in): enough for the scripts' plain style, not a Lua parser.
+func luaNames(src string, top bool) luaScope {
+	sc := luaScope{declared: map[string]bool{}, free: map[string]bool{}}
+	for _, line := range strings.Split(src, "\n") {
+		code, _, _ := strings.Cut(line, "--")
+		code = luaString.ReplaceAllString(code, "''")
+		var decl []string
+		if m := localDecl.FindStringSubmatch(code); m != nil && (!top || strings.HasPrefix(code, "local ")) {
+			for _, name := range strings.Split(m[1], ",") {
+				decl = append(decl, strings.TrimSpace(name))
+			}
+			code = strings.Replace(code, m[0], "", 1)
+		}
+		for _, m := range luaName.FindAllStringSubmatch(code, -1) {
+			if name := m[1]; !luaKeywords[name] && !sc.declared[name] {
+				sc.free[name] = true
+			}
+		}
+		for _, name := range decl {
+			sc.declared[name] = true
+		}
+	}
+	return sc
+}
+
+var (
+	// localDecl matches a declaration of locals ("local a, b", "local
+	// function f"), its names in group 1.
+	localDecl = regexp.MustCompile(`\blocal\s+(?:function\s+)?([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)`)
+	// luaName matches a name that is not a field (after "." or ":").
+	luaName   = regexp.MustCompile(`(?:^|[^.:\w])([A-Za-z_]\w*)`)
+	luaString = regexp.MustCompile(`'[^']*'|"[^"]*"`)
+)
+
+var luaKeywords = map[string]bool{
+	"and": true, "break": true, "do": true, "else": true, "elseif": true, "end": true, "false": true,
+	"for": true, "function": true, "if": true, "in": true, "local": true, "nil": true, "not": true,
+	"or": true, "repeat": true, "return": true, "then": true, "true": true, "until": true, "while": true,
+}
 
 // A policy's script of maxPolicyScriptRules rules of one strategy loads
-// and decides on real Redis: its nested blocks hold every rule's locals at
-// once, within Lua 5.1's bounds (200 locals, 250 registers a function).
+// and decides: its nested blocks hold every rule's locals at once, within
+// the bounds of miniredis's Lua (200 registers a function) and of Lua 5.1
+// on real Redis (200 locals, 250 registers).
+func TestPolicyScriptMaxRules(t *testing.T) {
+	b, _ := miniBackend(t)
+	policyScriptMaxRules(t, b.rdb)
+}
+
 func TestPolicyScriptMaxRulesRedis(t *testing.T) {
 	_, rdb, _ := ownServer(t)
+	policyScriptMaxRules(t, rdb)
+}
+
+func policyScriptMaxRules(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	for _, s := range policyScriptStrategies {
 		rules := make([]Rule, maxPolicyScriptRules)

@@ -10,8 +10,10 @@
 -- single_write.lua in a single rule's script, stays in its block, made on
 -- the way out (policy_write.lua) only if every rule allowed, as in the
 -- general script with the rules written in (writtenChecks);
--- policy_reply.lua replies. No file declares a name that this head or
--- single_args.lua declares, so a rule's block reads theirs. Same decisions, writes and reply as the general script
+-- policy_reply.lua replies. A block declares no name of this head or of
+-- single_args.lua, and uses no name before declaring it but theirs
+-- (TestPolicyScriptBlocksKeepTheirNames): it never reads another rule's.
+-- Same decisions, writes and reply as the general script
 -- (TestPolicyScriptDecidesAsGeneral); it makes one function, not the
 -- general script's dozen, and runs no loop or rule table.
 -- For the usual call only (no penalty block, priority share, reservation

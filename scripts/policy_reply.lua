@@ -6,8 +6,7 @@
 -- the reply's struct layout for its rules, and each rule's remaining
 -- (its locals a1, a2, ...) in place of the last name of each return.
 -- The rules' figures are whole numbers already (a bucket's times are
--- rounded up by its file; a window's are differences of whole µs): unlike
--- single_write.lua, this file rounds none.
+-- rounded up by its file; a window's are differences of whole µs).
 
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
 local code, rem, wait, reset, rule, rule_reset = 0, min_now - n, 0, reset_ok, fewest, fewest_reset

@@ -3,7 +3,7 @@
 -- in scripts.go; not the warm-up's, which has no share to add back).
 --
 -- Before it, the script has set code (with a clock's skew added: 64),
--- rem, wait and reset (rounded, times up), avail, what the rule had left
+-- rem, wait and reset (whole numbers, times rounded up), avail, what the rule had left
 -- before the call (under its share), and kept, what the call's priority
 -- share keeps out of the rule's capacity (0 without one, see
 -- single_args.lua).
