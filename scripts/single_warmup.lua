@@ -187,7 +187,6 @@ end
 if rem < 0 then rem = 0 end
 if reset < 0 then reset = 0 end
 if wait < 0 then wait = 0 end
-rem, wait, reset = rem - rem % 1, wait + (-wait) % 1, reset + (-reset) % 1
 code = code + (skew or 0)
 local pack = rawget(_G, 'struct') -- (rawget: miniredis has none)
 if shared then
