@@ -316,7 +316,7 @@ func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, e
 			script := redis.NewScript(body)
 			call = func(keys []string) *redis.Cmd { return script.Run(ctx, env.Admin, keys) }
 		}
-		per, dump, err := s.measure(func(k int) error {
+		per, err := s.measureKept(func(k int) error {
 			for range k {
 				if fresh {
 					calls++
@@ -328,14 +328,9 @@ func (s *server) library(env *bench.Env, file, names string, nkeys int, fresh, e
 				}
 			}
 			return nil
-		}, n)
+		}, n, keep, name)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
-		}
-		if keep != "" {
-			if err := keepDump(dump, keep, name); err != nil {
-				return err
-			}
 		}
 		fmt.Printf("%-12s %8.0f\n", name, per)
 	}
@@ -362,6 +357,16 @@ func functionBody(code, name string) (string, error) {
 		return "", fmt.Errorf("function %q has no line \"end)\"", name)
 	}
 	return body, nil
+}
+
+// measureKept is measure, with the dump kept in dir keep (unless "")
+// under name.
+func (s *server) measureKept(decide func(k int) error, n int, keep, name string) (float64, error) {
+	per, dump, err := s.measure(decide, n)
+	if err == nil && keep != "" {
+		err = keepDump(dump, keep, name)
+	}
+	return per, err
 }
 
 // measure returns the instructions per call of decide(1) (which makes k
