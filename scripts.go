@@ -372,7 +372,7 @@ func shiftLine(shift int64, calendar bool) string {
 // maxPolicyScriptRules bounds the rules of a policy that runs the script
 // specialised for it (policySource): the policies most have, whose
 // nested blocks, which hold every rule's locals at once, stay within a Lua
-// function's bounds (TestPolicyScriptMaxRulesRedis).
+// function's bounds (TestPolicyScriptMaxRules, on miniredis and Redis).
 const maxPolicyScriptRules = 4
 
 // policySource returns the script specialised for the usual call of a

@@ -3,10 +3,10 @@
 -- in scripts.go; not the warm-up's, which has no share to add back).
 --
 -- Before it, the script has set code (with a clock's skew added: 64),
--- rem, wait and reset (whole numbers, times rounded up), avail, what the rule had left
--- before the call (under its share), and kept, what the call's priority
--- share keeps out of the rule's capacity (0 without one, see
--- single_args.lua).
+-- rem, wait and reset (whole numbers, times rounded up), avail, what the
+-- rule had left before the call (under its share), and kept, what the
+-- call's priority share keeps out of the rule's capacity (0 without one,
+-- see single_args.lua).
 -- Reply: common.lua's five integers (code, remaining, delay or retry
 --   after, reset after, rule 1), and with a share a sixth, the rule's
 --   whole remaining allowance before the call (avail + kept), packed in
