@@ -318,11 +318,9 @@ func TestPolicyScriptDecidesAsGeneralRedis(t *testing.T) {
 
 // A policy's script nests each rule's block in the block of the rule
 // before it (policySource), so a rule's files see every name the blocks
-// before it declared. Each block, as policySource writes it (the rule
-// written in, its strategy's files less the write and the reply,
-// policy_rule.lua) and ended by policy_write.lua, must therefore declare
-// no name of the script's head, and use no name before declaring it but
-// the head's and Lua's and Redis's globals.
+// before it declared. Each block (policyBlock, ended by policy_write.lua)
+// must therefore declare no name of the script's head, and use no name
+// before declaring it but the head's and Lua's and Redis's globals.
 func TestPolicyScriptBlocksKeepTheirNames(t *testing.T) {
 	head := luaNames(mustRead("single_args.lua")+mustRead("policy_head.lua"), true).declared
 	for _, name := range []string{"format", "a1", "a2", "a3", "a4"} { // policySource's own lines
@@ -335,9 +333,7 @@ func TestPolicyScriptBlocksKeepTheirNames(t *testing.T) {
 	for _, s := range policyScriptStrategies {
 		rs, err := policyRules([]Rule{{Strategy: s, Limit: PerMinute(10)}, {Strategy: s, Limit: PerHour(100)}})
 		require.NoError(t, err)
-		files := singleFiles[s]
-		blocks[s] = luaNames("local i = 1\n"+writtenRule(&rs.rules[0], 1)+readScripts(files[:len(files)-2]...)+
-			mustRead("policy_rule.lua")+mustRead("policy_write.lua"), false)
+		blocks[s] = luaNames(policyBlock(&rs.rules[0], 1)+mustRead("policy_write.lua"), false)
 		maps.Copy(ours, blocks[s].declared)
 	}
 	for s, b := range blocks {

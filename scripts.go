@@ -408,12 +408,7 @@ func policySource(rs *ruleSet) string {
 	b.WriteString("local format = '<Bi8i8i8Bi8" + strings.Repeat("i8", k) + "'\n")
 	b.WriteString("local " + strings.Join(tags, ", ") + "\n")
 	for i := range rs.rules {
-		r := &rs.rules[i]
-		files := singleFiles[r.alg.strategy]
-		b.WriteString("do local i = " + strconv.Itoa(i+1) + "\n")
-		b.WriteString(writtenRule(r, i+1))
-		b.WriteString(readScripts(files[:len(files)-2]...)) // less single_write.lua and single_reply.lua
-		b.WriteString(mustRead("policy_rule.lua"))
+		b.WriteString("do " + policyBlock(&rs.rules[i], i+1))
 		b.WriteString(tags[i] + " = avail\n")
 	}
 	for range rs.rules {
@@ -421,6 +416,18 @@ func policySource(rs *ruleSet) string {
 	}
 	b.WriteString(strings.ReplaceAll(mustRead("policy_reply.lua"), "TAGS", strings.Join(tags, ", ")))
 	return b.String()
+}
+
+// policyBlock returns the head of rule r's block in a policy's script,
+// r being its i-th rule: its number and numbers written in, its
+// strategy's files of singleFiles less the write and the reply, then
+// policy_rule.lua. policy_write.lua and "end" close the block after the
+// blocks of the rules after it (policySource).
+func policyBlock(r *rule, i int) string {
+	files := singleFiles[r.alg.strategy]
+	return "local i = " + strconv.Itoa(i) + "\n" + writtenRule(r, i) +
+		readScripts(files[:len(files)-2]...) + // less single_write.lua and single_reply.lua
+		mustRead("policy_rule.lua")
 }
 
 // commitHeld ends a rule's block in a script with several rules written in:
