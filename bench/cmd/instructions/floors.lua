@@ -13,16 +13,19 @@
 --
 --	go run ./cmd/instructions -library cmd/instructions/floors.lua -functions ret,time,tgs,tb,... -keys 1 [-workload keys] [-eval]
 --
--- (policy3 with -keys 3; sc_new only as a Function, on -workload keys.)
--- BENCHMARKS.md's section "Floors" has the figures.
+-- (policy3 and policy3_p with -keys 3; sc_new only as a Function, on
+-- -workload keys.) BENCHMARKS.md's section "Floors" has the figures.
 --
 -- What they leave out, against redlimit's scripts: n (always 1), max
 -- delay, blocks, reservations, shares, several rules, the clock going
 -- back (the fixed window keeps no window digit; the sliding counter's
 -- only tells its windows apart), limits whose period is not a whole
 -- number of ms (fw_*) or of the emission interval period / rate (tb, lb),
--- and products past 2^53 (a sliding counter's previous count times the
+-- a sub-window grid that the period does not divide (sw), and
+-- products past 2^53 (a sliding counter's previous count times the
 -- period in µs: exact below about 900,000 events at this period).
+-- policy3_p and sw_p put back what their targets' verdicts turn on: the
+-- promises of a policy's reply and state, and the sub-window grid.
 
 -- The floor's pieces.
 redis.register_function('ret', function(KEYS)
@@ -305,6 +308,58 @@ redis.register_function('sw', function(KEYS)
   return struct.pack('<Bi8i8i8B', 0, 999999999 - total, 0, 10166666666 - into, 1)
 end)
 
+-- sw on redlimit's grid, which keeps "at most rate in any interval of a
+-- period" exact where s does not divide the period (here 10^10 µs in 60
+-- sub-windows: 166,666,666 µs and 2/3): sub-window b starts at
+-- b * period / s rounded up to the µs, found from now's period and its
+-- offset in it (no absolute time past now is made), with period / s and
+-- period % s written in. A new key writes 'h' only (no 'o': a state could
+-- find the sub-window 'h' counts in from the key's PTTL instead).
+redis.register_function('sw_p', function(KEYS)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local r = now % 10000000000
+  local qn = (now - r) / 10000000000
+  local j = r * 60 / 10000000000
+  j = j - j % 1
+  local a = j * 40 + 59
+  if j * 166666666 + (a - a % 60) / 60 > r then j = j - 1 end
+  a = (j + 1) * 40 + 59
+  local upto = (j + 1) * 166666666 + (a - a % 60) / 60 - r
+  if upto <= 0 then
+    j = j + 1
+    a = (j + 1) * 40 + 59
+    upto = (j + 1) * 166666666 + (a - a % 60) / 60 - r
+  end
+  local sw = qn * 60 + j
+  local h = redis.call('HGET', KEYS[1], 'h')
+  local total, cur, same = 0, 0, false
+  if h then
+    local x = h + 0
+    local pc = (x - x % 1000) / 1000
+    cur = pc % 16777216
+    total = (pc - cur) / 16777216
+    same = (sw - x) % 1000 == 0
+  end
+  if total >= 1000000000 then
+    return struct.pack('<Bi8i8i8B', 1, 0, upto, upto + 10000000000, 1)
+  end
+  if same then
+    redis.call('HINCRBY', KEYS[1], 'h', '16777217000')
+  else
+    local v = string.format('%d', ((total + 1) * 16777216 + 1) * 1000 + sw % 1000)
+    if h then
+      redis.call('HSET', KEYS[1], 'h', v, string.format('%d', sw - 1), cur)
+    else
+      redis.call('HSET', KEYS[1], 'h', v)
+    end
+    local ms = (upto + 10000000000) / 1000
+    ms = ms + (-ms) % 1
+    redis.call('PEXPIRE', KEYS[1], ms)
+  end
+  return struct.pack('<Bi8i8i8B', 0, 999999999 - total, 0, upto + 10000000000, 1)
+end)
+
 -- A policy of 3 rules, as bench's: the token bucket above (KEYS[1]), a
 -- sliding counter per minute (KEYS[2]) and a fixed window per hour
 -- (KEYS[3]), 10^9 events each: one TIME, one MGET, and the three writes
@@ -373,6 +428,96 @@ redis.register_function('policy3', function(KEYS)
     redis.call('SET', KEYS[3], '1', 'PXAT', fw_end / 1000 - 1)
   end
   return struct.pack('<Bi8i8i8B', 0, avail - 1, 0, reset, rule)
+end)
+
+-- policy3 with what redlimit's policy promises beyond it: n (a local
+-- here, 1, as a policy's script has it for Allow); a bucket state that a
+-- change of the rule's rate reads right, its debt D (an event adds the
+-- period in µs, a µs takes away the rate) and D's time, as text "D:t"
+-- (GCRA's theoretical arrival time is of one rate); the fixed window's
+-- last window digit, which tells a key left from another window (the clock
+-- went back, or a key that outlived its window by a ms); the divisions
+-- exact for any rate (a correction after each); and a reply that also
+-- carries the deciding rule's own reset and each rule's remaining before
+-- the call (the fallback's memory of every rule), with the reset the
+-- longest over the rules. Call it with -keys 3.
+redis.register_function('policy3_p', function(KEYS)
+  local n = 1
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+  -- Token bucket: rate 10^9, period 10^10 µs, burst 10^9.
+  local used = 0
+  if v[1] then
+    local sep = string.find(v[1], ':', 1, true)
+    used = string.sub(v[1], 1, sep - 1) - (now - string.sub(v[1], sep + 1)) * 1000000000
+    if used < 0 then used = 0 end
+  end
+  local a = 10000000000000000000 - used
+  local q = a / 10000000000
+  q = q - q % 1
+  if q * 10000000000 > a then q = q - 1 elseif (q + 1) * 10000000000 <= a then q = q + 1 end
+  local a1 = q
+  local d = used + n * 10000000000
+  q = d / 1000000000
+  q = q + (-q) % 1
+  if q * 1000000000 < d then q = q + 1 elseif (q - 1) * 1000000000 >= d then q = q - 1 end
+  local tb_reset = q
+  -- Sliding counter, period 6 * 10^7 µs.
+  local elapsed = now % 60000000
+  local w = (now - elapsed) / 60000000
+  local cur, prev, same = 0, 0, false
+  if v[2] then
+    local x = v[2] + 0
+    local dw = (w - x) % 10
+    local pc = (x - x % 10) / 10
+    if dw == 0 then
+      cur = pc % 16777216
+      prev = (pc - cur) / 16777216
+      same = true
+    elseif dw == 1 then
+      prev = pc % 16777216
+    end
+  end
+  q = prev * (60000000 - elapsed)
+  local r = q % 60000000
+  local weighted = (q - r) / 60000000
+  if r > 0 then weighted = weighted + 1 end
+  local a2 = 1000000000 - cur - weighted
+  -- Fixed window, period 3.6 * 10^9 µs, its window's last digit kept.
+  local into = now % 3600000000
+  local fw = (now - into) / 3600000000
+  local left = 3600000000 - into
+  local count = 0
+  if v[3] then
+    local x = v[3] + 0
+    if (fw - x) % 10 == 0 then count = (x - x % 10) / 10 end
+  end
+  local a3 = 1000000000 - count
+  -- The decision: the rule with the fewest left decides.
+  local rule, avail, reset = 1, a1, tb_reset
+  if a2 < avail then rule, avail, reset = 2, a2, 120000000 - elapsed end
+  if a3 < avail then rule, avail, reset = 3, a3, left end
+  if n > a1 or n > a2 or n > a3 then
+    return struct.pack('<Bi8i8i8Bi8i8i8i8', 1, 0, left, left, rule, reset, a1, a2, a3)
+  end
+  local longest = tb_reset
+  if 120000000 - elapsed > longest then longest = 120000000 - elapsed end
+  if left > longest then longest = left end
+  redis.call('SET', KEYS[1], string.format('%d:%d', d, now), 'PX', '10000000')
+  if same then
+    redis.call('INCRBY', KEYS[2], '10')
+  else
+    local ms = (120000000 - elapsed) / 1000
+    ms = ms + (-ms) % 1
+    redis.call('SET', KEYS[2], string.format('%d', (prev * 16777216 + cur + n) * 10 + w % 10), 'PX', ms)
+  end
+  if count > 0 then
+    redis.call('INCRBY', KEYS[3], '10')
+  else
+    redis.call('SET', KEYS[3], string.format('%d', n * 10 + fw % 10), 'PXAT', (now + left) / 1000 - 1)
+  end
+  return struct.pack('<Bi8i8i8Bi8i8i8i8', 0, avail - n, 0, longest, rule, reset, a1, a2, a3)
 end)
 
 -- The same with a new key's value taken from a table of strings (no
