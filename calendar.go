@@ -194,8 +194,11 @@ func (e *engine) evalCalendarSingle(r *request, script *redis.Script) (any, erro
 	a := &r.args
 	n, cal := a.args[0], r.rs.rules[0].limit.cal
 	return e.inWindow(r.now, func(at int64) (any, error) {
-		sd, end := singleWindowArgs(cal.Args(at))
-		a.args = append(a.args[:0], sd, end)
+		w, end, two := singleWindowArgs(cal.Args(at))
+		a.args = append(a.args[:0], w)
+		if two {
+			a.args = append(a.args, end)
+		}
 		switch {
 		case r.now != argZero:
 			a.args = append(a.args, n, r.now)
@@ -207,10 +210,27 @@ func (e *engine) evalCalendarSingle(r *request, script *redis.Script) (any, erro
 }
 
 // singleWindowArgs returns the window of a calendar rule's arguments (its
-// start in µs plus the digit d, and its end in µs, both whole seconds) as
-// single_calendar.lua takes them: the start in seconds times 10 plus d,
-// and the end in seconds (fewer digits for Redis to read).
-func singleWindowArgs(startDigit, end int64) (startTens, endS int64) {
+// start in µs plus the digit d, and its end in µs, both whole seconds,
+// after 1970) as single_calendar.lua takes them: in one argument, w =
+// (start in seconds × 10 + d) × 2^16 + its length in minutes, where the
+// window is a whole number of minutes long (every window from 1990 on in
+// the tz database; a month is at most 44,700 minutes); else in two, as
+// twoWindowArgs writes them (two is true).
+func singleWindowArgs(startDigit, end int64) (w, endS int64, two bool) {
 	d := startDigit % 10
-	return (startDigit-d)/100_000 + d, end / 1_000_000
+	tens := (startDigit-d)/100_000 + d
+	length := end - (startDigit - d)
+	if minutes := length / 60_000_000; length%60_000_000 == 0 && minutes < 1<<16 && tens < 1<<(53-16) {
+		return tens<<16 + minutes, 0, false
+	}
+	w, endS = twoWindowArgs(startDigit, end)
+	return w, endS, true
+}
+
+// twoWindowArgs returns the two arguments in which single_calendar.lua
+// takes any window (see singleWindowArgs): -(start in seconds × 10 + d) -
+// 1, and the end in seconds.
+func twoWindowArgs(startDigit, end int64) (negTens, endS int64) {
+	d := startDigit % 10
+	return -((startDigit-d)/100_000 + d) - 1, end / 1_000_000
 }

@@ -250,6 +250,40 @@ func TestCalendarMonthlyLeapFebruary(t *testing.T) {
 	})
 }
 
+// A window that is not a whole number of minutes long reaches
+// single_calendar.lua in two arguments (singleWindowArgs), and decides as
+// any other: Monrovia moved its clocks 44 min 30 s on 7 January 1972, so
+// its month from the 7th began at 00:44:30 UTC and ended at 00:00 UTC on 7
+// February; the next month, 29 days, goes in one argument again.
+func TestCalendarWindowNotWholeMinutes(t *testing.T) {
+	b, _ := miniBackend(t)
+	monrovia := loadZone(t, "Africa/Monrovia")
+	l := Monthly(3, monrovia, 7)
+	at := time.Date(1972, 1, 20, 12, 0, 0, 0, time.UTC)
+	s, e, _ := l.cal.Window(at)
+	require.Equal(t, time.Date(1972, 1, 7, 0, 44, 30, 0, time.UTC), s.UTC(), "window's start")
+	require.Equal(t, time.Date(1972, 2, 7, 0, 0, 0, 0, time.UTC), e.UTC(), "window's end")
+	for _, c := range []struct {
+		at  time.Time
+		two bool
+	}{{at, true}, {e, false}} {
+		_, _, two := singleWindowArgs(l.cal.Args(c.at.UnixMicro()))
+		require.Equal(t, c.two, two, "two arguments for the window of %v", c.at)
+	}
+	b.at(at)
+	lim := newLimiter(t, b.rdb, FixedWindow, l)
+	_, ok := lim.own.run.(calendarSingleRunner)
+	require.True(t, ok, "runner %T", lim.own.run)
+	left, d := e.Sub(at), 24*time.Hour
+	run(t, b, lim, "k", []step{
+		{n: 1, allowed: true, remaining: 2, reset: left},
+		{n: 2, allowed: true, remaining: 0, reset: left},
+		{n: 1, allowed: false, remaining: 0, retry: left, reset: left},
+		{advance: left - time.Microsecond, n: 1, allowed: false, remaining: 0, retry: time.Microsecond, reset: time.Microsecond},
+		{advance: time.Microsecond, n: 1, allowed: true, remaining: 2, reset: 29 * d}, // Feb 7 to Mar 7, 1972
+	})
+}
+
 // A calendar rule in a policy beside a token bucket: all or nothing, the
 // calendar rule named by its calendar, a denial writing nothing in either.
 func TestCalendarPolicy(t *testing.T) {
@@ -634,12 +668,12 @@ func (c *calendarCompare) script() {
 	sd, end := c.one.limit.cal.Args(at)
 	r := &c.one.own.rules[0]
 	if !c.fixed {
-		sdOne, endOne := singleWindowArgs(sd, end)
-		argsOne = []any{sdOne, endOne, n, now}
+		window := windowArgsOne(sd, end, c.rng.IntN(3) == 0)
+		argsOne = append(window, n, now)
 		if now == 0 && c.rng.IntN(2) == 0 {
-			argsOne = argsOne[:3] // as the runner sends them: n only if not 1
+			argsOne = argsOne[:len(window)+1] // as the runner sends them: n only if not 1
 			if n == 1 {
-				argsOne = argsOne[:2]
+				argsOne = argsOne[:len(window)]
 			}
 		}
 	}
@@ -694,9 +728,8 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 				at = now // (the fixed window's script is sent no window)
 			}
 			sd, stop := l.cal.Args(at)
-			sdOne, stopOne := singleWindowArgs(sd, stop)
 			n := []int{0, 1, 1, 2, rng.IntN(rate + 1)}[rng.IntN(5)]
-			argsOne := []any{sdOne, stopOne, n, now}
+			argsOne := append(windowArgsOne(sd, stop, rng.IntN(3) == 0), n, now)
 			if fixed {
 				argsOne = []any{n, 1, now}
 			}
@@ -738,4 +771,19 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 			require.Positive(t, misses, "%v: no call missed its window", l)
 		}
 	}
+}
+
+// windowArgsOne returns the arguments that single_calendar.lua takes for
+// the window of Args (startDigit, end): singleWindowArgs's, or with two
+// twoWindowArgs's, which it takes for any window.
+func windowArgsOne(startDigit, end int64, two bool) []any {
+	w, endS, forced := singleWindowArgs(startDigit, end)
+	if two && !forced {
+		w, endS = twoWindowArgs(startDigit, end)
+		forced = true
+	}
+	if forced {
+		return []any{w, endS}
+	}
+	return []any{w}
 }

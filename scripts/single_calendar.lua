@@ -18,13 +18,15 @@
 --   local rate = <rate>
 --
 -- KEYS[1]  the window's state key (see calendar.lua for the state)
--- ARGV[1]  the window's start in seconds times 10, plus d (calendar.lua:
---          d the last digit of the window's index)
--- ARGV[2]  the window's end, in seconds (a window's start and end are
---          whole seconds; see singleWindowArgs in calendar.go)
--- ARGV[3]  n (absent: 1)
--- ARGV[4]  now in µs (absent, or 0: the server's TIME)
--- (The usual call sends the window only.)
+-- ARGV[1]  the window: (its start in seconds times 10, plus d) times
+--          2^16, plus its length in minutes (calendar.lua: d the last
+--          digit of the window's index; a window's start and end are
+--          whole seconds; see singleWindowArgs in calendar.go); or, for a
+--          window that is not a whole number of minutes long, -(its
+--          start in seconds times 10, plus d) - 1, and then
+-- ARGV[2]  its end, in seconds
+-- then     n (absent: 1), and now in µs (absent, or 0: the server's TIME)
+-- (The usual call sends the window only: one argument.)
 -- Reply: common.lua's five integers (code, remaining, 0 or retry after,
 --   reset after, rule 1), packed in one string where Redis has its struct
 --   library, else an array; or the error 'redlimit-window-miss <now>'
@@ -33,10 +35,17 @@
 local rcall = redis.call
 local shared, share_c = false, 0 -- no priority share (bakeCalendar)
 local skew = 0 -- (single_write.lua adds it to the code)
-local sd, stop, n, now = ARGV[1] + 0, ARGV[2] * 1000000, 1, 0
+local sd, stop, a, n, now = ARGV[1] + 0, 0, 1, 1, 0
+if sd >= 0 then
+  stop = sd % 65536 -- the window's length in minutes
+  sd = (sd - stop) / 65536
+  stop = (sd - sd % 10) * 100000 + stop * 60000000
+else -- (a window that is not a whole number of minutes long)
+  sd, stop, a = -sd - 1, ARGV[2] * 1000000, 2
+end
 local nargs = #ARGV
-if nargs > 2 and ARGV[3] ~= '1' then n = ARGV[3] + 0 end
-if nargs > 3 and ARGV[4] ~= '0' then now = ARGV[4] + 0 end
+if nargs > a and ARGV[a + 1] ~= '1' then n = ARGV[a + 1] + 0 end
+if nargs > a + 1 and ARGV[a + 2] ~= '0' then now = ARGV[a + 2] + 0 end
 if now <= 0 then
   local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
