@@ -51,12 +51,13 @@ func Contenders() []Contender {
 }
 
 // More returns the redlimit contenders beyond Contenders' strategies and
-// policy that a default limiter does not run: each warming bucket, a
-// calendar quota, and each strategy's call with a priority share
+// policy that a default limiter does not run: each warming bucket, the
+// calendar quotas, and each strategy's call with a priority share
 // (Sheddable). cmd/instructions always counts them; cmd/compare measures
 // them with -more.
 func More() []Contender {
 	cs := []Contender{RedlimitWarmUp(redlimit.TokenBucket), RedlimitWarmUp(redlimit.LeakyBucket), Calendar()}
+	cs = append(cs, CalendarShifting()...)
 	for _, s := range redlimit.Strategies() {
 		cs = append(cs, RedlimitSheddable(s))
 	}
@@ -642,19 +643,39 @@ func EvalReturn1(via Via) Contender {
 const CalendarName = "redlimit fixed-window daily (calendar)"
 
 // Calendar measures a calendar quota: a fixed window of the workload's
-// rate per day in Asia/Tokyo (redlimit.Daily), whose window the limiter
-// sends with each call.
+// rate per day in Asia/Tokyo (redlimit.Daily), a zone of one offset, whose
+// windows the fixed window's script computes itself.
 func Calendar() Contender {
+	return calendarIn(CalendarName, "Asia/Tokyo", func(rate int, loc *time.Location) redlimit.Limit {
+		return redlimit.Daily(rate, loc)
+	})
+}
+
+// CalendarShifting measures the calendar quotas whose limiter sends the
+// window with each call: a day and a month (from the 1st) of the
+// workload's rate in America/New_York, a zone with daylight saving.
+func CalendarShifting() []Contender {
+	return []Contender{
+		calendarIn("redlimit fixed-window daily (calendar, New York)", "America/New_York", func(rate int, loc *time.Location) redlimit.Limit {
+			return redlimit.Daily(rate, loc)
+		}),
+		calendarIn("redlimit fixed-window monthly (calendar, New York)", "America/New_York", func(rate int, loc *time.Location) redlimit.Limit {
+			return redlimit.Monthly(rate, loc, 1)
+		}),
+	}
+}
+
+func calendarIn(name, zone string, limit func(rate int, loc *time.Location) redlimit.Limit) Contender {
 	return Contender{
-		Name:     CalendarName,
+		Name:     name,
 		Kind:     "redlimit",
 		Scripted: true,
 		Setup: func(env *Env, w *Workload) (Decider, func(), error) {
-			loc, err := time.LoadLocation("Asia/Tokyo")
+			loc, err := time.LoadLocation(zone)
 			if err != nil {
 				return nil, nil, err
 			}
-			l, err := redlimit.NewFixedWindow(env.RDB, redlimit.Daily(w.Rate, loc),
+			l, err := redlimit.NewFixedWindow(env.RDB, limit(w.Rate, loc),
 				redlimit.WithFallback(redlimit.FallbackError), redlimit.WithPrefix("redlimit-calendar"))
 			if err != nil {
 				return nil, nil, err
