@@ -214,8 +214,8 @@ func (e *engine) evalCalendarSingle(r *request, script *redis.Script) (any, erro
 // after 1970) as single_calendar.lua takes them: in one argument, w =
 // (start in seconds × 10 + d) × 2^16 + its length in minutes, where the
 // window is a whole number of minutes long (every window from 1990 on in
-// the tz database; a month is at most 44,700 minutes); else in two, as
-// twoWindowArgs writes them (two is true).
+// the tz database; a month is at most 44,820 minutes, well below 2^16);
+// else in two, as twoWindowArgs writes them (two is true).
 func singleWindowArgs(startDigit, end int64) (w, endS int64, two bool) {
 	d := startDigit % 10
 	tens := (startDigit-d)/100_000 + d
