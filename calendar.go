@@ -217,9 +217,8 @@ func (e *engine) evalCalendarSingle(r *request, script *redis.Script) (any, erro
 // the tz database; a month is at most 44,820 minutes, well below 2^16);
 // else in two, as twoWindowArgs writes them (two is true).
 func singleWindowArgs(startDigit, end int64) (w, endS int64, two bool) {
-	d := startDigit % 10
-	tens := (startDigit-d)/100_000 + d
-	length := end - (startDigit - d)
+	tens := windowTens(startDigit)
+	length := end - (tens-tens%10)*100_000
 	if minutes := length / 60_000_000; length%60_000_000 == 0 && minutes < 1<<16 && tens < 1<<(53-16) {
 		return tens<<16 + minutes, 0, false
 	}
@@ -231,6 +230,12 @@ func singleWindowArgs(startDigit, end int64) (w, endS int64, two bool) {
 // takes any window (see singleWindowArgs): -(start in seconds × 10 + d) -
 // 1, and the end in seconds.
 func twoWindowArgs(startDigit, end int64) (negTens, endS int64) {
+	return -windowTens(startDigit) - 1, end / 1_000_000
+}
+
+// windowTens returns a window's start in seconds × 10 + d, from its start
+// in µs plus d (see singleWindowArgs).
+func windowTens(startDigit int64) int64 {
 	d := startDigit % 10
-	return -((startDigit-d)/100_000 + d) - 1, end / 1_000_000
+	return (startDigit-d)/100_000 + d
 }

@@ -777,13 +777,10 @@ func TestSingleCalendarDecidesAsGeneralRedis(t *testing.T) {
 // the window of Args (startDigit, end): singleWindowArgs's, or with two
 // twoWindowArgs's, which it takes for any window.
 func windowArgsOne(startDigit, end int64, two bool) []any {
-	w, endS, forced := singleWindowArgs(startDigit, end)
-	if two && !forced {
-		w, endS = twoWindowArgs(startDigit, end)
-		forced = true
-	}
-	if forced {
-		return []any{w, endS}
+	w, _, needsTwo := singleWindowArgs(startDigit, end)
+	if two || needsTwo {
+		neg, endS := twoWindowArgs(startDigit, end)
+		return []any{neg, endS}
 	}
 	return []any{w}
 }

@@ -35,13 +35,12 @@
 local rcall = redis.call
 local shared, share_c = false, 0 -- no priority share (bakeCalendar)
 local skew = 0 -- (single_write.lua adds it to the code)
-local sd, stop, a, n, now = ARGV[1] + 0, 0, 1, 1, 0
+local sd, minutes, a, n, now = ARGV[1] + 0, nil, 1, 1, 0
 if sd >= 0 then
-  stop = sd % 65536 -- the window's length in minutes
-  sd = (sd - stop) / 65536
-  stop = (sd - sd % 10) * 100000 + stop * 60000000
-else -- (a window that is not a whole number of minutes long)
-  sd, stop, a = -sd - 1, ARGV[2] * 1000000, 2
+  minutes = sd % 65536 -- the window's length
+  sd = (sd - minutes) / 65536
+else -- (a window that is not a whole number of minutes long: its end follows)
+  sd, a = -sd - 1, 2
 end
 local nargs = #ARGV
 if nargs > a and ARGV[a + 1] ~= '1' then n = ARGV[a + 1] + 0 end
@@ -53,7 +52,9 @@ end
 
 -- The window (cw_window) and its count (cw_read).
 local d = sd % 10
-if now < (sd - d) * 100000 or now >= stop then
+local start = (sd - d) * 100000
+local stop = minutes and start + minutes * 60000000 or ARGV[2] * 1000000
+if now < start or now >= stop then
   error(string.format('redlimit-window-miss %d', now), 0)
 end
 local key = KEYS[1]
